@@ -1,0 +1,1 @@
+// Keeps tandem_base non-empty while common/ has no other .cc files.

@@ -1,0 +1,1 @@
+// Keeps tandem_engine non-empty.

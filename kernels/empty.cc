@@ -1,0 +1,1 @@
+// Keeps tandem_kernels non-empty.

@@ -1,0 +1,1 @@
+// Keeps tandem_test_util non-empty.
