@@ -9,8 +9,19 @@
 // unknown value or tensor types, tensor data past the end of the file,
 // overlapping tensors, misaligned offsets, alignment not a power of two)
 // yields an InvalidArgument / OutOfRange status naming the problem and the
-// byte offset. Parsing never allocates more than a small multiple of the file
-// size.
+// byte offset (OutOfRange: the file ends too early or a count/length exceeds
+// the bytes left). Every count is checked against the bytes left before any
+// reservation, so parsing allocates at most ~sizeof(Value) (48 bytes) per
+// byte of file in the worst case (arrays of uint8).
+//
+// Accepted: GGUF v2 and v3, little-endian; arrays nested at most 8 levels;
+// `general.alignment` (any unsigned integer type) a power of two in
+// [1, 1 MiB], default 32; tensors with 1..4 dims, each dim >= 1, element count
+// < 2^63, shape[0] a multiple of the type's block size, offset a multiple of
+// the alignment, bytes inside the file and not overlapping another tensor;
+// unique keys and tensor names. Open() of a missing file is NotFound.
+// Tensor data is aligned to the file alignment for Open() (page-aligned
+// mapping); for FromBuffer() only to malloc's alignment (16 bytes).
 //
 // Thread safety: a GgufFile is immutable after Open(); all const methods are
 // safe to call concurrently.
@@ -87,8 +98,8 @@ struct TensorInfo {
   std::string name;
   std::vector<int64_t> shape;  // ggml order: shape[0] is the innermost (contiguous) dim
   TensorType type = TensorType::kF32;
-  uint64_t offset = 0;         // relative to the start of the data section
-  uint64_t num_bytes = 0;      // computed from shape and type
+  uint64_t offset = 0;     // relative to the start of the data section
+  uint64_t num_bytes = 0;  // computed from shape and type
   int64_t num_elements = 0;
   const uint8_t* data = nullptr;  // points into the mapped file
 };
@@ -150,6 +161,11 @@ class GgufFile {
 };
 
 // Builds GGUF v3 images. Used by tests to make tiny models of any shape.
+// Layout matches gguf-py: tensor infos, padding to the alignment, then each
+// tensor's bytes padded to the alignment. A valid "general.alignment" value in
+// the metadata overrides SetAlignment(); with a non-default alignment and no
+// such key, Serialize() appends it. Values must be well formed (element
+// storage matching `type` / `array_type`): a mismatch is a TANDEM_CHECK.
 class GgufWriter {
  public:
   void SetAlignment(uint64_t alignment) { alignment_ = alignment; }  // power of two

@@ -1,2 +1,35 @@
+// The `tandem` binary: one entry point, one subcommand per role.
 #include <cstdio>
-int main() { std::puts("tandem " TANDEM_VERSION); return 0; }
+#include <cstring>
+#include <string>
+
+#include "services/cli/commands.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: tandem <command> [flags]\n"
+    "\n"
+    "commands:\n"
+    "  generate   generate text from a prompt with a local model\n"
+    "  version    print the version and build configuration\n"
+    "\n"
+    "`tandem <command> --help` lists a command's flags.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return tandem::cli::kExitUsage;
+  }
+  const std::string command = argv[1];
+  if (command == "generate") return tandem::cli::RunGenerate(argc, argv);
+  if (command == "version" || command == "--version") return tandem::cli::RunVersion(argc, argv);
+  if (command == "help" || command == "--help" || command == "-h") {
+    std::fputs(kUsage, stdout);
+    return tandem::cli::kExitOk;
+  }
+  std::fprintf(stderr, "tandem: unknown command '%s' (try tandem --help)\n", command.c_str());
+  return tandem::cli::kExitUsage;
+}

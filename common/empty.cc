@@ -1,1 +1,0 @@
-// Keeps tandem_base non-empty while common/ has no other .cc files.

@@ -1,0 +1,74 @@
+// A persistent pool of worker threads for data-parallel loops.
+//
+// ParallelFor(n, fn) splits [0, n) into at most num_threads() contiguous
+// ranges with a fixed rule (range i = [n*i/T, n*(i+1)/T)) and runs fn(begin,
+// end) on each, the calling thread taking range 0. Which thread runs a range
+// never changes what it computes: kernels built on this pool give every output
+// element to exactly one fn call with a fixed reduction order, so results are
+// bit-identical for any thread count.
+//
+// Thread safety: ParallelFor may be called from any thread; concurrent calls
+// are serialized. fn must not call ParallelFor on the same pool (deadlock).
+// Workers are created once in the constructor and joined in the destructor.
+#ifndef TANDEM_COMMON_THREAD_POOL_H_
+#define TANDEM_COMMON_THREAD_POOL_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+
+namespace tandem {
+
+class ThreadPool {
+ public:
+  using RangeFn = absl::FunctionRef<void(int64_t begin, int64_t end)>;
+
+  // num_threads counts the caller: 1 means everything runs inline.
+  // Values < 1 are treated as 1.
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return num_threads_; }
+
+  // Runs fn over [0, n) split into ranges; returns when all are done.
+  // min_range: ranges are never smaller than this (fewer threads are used).
+  void ParallelFor(int64_t n, RangeFn fn, int64_t min_range = 1);
+
+  // Runs on `pool` if non-null, else inline.
+  static void Run(ThreadPool* pool, int64_t n, RangeFn fn, int64_t min_range = 1) {
+    if (pool == nullptr) {
+      if (n > 0) fn(0, n);
+    } else {
+      pool->ParallelFor(n, fn, min_range);
+    }
+  }
+
+ private:
+  void WorkerLoop(int index);
+
+  const int num_threads_;
+  std::vector<std::thread> workers_;
+
+  std::mutex call_mu_;  // serializes ParallelFor callers
+
+  std::mutex mu_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  bool stop_ = false;             // guarded by mu_
+  const RangeFn* job_ = nullptr;  // valid while a generation is running
+  int64_t job_n_ = 0;
+  int job_parts_ = 0;
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_COMMON_THREAD_POOL_H_

@@ -1,1 +1,0 @@
-// Keeps tandem_engine non-empty.

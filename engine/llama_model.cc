@@ -1,0 +1,212 @@
+#include "engine/llama_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "kernels/kernels.h"
+
+namespace tandem::engine {
+
+// Per-Forward activations, all row-major over the batch's tokens.
+struct LlamaModel::Scratch {
+  std::vector<float> x;     // [T, hidden] residual stream
+  std::vector<float> h;     // [T, hidden] normed input / projection output
+  std::vector<float> q;     // [T, q_dim]
+  std::vector<float> k;     // [T, kv_dim]
+  std::vector<float> v;     // [T, kv_dim]
+  std::vector<float> attn;  // [T, q_dim]
+  std::vector<float> gate;  // [T, ffn]
+  std::vector<float> up;    // [T, ffn]
+};
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFile& file,
+                                                             const LoadOptions& options) {
+  TANDEM_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromGguf(file));
+  TANDEM_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::Load(file, config));
+  if (options.prefault) file.Prefault(options.progress);
+  return std::unique_ptr<LlamaModel>(
+      new LlamaModel(std::move(config), std::move(weights), options.pool));
+}
+
+absl::StatusOr<std::unique_ptr<KvCacheStorage>> LlamaModel::MakeKvCache(int64_t num_blocks,
+                                                                        int64_t block_size) const {
+  return KvCacheStorage::Create(config_.num_layers, num_blocks, block_size, config_.num_kv_heads,
+                                config_.head_dim);
+}
+
+std::string LlamaModel::Summary() const {
+  const ModelConfig& c = config_;
+  std::string types;
+  for (const auto& [name, count] : weights_.type_counts) {
+    absl::StrAppend(&types, types.empty() ? "" : ", ", name, " x", count);
+  }
+  return absl::StrFormat(
+      "model: %s (arch %s)\n"
+      "  layers %d, hidden %d, ffn %d, heads %d, kv heads %d, head dim %d, vocab %d, context %d\n"
+      "  rope: %s, dim %d, freq base %g, freq scale %g; rms eps %g; %s LM head%s\n"
+      "  parameters: %d (%.1f M)\n"
+      "  tensor types: %s\n"
+      "  KV cache: %d bytes/token (f32)",
+      c.name.empty() ? "(unnamed)" : c.name, c.architecture, c.num_layers, c.hidden_size,
+      c.ffn_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size, c.context_length,
+      c.rope_style == kernels::RopeStyle::kNeox ? "neox" : "adjacent pairs", c.rope_dim,
+      c.rope_freq_base, c.rope_freq_scale, c.rms_eps, c.tied_embeddings ? "tied" : "separate",
+      c.has_qkv_bias ? ", qkv bias" : "", c.NumParameters(), c.NumParameters() / 1e6, types,
+      c.KvBytesPerToken(sizeof(float)));
+}
+
+absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b, const KvCacheStorage& cache) const {
+  const ModelConfig& c = config_;
+  const int64_t T = b.num_tokens(), S = b.num_seqs();
+  if (cache.num_layers() != c.num_layers || cache.num_kv_heads() != c.num_kv_heads ||
+      cache.head_dim() != c.head_dim) {
+    return absl::InvalidArgumentError("KV cache geometry does not match the model");
+  }
+  if (int64_t(b.positions.size()) != T || int64_t(b.slot_mapping.size()) != T) {
+    return absl::InvalidArgumentError("positions / slot_mapping size != token_ids size");
+  }
+  if (int64_t(b.query_start.size()) != S + 1 || int64_t(b.block_tables.size()) != S) {
+    return absl::InvalidArgumentError("query_start / block_tables size does not match num_seqs");
+  }
+  if (S > 0 && (b.query_start[0] != 0 || b.query_start[S] != T)) {
+    return absl::InvalidArgumentError("query_start must run from 0 to num_tokens");
+  }
+  if (S == 0 && T != 0) return absl::InvalidArgumentError("tokens without sequences");
+  const int64_t bs = cache.block_size();
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t begin = b.query_start[s], end = b.query_start[s + 1];
+    if (end < begin) return absl::InvalidArgumentError("query_start is not monotonic");
+    const int64_t ctx = b.context_lens[s];
+    const auto& table = b.block_tables[s];
+    if (ctx < end - begin || ctx > c.context_length || ctx > int64_t(table.size()) * bs) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", s, ": context_len ", ctx, " is below its query tokens, above the model ",
+          "context or above its block table capacity"));
+    }
+    for (int64_t i = 0; i < (ctx + bs - 1) / bs; ++i) {
+      if (table[i] < 0 || table[i] >= cache.num_blocks()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", s, ": block table entry ", table[i], " out of range"));
+      }
+    }
+    for (int64_t t = begin; t < end; ++t) {
+      if (b.token_ids[t] < 0 || b.token_ids[t] >= c.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("token id ", b.token_ids[t],
+                                                       " outside vocab of ", c.vocab_size));
+      }
+      const int64_t pos = b.positions[t];
+      if (pos < 0 || pos >= ctx) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token ", t, ": position ", pos, " outside context_len ", ctx));
+      }
+      const int64_t want = int64_t(table[pos / bs]) * bs + pos % bs;
+      if (b.slot_mapping[t] != want) {
+        return absl::InvalidArgumentError(absl::StrCat("token ", t, ": slot ", b.slot_mapping[t],
+                                                       " is not its block table slot ", want));
+      }
+    }
+  }
+  for (int32_t i : b.logits_indices) {
+    if (i < 0 || i >= T) return absl::InvalidArgumentError("logits index out of range");
+  }
+  return absl::OkStatus();
+}
+
+void LlamaModel::RunLayer(int64_t layer, const ForwardBatch& b,
+                          const kernels::PagedAttentionArgs& args, KvCacheStorage* cache,
+                          Scratch& s) const {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = weights_.layers[layer];
+  const int64_t T = b.num_tokens();
+  kernels::RmsNorm(s.x.data(), w.attn_norm.data(), T, c.hidden_size, c.rms_eps, s.h.data());
+  kernels::MatMul(w.wq, s.h.data(), T, s.q.data(), pool_);
+  kernels::MatMul(w.wk, s.h.data(), T, s.k.data(), pool_);
+  kernels::MatMul(w.wv, s.h.data(), T, s.v.data(), pool_);
+  if (c.has_qkv_bias) {
+    for (int64_t t = 0; t < T; ++t) {
+      kernels::Add(s.q.data() + t * c.q_dim(), w.bq.data(), c.q_dim(), s.q.data() + t * c.q_dim());
+      kernels::Add(s.k.data() + t * c.kv_dim(), w.bk.data(), c.kv_dim(),
+                   s.k.data() + t * c.kv_dim());
+      kernels::Add(s.v.data() + t * c.kv_dim(), w.bv.data(), c.kv_dim(),
+                   s.v.data() + t * c.kv_dim());
+    }
+  }
+  kernels::RopeParams rope;
+  rope.style = c.rope_style;
+  rope.rot_dim = c.rope_dim;
+  rope.freq_base = c.rope_freq_base;
+  rope.freq_scale = c.rope_freq_scale;
+  rope.freq_factors = weights_.rope_freqs.empty() ? nullptr : weights_.rope_freqs.data();
+  kernels::Rope(s.q.data(), b.positions.data(), T, c.num_heads, c.head_dim, rope);
+  kernels::Rope(s.k.data(), b.positions.data(), T, c.num_kv_heads, c.head_dim, rope);
+  kernels::WriteKv(cache->layout(), s.k.data(), s.v.data(), b.slot_mapping.data(), T,
+                   cache->k(layer), cache->v(layer));
+  kernels::PagedAttention(args, s.q.data(), cache->k(layer), cache->v(layer), s.attn.data(),
+                          pool_);
+  kernels::MatMul(w.wo, s.attn.data(), T, s.h.data(), pool_);
+  kernels::Add(s.x.data(), s.h.data(), T * c.hidden_size, s.x.data());
+
+  kernels::RmsNorm(s.x.data(), w.ffn_norm.data(), T, c.hidden_size, c.rms_eps, s.h.data());
+  kernels::MatMul(w.w_gate, s.h.data(), T, s.gate.data(), pool_);
+  kernels::MatMul(w.w_up, s.h.data(), T, s.up.data(), pool_);
+  kernels::SiluMul(s.gate.data(), s.up.data(), T * c.ffn_size, s.gate.data());
+  kernels::MatMul(w.w_down, s.gate.data(), T, s.h.data(), pool_);
+  kernels::Add(s.x.data(), s.h.data(), T * c.hidden_size, s.x.data());
+}
+
+absl::Status LlamaModel::Forward(const ForwardBatch& b, KvCacheStorage* cache,
+                                 float* logits) const {
+  if (cache == nullptr) return absl::InvalidArgumentError("null KV cache");
+  TANDEM_RETURN_IF_ERROR(ValidateBatch(b, *cache));
+  const ModelConfig& c = config_;
+  const int64_t T = b.num_tokens(), S = b.num_seqs();
+  if (T == 0) return absl::OkStatus();
+
+  // Block tables flattened to [S, max_blocks] for the kernel.
+  int64_t max_blocks = 1;
+  for (const auto& table : b.block_tables) max_blocks = std::max<int64_t>(max_blocks, table.size());
+  std::vector<int32_t> tables(S * max_blocks, 0);
+  for (int64_t s = 0; s < S; ++s) {
+    std::copy(b.block_tables[s].begin(), b.block_tables[s].end(), tables.begin() + s * max_blocks);
+  }
+  kernels::PagedAttentionArgs args;
+  args.layout = cache->layout();
+  args.num_heads = c.num_heads;
+  args.scale = 1.f / std::sqrt(float(c.head_dim));
+  args.num_seqs = S;
+  args.query_start = b.query_start.data();
+  args.positions = b.positions.data();
+  args.context_lens = b.context_lens.data();
+  args.block_tables = tables.data();
+  args.max_blocks_per_seq = max_blocks;
+
+  Scratch s;
+  s.x.resize(T * c.hidden_size);
+  s.h.resize(T * c.hidden_size);
+  s.q.resize(T * c.q_dim());
+  s.k.resize(T * c.kv_dim());
+  s.v.resize(T * c.kv_dim());
+  s.attn.resize(T * c.q_dim());
+  s.gate.resize(T * c.ffn_size);
+  s.up.resize(T * c.ffn_size);
+  kernels::EmbeddingLookup(weights_.token_embd, b.token_ids.data(), T, s.x.data());
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) RunLayer(layer, b, args, cache, s);
+
+  const int64_t L = static_cast<int64_t>(b.logits_indices.size());
+  if (L == 0) return absl::OkStatus();
+  std::vector<float> last(L * c.hidden_size);
+  for (int64_t i = 0; i < L; ++i) {
+    std::copy_n(s.x.data() + b.logits_indices[i] * c.hidden_size, c.hidden_size,
+                last.data() + i * c.hidden_size);
+  }
+  kernels::RmsNorm(last.data(), weights_.output_norm.data(), L, c.hidden_size, c.rms_eps,
+                   last.data());
+  kernels::MatMul(weights_.lm_head, last.data(), L, logits, pool_);
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,95 @@
+// Llama-family forward pass (Llama 2/3, SmolLM2, TinyLlama, Mistral; Qwen2
+// with qkv bias and NeoX rope) over a paged KV cache.
+//
+// One Forward() runs a flattened batch of tokens from any number of sequences
+// (prefill chunks and decode tokens alike): embedding, per layer RMSNorm, QKV
+// (+bias), RoPE, K/V written to the cache by slot_mapping, paged attention
+// with GQA, output projection, SwiGLU FFN, then final norm and LM head for
+// the logits_indices rows only.
+//
+// Determinism: a sequence's logits are bit-identical whatever else is in the
+// batch, how its prompt was chunked, and the pool's thread count.
+//
+// Ownership: the GgufFile passed to Load must outlive the model (weights are
+// views into its mapping). Thread safety: Forward is const and reentrant, but
+// concurrent calls must use different caches; the ThreadPool serializes them.
+#ifndef TANDEM_ENGINE_LLAMA_MODEL_H_
+#define TANDEM_ENGINE_LLAMA_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/gguf/gguf.h"
+#include "common/thread_pool.h"
+#include "engine/kv_cache.h"
+#include "engine/model_config.h"
+#include "engine/weights.h"
+
+namespace tandem::engine {
+
+// Flattened tokens of all scheduled sequences.
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;     // [num_tokens]
+  std::vector<int32_t> positions;     // [num_tokens]
+  std::vector<int64_t> slot_mapping;  // [num_tokens] cache slot for each token's K/V
+  std::vector<int32_t> query_start;   // [num_seqs + 1] tokens of seq i: [query_start[i], query_start[i+1])
+  std::vector<int32_t> context_lens;  // [num_seqs] tokens in the cache for seq i after this step
+  std::vector<std::vector<int32_t>> block_tables;  // [num_seqs][num_blocks_of_seq]
+  std::vector<int32_t> logits_indices;  // token rows whose logits are computed
+
+  int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+  int64_t num_seqs() const { return static_cast<int64_t>(context_lens.size()); }
+};
+
+struct LoadOptions {
+  ThreadPool* pool = nullptr;   // not owned; null runs single-threaded
+  bool prefault = true;         // touch all weight pages during Load
+  gguf::ProgressFn progress;    // (bytes done, bytes total) while prefaulting
+};
+
+class LlamaModel {
+ public:
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const gguf::GgufFile& file,
+                                                          const LoadOptions& options = {});
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  ThreadPool* pool() const { return pool_; }
+
+  // Multi-line start-up description: architecture, dims, parameter count,
+  // tensor type counts, KV bytes per token.
+  std::string Summary() const;
+
+  // Checks `batch` against the config and `cache` (ids in vocab, positions <
+  // context and < the sequence's context_len, slots and block tables in
+  // range, each token's slot matching its position's block table entry):
+  // InvalidArgument on any violation.
+  absl::Status ValidateBatch(const ForwardBatch& batch, const KvCacheStorage& cache) const;
+
+  // Runs the batch, writing K/V into `cache`.
+  // logits: [logits_indices.size(), vocab_size], caller-allocated.
+  absl::Status Forward(const ForwardBatch& batch, KvCacheStorage* cache, float* logits) const;
+
+  // A cache shaped for this model.
+  absl::StatusOr<std::unique_ptr<KvCacheStorage>> MakeKvCache(
+      int64_t num_blocks, int64_t block_size = KvCacheStorage::kDefaultBlockSize) const;
+
+ private:
+  LlamaModel(ModelConfig config, ModelWeights weights, ThreadPool* pool)
+      : config_(std::move(config)), weights_(std::move(weights)), pool_(pool) {}
+
+  struct Scratch;
+  void RunLayer(int64_t layer, const ForwardBatch& batch, const kernels::PagedAttentionArgs& args,
+                KvCacheStorage* cache, Scratch& s) const;
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  ThreadPool* pool_;
+};
+
+}  // namespace tandem::engine
+
+#endif  // TANDEM_ENGINE_LLAMA_MODEL_H_

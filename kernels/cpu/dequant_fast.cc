@@ -1,0 +1,94 @@
+#include <cstring>
+
+#include "kernels/cpu/simd.h"
+#include "kernels/quant.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+inline float Half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  return Fp16ToFp32(h);
+#endif
+}
+
+#if TANDEM_KERNELS_AVX512
+void DequantQ8_0(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t b = 0; b < n / 32; ++b, src += 34, dst += 32) {
+    const __m512 d = _mm512_set1_ps(Half(src));
+    const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2));
+    const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 18));
+    _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d));
+    _mm512_storeu_ps(dst + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d));
+  }
+}
+
+// Q4_0 (18 B: d, 16 B nibbles) and Q4_1 (20 B: d, m, 16 B nibbles): element j
+// is the low nibble of byte j, element j + 16 the high nibble.
+template <bool kHasMin>
+void DequantQ4(const uint8_t* src, float* dst, int64_t n) {
+  constexpr int kBlockBytes = kHasMin ? 20 : 18;
+  constexpr int kQsOffset = kHasMin ? 4 : 2;
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  for (int64_t b = 0; b < n / 32; ++b, src += kBlockBytes, dst += 32) {
+    const __m512 d = _mm512_set1_ps(Half(src));
+    [[maybe_unused]] const __m512 m = _mm512_set1_ps(kHasMin ? Half(src + 2) : 0.f);
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + kQsOffset));
+    const __m128i lo = _mm_and_si128(q, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    const __m512 flo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo));
+    const __m512 fhi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi));
+    if constexpr (kHasMin) {
+      _mm512_storeu_ps(dst, _mm512_fmadd_ps(flo, d, m));
+      _mm512_storeu_ps(dst + 16, _mm512_fmadd_ps(fhi, d, m));
+    } else {
+      // (q - 8) * d exactly as the scalar reference computes it.
+      const __m512 eight = _mm512_set1_ps(8.f);
+      _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_sub_ps(flo, eight), d));
+      _mm512_storeu_ps(dst + 16, _mm512_mul_ps(_mm512_sub_ps(fhi, eight), d));
+    }
+  }
+}
+
+void DequantF16(const uint8_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(
+                                  reinterpret_cast<const __m256i*>(src + 2 * i))));
+  }
+  for (; i < n; ++i) dst[i] = Half(src + 2 * i);
+}
+#endif
+
+}  // namespace
+
+void DequantizeRowFast(gguf::TensorType type, const void* src, float* dst, int64_t n) {
+  const auto* p = static_cast<const uint8_t*>(src);
+  switch (type) {
+    case gguf::TensorType::kF32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+#if TANDEM_KERNELS_AVX512
+    case gguf::TensorType::kF16:
+      DequantF16(p, dst, n);
+      return;
+    case gguf::TensorType::kQ8_0:
+      DequantQ8_0(p, dst, n);
+      return;
+    case gguf::TensorType::kQ4_0:
+      DequantQ4<false>(p, dst, n);
+      return;
+    case gguf::TensorType::kQ4_1:
+      DequantQ4<true>(p, dst, n);
+      return;
+#endif
+    default:
+      DequantizeRow(type, src, dst, n);
+  }
+}
+
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,19 @@
+// Subcommands of the `tandem` binary. Each returns the process exit code:
+// 0 on success, 1 on a runtime failure, 2 on bad flags or unusable input
+// (a one-line error on stderr).
+#ifndef TANDEM_SERVICES_CLI_COMMANDS_H_
+#define TANDEM_SERVICES_CLI_COMMANDS_H_
+
+namespace tandem::cli {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+// argv[0] is the binary, argv[1] the subcommand; flags start at argv[2].
+int RunGenerate(int argc, char** argv);
+int RunVersion(int argc, char** argv);
+
+}  // namespace tandem::cli
+
+#endif  // TANDEM_SERVICES_CLI_COMMANDS_H_

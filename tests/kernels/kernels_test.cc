@@ -1,0 +1,255 @@
+// Dispatched CPU kernels vs the scalar references, on random inputs of
+// awkward sizes, plus the determinism rule (bit-identical results whatever the
+// batch size, batch composition or thread count).
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+namespace tandem::kernels {
+namespace {
+
+using gguf::TensorType;
+
+std::vector<float> Random(int64_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+struct QuantMatrix {
+  std::string bytes;
+  WeightView view;
+};
+
+QuantMatrix MakeMatrix(TensorType type, int64_t rows, int64_t cols, uint32_t seed) {
+  QuantMatrix m;
+  const int64_t row_bytes = static_cast<int64_t>(*gguf::RowBytes(type, cols));
+  m.bytes.resize(rows * row_bytes);
+  const std::vector<float> v = Random(rows * cols, seed);
+  for (int64_t r = 0; r < rows; ++r) {
+    QuantizeRow(type, v.data() + r * cols, m.bytes.data() + r * row_bytes, cols);
+  }
+  m.view = WeightView{type, m.bytes.data(), rows, cols, row_bytes};
+  return m;
+}
+
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, float tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], tol * (1.f + std::fabs(want[i]))) << "at " << i;
+  }
+}
+
+TEST(ThreadPoolTest, EveryIndexOnceForAnySize) {
+  ThreadPool pool(3);
+  for (int64_t n : {0, 1, 2, 3, 7, 1000}) {
+    std::vector<int> hits(n, 0);
+    pool.ParallelFor(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hits[i]++;
+    });
+    for (int h : hits) EXPECT_EQ(h, 1);
+  }
+  std::atomic<int64_t> sum{0};
+  for (int rep = 0; rep < 200; ++rep) {
+    pool.ParallelFor(10, [&](int64_t b, int64_t e) { sum += e - b; });
+  }
+  EXPECT_EQ(sum.load(), 2000);
+}
+
+class MatMulTest : public ::testing::TestWithParam<TensorType> {};
+
+TEST_P(MatMulTest, MatchesReference) {
+  const TensorType type = GetParam();
+  const int64_t block = gguf::GetTypeTraits(type)->block_size;
+  for (int64_t cols : {block * 3, block * 18 + (block == 1 ? 5 : 0)}) {
+    for (int64_t rows : {1, 13, 37}) {
+      for (int64_t n : {1, 5}) {
+        QuantMatrix m = MakeMatrix(type, rows, cols, uint32_t(rows * 7 + cols));
+        const std::vector<float> x = Random(n * cols, 99);
+        std::vector<float> got(n * rows), want(n * rows);
+        ThreadPool pool(2);
+        MatMul(m.view, x.data(), n, got.data(), &pool);
+        ref::MatMul(m.view, x.data(), n, want.data());
+        ExpectClose(got, want, 2e-5f * std::sqrt(float(cols)));
+      }
+    }
+  }
+}
+
+// The dot for (token t, row r) is bit-identical whether the batch has 1 or 37
+// tokens, what the other tokens are, and how many threads run it.
+TEST_P(MatMulTest, DeterministicAcrossBatchAndThreads) {
+  const TensorType type = GetParam();
+  const int64_t block = gguf::GetTypeTraits(type)->block_size;
+  const int64_t rows = 45, cols = block * (block == 1 ? 99 : 6);
+  QuantMatrix m = MakeMatrix(type, rows, cols, 5);
+  const int64_t n = 37;
+  const std::vector<float> x = Random(n * cols, 6);
+  std::vector<float> batched(n * rows);
+  ThreadPool pool3(3);
+  MatMul(m.view, x.data(), n, batched.data(), &pool3);
+  for (int64_t t : {0, 17, 36}) {
+    std::vector<float> single(rows);
+    MatMul(m.view, x.data() + t * cols, 1, single.data(), nullptr);
+    EXPECT_EQ(0, std::memcmp(single.data(), batched.data() + t * rows, rows * sizeof(float)));
+  }
+  std::vector<float> other(n * rows);
+  ThreadPool pool2(2);
+  MatMul(m.view, x.data(), n, other.data(), &pool2);
+  EXPECT_EQ(batched, other);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, MatMulTest,
+                         ::testing::Values(TensorType::kF32, TensorType::kF16, TensorType::kQ8_0,
+                                           TensorType::kQ4_0, TensorType::kQ4_1,
+                                           TensorType::kQ5_0, TensorType::kQ5_1),
+                         [](const auto& info) {
+                           return std::string(gguf::GetTypeTraits(info.param)->name);
+                         });
+
+TEST(DequantTest, FastPathMatchesReference) {
+  for (TensorType type : {TensorType::kF16, TensorType::kQ8_0, TensorType::kQ4_0,
+                          TensorType::kQ4_1, TensorType::kQ5_1}) {
+    QuantMatrix m = MakeMatrix(type, 1, 32 * 7, 3);
+    std::vector<float> fast(32 * 7), want(32 * 7);
+    cpu::DequantizeRowFast(type, m.view.data, fast.data(), 32 * 7);
+    DequantizeRow(type, m.view.data, want.data(), 32 * 7);
+    ExpectClose(fast, want, 1e-6f);
+  }
+}
+
+TEST(EmbeddingTest, MatchesReference) {
+  QuantMatrix m = MakeMatrix(TensorType::kQ8_0, 50, 64, 1);
+  const std::vector<int32_t> ids = {3, 0, 49, 3};
+  std::vector<float> got(4 * 64), want(4 * 64);
+  EmbeddingLookup(m.view, ids.data(), 4, got.data());
+  ref::EmbeddingLookup(m.view, ids.data(), 4, want.data());
+  EXPECT_EQ(got, want);
+}
+
+TEST(ElementwiseTest, MatchReferences) {
+  const int64_t n = 3, dim = 77;
+  const std::vector<float> a = Random(n * dim, 1, 3.f), b = Random(n * dim, 2, 3.f);
+  const std::vector<float> w = Random(dim, 3);
+  std::vector<float> got(n * dim), want(n * dim);
+  RmsNorm(a.data(), w.data(), n, dim, 1e-5f, got.data());
+  ref::RmsNorm(a.data(), w.data(), n, dim, 1e-5f, want.data());
+  ExpectClose(got, want, 1e-6f);
+  SiluMul(a.data(), b.data(), n * dim, got.data());
+  ref::SiluMul(a.data(), b.data(), n * dim, want.data());
+  ExpectClose(got, want, 1e-6f);
+  Add(a.data(), b.data(), n * dim, got.data());
+  ref::Add(a.data(), b.data(), n * dim, want.data());
+  EXPECT_EQ(got, want);
+  got = a;
+  want = a;
+  Softmax(got.data(), n, dim);
+  ref::Softmax(want.data(), n, dim);
+  ExpectClose(got, want, 1e-6f);
+  EXPECT_NEAR(std::accumulate(got.begin(), got.begin() + dim, 0.0), 1.0, 1e-5);
+}
+
+TEST(RopeTest, MatchesReferenceAndRotates) {
+  const int64_t n = 4, heads = 3, hd = 10;
+  const std::vector<int32_t> pos = {0, 1, 7, 300};
+  const std::vector<float> ff = {1.f, 2.f, 4.f, 1.5f};
+  for (RopeStyle style : {RopeStyle::kAdjacentPairs, RopeStyle::kNeox}) {
+    for (const float* factors : {static_cast<const float*>(nullptr), ff.data()}) {
+      RopeParams p{style, 8, 10000.f, 0.5f, factors};
+      std::vector<float> got = Random(n * heads * hd, 4), want = got, orig = got;
+      Rope(got.data(), pos.data(), n, heads, hd, p);
+      ref::Rope(want.data(), pos.data(), n, heads, hd, p);
+      EXPECT_EQ(got, want);
+      // Position 0 is the identity; dims past rot_dim are untouched.
+      for (int64_t i = 0; i < heads * hd; ++i) EXPECT_EQ(got[i], orig[i]);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t h = 0; h < heads; ++h) {
+          for (int64_t d = 8; d < hd; ++d) {
+            EXPECT_EQ(got[(t * heads + h) * hd + d], orig[(t * heads + h) * hd + d]);
+          }
+        }
+      }
+    }
+  }
+  // Adjacent pairs: (x0, x1) at position 1, pair 0 rotates by exactly 1 radian.
+  std::vector<float> v = {1.f, 0.f};
+  const int32_t one = 1;
+  Rope(v.data(), &one, 1, 1, 2, RopeParams{RopeStyle::kAdjacentPairs, 2, 10000.f, 1.f, nullptr});
+  EXPECT_NEAR(v[0], std::cos(1.0), 1e-6);
+  EXPECT_NEAR(v[1], std::sin(1.0), 1e-6);
+}
+
+struct AttnFixture {
+  PagedKvLayout layout{12, 5, 2, 20};  // awkward block size and head dim
+  int64_t num_heads = 6;
+  std::vector<float> k_cache, v_cache;
+  AttnFixture() {
+    const int64_t floats = layout.num_blocks * layout.block_size * layout.num_kv_heads *
+                           layout.head_dim;
+    k_cache = Random(floats, 11);
+    v_cache = Random(floats, 12);
+  }
+};
+
+TEST(PagedAttentionTest, MatchesReferenceAndIsBatchInvariant) {
+  AttnFixture f;
+  // Three sequences with scrambled block tables: seq 0 decodes 1 token at
+  // position 11, seq 1 prefills 4 tokens at positions 3..6, seq 2 has 2
+  // tokens at 20 and 21.
+  const std::vector<int32_t> query_start = {0, 1, 5, 7};
+  const std::vector<int32_t> positions = {11, 3, 4, 5, 6, 20, 21};
+  const std::vector<int32_t> context_lens = {12, 7, 22};
+  const int64_t max_blocks = 5;
+  const std::vector<int32_t> tables = {7, 2, 9, 0, 0,  //
+                                       4, 11, 0, 0, 0,  //
+                                       1, 3, 5, 6, 10};
+  PagedAttentionArgs args{f.layout, f.num_heads, 1.f / std::sqrt(20.f), 3,
+                          query_start.data(), positions.data(), context_lens.data(),
+                          tables.data(), max_blocks};
+  const int64_t T = 7, width = f.num_heads * f.layout.head_dim;
+  const std::vector<float> q = Random(T * width, 13);
+  std::vector<float> got(T * width), want(T * width);
+  ThreadPool pool(3);
+  PagedAttention(args, q.data(), f.k_cache.data(), f.v_cache.data(), got.data(), &pool);
+  ref::PagedAttention(args, q.data(), f.k_cache.data(), f.v_cache.data(), want.data());
+  ExpectClose(got, want, 1e-5f);
+
+  // Sequence 1 alone (single-threaded) gives bit-identical rows.
+  const std::vector<int32_t> qs1 = {0, 4};
+  PagedAttentionArgs alone = args;
+  alone.num_seqs = 1;
+  alone.query_start = qs1.data();
+  alone.positions = positions.data() + 1;
+  alone.context_lens = context_lens.data() + 1;
+  alone.block_tables = tables.data() + max_blocks;
+  std::vector<float> single(4 * width);
+  PagedAttention(alone, q.data() + width, f.k_cache.data(), f.v_cache.data(), single.data(),
+                 nullptr);
+  EXPECT_EQ(0, std::memcmp(single.data(), got.data() + width, 4 * width * sizeof(float)));
+}
+
+TEST(WriteKvTest, StoresAtSlots) {
+  AttnFixture f;
+  const int64_t width = f.layout.num_kv_heads * f.layout.head_dim;
+  const std::vector<float> k = Random(3 * width, 1), v = Random(3 * width, 2);
+  const std::vector<int64_t> slots = {59, 0, 17};
+  std::vector<float> kc = f.k_cache, vc = f.v_cache, kr = kc, vr = vc;
+  WriteKv(f.layout, k.data(), v.data(), slots.data(), 3, kc.data(), vc.data());
+  ref::WriteKv(f.layout, k.data(), v.data(), slots.data(), 3, kr.data(), vr.data());
+  EXPECT_EQ(kc, kr);
+  EXPECT_EQ(vc, vr);
+  EXPECT_EQ(0, std::memcmp(kc.data() + 59 * width, k.data(), width * sizeof(float)));
+}
+
+}  // namespace
+}  // namespace tandem::kernels

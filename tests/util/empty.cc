@@ -1,1 +1,0 @@
-// Keeps tandem_test_util non-empty.
