@@ -14,83 +14,89 @@
 namespace tandem {
 namespace {
 
-// Spin this many polls before blocking: a decode step issues hundreds of
-// short loops, and a futex wake per loop would dominate them.
-constexpr int kSpinPolls = 20000;
+// Idle workers poll this many times before blocking: a decode step issues
+// hundreds of short loops, and a futex wake per loop would dominate them.
+constexpr int kSpinPolls = 4000;
+constexpr int kChunksPerThread = 4;
+
+uint32_t GenOf(uint64_t claim) { return static_cast<uint32_t>(claim >> 32); }
 
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
   workers_.reserve(num_threads_ - 1);
-  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
-    generation_.fetch_add(1, std::memory_order_release);
   }
   work_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
+void ThreadPool::RunChunks(uint32_t gen) {
+  const RangeFn* fn = job_.load(std::memory_order_acquire);
+  const int64_t n = job_n_.load(std::memory_order_acquire);
+  const int64_t chunks = job_chunks_.load(std::memory_order_acquire);
+  uint64_t cur = claim_.load(std::memory_order_acquire);
+  for (;;) {
+    if (GenOf(cur) != gen) return;
+    const int64_t i = static_cast<int64_t>(cur & 0xffffffffu);
+    if (i >= chunks) return;
+    if (!claim_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) continue;
+    // The claim succeeded while `gen` was live, so fn / n / chunks (written
+    // before the generation was published, read after it was seen) are its.
+    (*fn)(n * i / chunks, n * (i + 1) / chunks);
+    done_.fetch_add(1, std::memory_order_acq_rel);
+    cur = claim_.load(std::memory_order_acquire);
+  }
+}
+
 void ThreadPool::ParallelFor(int64_t n, RangeFn fn, int64_t min_range) {
   if (n <= 0) return;
-  const int64_t max_parts = std::max<int64_t>(1, n / std::max<int64_t>(1, min_range));
-  const int parts = static_cast<int>(std::min<int64_t>(num_threads_, max_parts));
-  if (parts == 1) {
+  const int64_t max_chunks = std::max<int64_t>(1, n / std::max<int64_t>(1, min_range));
+  const int64_t chunks =
+      std::min<int64_t>({int64_t{num_threads_} * kChunksPerThread, max_chunks, 0x7fffffff});
+  if (num_threads_ == 1 || chunks == 1) {
     fn(0, n);
     return;
   }
   std::lock_guard<std::mutex> call_lock(call_mu_);
+  const uint32_t gen = GenOf(claim_.load(std::memory_order_relaxed)) + 1;
+  job_.store(&fn, std::memory_order_relaxed);
+  job_n_.store(n, std::memory_order_relaxed);
+  job_chunks_.store(chunks, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    job_parts_ = parts;
-    pending_.store(parts - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    claim_.store(uint64_t{gen} << 32, std::memory_order_release);
   }
   work_cv_.notify_all();
-  fn(0, n / parts);
-  for (int i = 0; pending_.load(std::memory_order_acquire) != 0; ++i) {
-    if (i < kSpinPolls) {
-      TANDEM_CPU_RELAX();
-      continue;
-    }
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
-  }
-  job_ = nullptr;
+  RunChunks(gen);
+  while (done_.load(std::memory_order_acquire) != chunks) TANDEM_CPU_RELAX();
 }
 
-void ThreadPool::WorkerLoop(int index) {
-  uint64_t seen = 0;
+void ThreadPool::WorkerLoop() {
+  uint32_t seen = 0;
   for (;;) {
-    uint64_t gen = generation_.load(std::memory_order_acquire);
+    uint32_t gen = GenOf(claim_.load(std::memory_order_acquire));
     for (int i = 0; gen == seen && i < kSpinPolls; ++i) {
       TANDEM_CPU_RELAX();
-      gen = generation_.load(std::memory_order_acquire);
+      gen = GenOf(claim_.load(std::memory_order_acquire));
     }
-    const RangeFn* job;
-    int64_t n;
-    int parts;
-    {
+    if (gen == seen) {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_.load() != seen; });
+      work_cv_.wait(lock, [&] {
+        return stop_ || GenOf(claim_.load(std::memory_order_acquire)) != seen;
+      });
       if (stop_) return;
-      seen = generation_.load();
-      job = job_;
-      n = job_n_;
-      parts = job_parts_;
+      gen = GenOf(claim_.load(std::memory_order_acquire));
     }
-    if (index >= parts) continue;
-    (*job)(n * index / parts, n * (index + 1) / parts);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_cv_.notify_one();
-    }
+    seen = gen;
+    RunChunks(gen);
   }
 }
 

@@ -1,11 +1,14 @@
 // A persistent pool of worker threads for data-parallel loops.
 //
-// ParallelFor(n, fn) splits [0, n) into at most num_threads() contiguous
-// ranges with a fixed rule (range i = [n*i/T, n*(i+1)/T)) and runs fn(begin,
-// end) on each, the calling thread taking range 0. Which thread runs a range
-// never changes what it computes: kernels built on this pool give every output
-// element to exactly one fn call with a fixed reduction order, so results are
-// bit-identical for any thread count.
+// ParallelFor(n, fn) splits [0, n) into C contiguous chunks with a fixed rule
+// (chunk i = [n*i/C, n*(i+1)/C), C = min(4 * threads, n / min_range)) and
+// runs fn(begin, end) on each. Chunks are claimed dynamically: the caller
+// works too and never waits for a worker that has not started (on a busy
+// machine a sleeping worker may take milliseconds to be scheduled), only for
+// chunks already running. Which thread runs a chunk never changes what it
+// computes: kernels built on this pool give every output element to exactly
+// one fn call with a fixed reduction order, so results are bit-identical for
+// any thread count.
 //
 // Thread safety: ParallelFor may be called from any thread; concurrent calls
 // are serialized. fn must not call ParallelFor on the same pool (deadlock).
@@ -51,7 +54,9 @@ class ThreadPool {
   }
 
  private:
-  void WorkerLoop(int index);
+  void WorkerLoop();
+  // Claims and runs chunks of generation `gen` until none are left.
+  void RunChunks(uint32_t gen);
 
   const int num_threads_;
   std::vector<std::thread> workers_;
@@ -61,12 +66,14 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
-  bool stop_ = false;             // guarded by mu_
-  const RangeFn* job_ = nullptr;  // valid while a generation is running
-  int64_t job_n_ = 0;
-  int job_parts_ = 0;
+  // High 32 bits: job generation; low 32 bits: next chunk to claim. A claim
+  // is a CAS on both, so a late worker can never take a chunk of a newer job.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int64_t> done_{0};  // chunks finished in the current job
+  std::atomic<const RangeFn*> job_{nullptr};
+  std::atomic<int64_t> job_n_{0};
+  std::atomic<int64_t> job_chunks_{0};
+  bool stop_ = false;  // guarded by mu_
 };
 
 }  // namespace tandem

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_format.h"
 
-namespace tandem {
+namespace tandem::engine {
 
 absl::Status SamplingParams::Validate() const {
   if (!(temperature >= 0.0) || !std::isfinite(temperature) || temperature > 100.0) {
@@ -116,4 +116,4 @@ int32_t Sampler::Sample(absl::Span<const float> logits, const SamplingParams& pa
   return ids_.back();  // u within rounding of 1.0
 }
 
-}  // namespace tandem
+}  // namespace tandem::engine

@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 
-namespace tandem {
+namespace tandem::engine {
 
 struct SamplingParams {
   double temperature = 0.0;  // 0 = greedy
@@ -54,6 +54,6 @@ class Sampler {
 // Index of the largest value; the lowest index wins ties.
 int32_t Argmax(absl::Span<const float> logits);
 
-}  // namespace tandem
+}  // namespace tandem::engine
 
 #endif  // TANDEM_ENGINE_SAMPLER_H_

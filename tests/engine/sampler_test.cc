@@ -7,7 +7,7 @@
 
 #include "gtest/gtest.h"
 
-namespace tandem {
+namespace tandem::engine {
 namespace {
 
 std::vector<float> Logits() {
@@ -118,4 +118,4 @@ TEST(SamplerTest, ValidateNamesTheField) {
 }
 
 }  // namespace
-}  // namespace tandem
+}  // namespace tandem::engine
