@@ -89,9 +89,8 @@ void ThreadPool::WorkerLoop() {
     }
     if (gen == seen) {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] {
-        return stop_ || GenOf(claim_.load(std::memory_order_acquire)) != seen;
-      });
+      work_cv_.wait(lock,
+                    [&] { return stop_ || GenOf(claim_.load(std::memory_order_acquire)) != seen; });
       if (stop_) return;
       gen = GenOf(claim_.load(std::memory_order_acquire));
     }

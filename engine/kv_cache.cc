@@ -5,9 +5,11 @@
 
 namespace tandem::engine {
 
-absl::StatusOr<std::unique_ptr<KvCacheStorage>> KvCacheStorage::Create(
-    int64_t num_layers, int64_t num_blocks, int64_t block_size, int64_t num_kv_heads,
-    int64_t head_dim) {
+absl::StatusOr<std::unique_ptr<KvCacheStorage>> KvCacheStorage::Create(int64_t num_layers,
+                                                                       int64_t num_blocks,
+                                                                       int64_t block_size,
+                                                                       int64_t num_kv_heads,
+                                                                       int64_t head_dim) {
   if (num_layers < 1 || num_blocks < 1 || block_size < 1 || num_kv_heads < 1 || head_dim < 1) {
     return absl::InvalidArgumentError("KV cache geometry must be positive");
   }

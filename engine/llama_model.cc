@@ -83,9 +83,9 @@ absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b, const KvCacheStora
     const int64_t ctx = b.context_lens[s];
     const auto& table = b.block_tables[s];
     if (ctx < end - begin || ctx > c.context_length || ctx > int64_t(table.size()) * bs) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sequence ", s, ": context_len ", ctx, " is below its query tokens, above the model ",
-          "context or above its block table capacity"));
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": context_len ", ctx,
+                                                     " is below its query tokens, above the model ",
+                                                     "context or above its block table capacity"));
     }
     for (int64_t i = 0; i < (ctx + bs - 1) / bs; ++i) {
       if (table[i] < 0 || table[i] >= cache.num_blocks()) {
@@ -95,8 +95,8 @@ absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b, const KvCacheStora
     }
     for (int64_t t = begin; t < end; ++t) {
       if (b.token_ids[t] < 0 || b.token_ids[t] >= c.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("token id ", b.token_ids[t],
-                                                       " outside vocab of ", c.vocab_size));
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", b.token_ids[t], " outside vocab of ", c.vocab_size));
       }
       const int64_t pos = b.positions[t];
       if (pos < 0 || pos >= ctx) {
@@ -145,8 +145,7 @@ void LlamaModel::RunLayer(int64_t layer, const ForwardBatch& b,
   kernels::Rope(s.k.data(), b.positions.data(), T, c.num_kv_heads, c.head_dim, rope);
   kernels::WriteKv(cache->layout(), s.k.data(), s.v.data(), b.slot_mapping.data(), T,
                    cache->k(layer), cache->v(layer));
-  kernels::PagedAttention(args, s.q.data(), cache->k(layer), cache->v(layer), s.attn.data(),
-                          pool_);
+  kernels::PagedAttention(args, s.q.data(), cache->k(layer), cache->v(layer), s.attn.data(), pool_);
   kernels::MatMul(w.wo, s.attn.data(), T, s.h.data(), pool_);
   kernels::Add(s.x.data(), s.h.data(), T * c.hidden_size, s.x.data());
 

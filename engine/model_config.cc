@@ -68,12 +68,11 @@ absl::StatusOr<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& f) {
   const int64_t default_head_dim =
       c.hidden_size % c.num_heads == 0 ? c.hidden_size / c.num_heads : 0;
   if (default_head_dim == 0 && f.Find(p + "attention.key_length") == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("head_count ", c.num_heads,
-                                                   " does not divide embedding_length ",
-                                                   c.hidden_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "head_count ", c.num_heads, " does not divide embedding_length ", c.hidden_size));
   }
-  TANDEM_ASSIGN_OR_RETURN(
-      c.head_dim, GetBounded(f, p + "attention.key_length", 2, 4096, &default_head_dim));
+  TANDEM_ASSIGN_OR_RETURN(c.head_dim,
+                          GetBounded(f, p + "attention.key_length", 2, 4096, &default_head_dim));
   TANDEM_ASSIGN_OR_RETURN(int64_t value_dim,
                           GetBounded(f, p + "attention.value_length", 2, 4096, &c.head_dim));
   if (value_dim != c.head_dim) {
@@ -117,12 +116,12 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError("model config has a non-positive dimension");
   }
   if (num_heads % num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("head_count_kv ", num_kv_heads,
-                                                   " does not divide head_count ", num_heads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_count_kv ", num_kv_heads, " does not divide head_count ", num_heads));
   }
   if (rope_dim % 2 != 0 || rope_dim > head_dim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rope.dimension_count ", rope_dim, " must be even and <= head_dim ", head_dim));
+    return absl::InvalidArgumentError(absl::StrCat("rope.dimension_count ", rope_dim,
+                                                   " must be even and <= head_dim ", head_dim));
   }
   if (q_dim() > 4 * kMaxDim) return absl::InvalidArgumentError("head_count * head_dim too large");
   return absl::OkStatus();

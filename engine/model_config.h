@@ -31,7 +31,7 @@ struct ModelConfig {
   kernels::RopeStyle rope_style = kernels::RopeStyle::kAdjacentPairs;
   int64_t rope_dim = 0;  // rotated dims per head
   float rope_freq_base = 10000.f;
-  float rope_freq_scale = 1.f;  // 1 / linear scaling factor
+  float rope_freq_scale = 1.f;   // 1 / linear scaling factor
   bool tied_embeddings = false;  // no output.weight: LM head = token_embd.weight
   bool has_qkv_bias = false;     // attn_{q,k,v}.bias (Qwen2)
 

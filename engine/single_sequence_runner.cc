@@ -24,8 +24,8 @@ absl::StatusOr<std::unique_ptr<SingleSequenceRunner>> SingleSequenceRunner::Crea
 }
 
 SingleSequenceRunner::SingleSequenceRunner(const LlamaModel* model,
-                                           std::unique_ptr<KvCacheStorage> cache,
-                                           int64_t capacity, int64_t prefill_chunk)
+                                           std::unique_ptr<KvCacheStorage> cache, int64_t capacity,
+                                           int64_t prefill_chunk)
     : model_(model),
       cache_(std::move(cache)),
       capacity_(capacity),

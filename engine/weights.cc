@@ -47,7 +47,8 @@ std::string ShapeString(const std::vector<int64_t>& s) {
 }
 
 absl::Status CheckTensor(const gguf::TensorInfo* t, const Expected& e) {
-  if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("tensor ", e.name, " is missing"));
+  if (t == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", e.name, " is missing"));
   if (t->shape != e.shape) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", e.name, " has shape ",
                                                    ShapeString(t->shape), ", expected ",
@@ -97,8 +98,7 @@ absl::Status CheckTensors(const gguf::GgufFile& file, const ModelConfig& config)
   return absl::OkStatus();
 }
 
-absl::StatusOr<ModelWeights> ModelWeights::Load(const gguf::GgufFile& file,
-                                                const ModelConfig& c) {
+absl::StatusOr<ModelWeights> ModelWeights::Load(const gguf::GgufFile& file, const ModelConfig& c) {
   TANDEM_RETURN_IF_ERROR(CheckTensors(file, c));
   ModelWeights w;
   auto get = [&](const std::string& name) -> const gguf::TensorInfo& {

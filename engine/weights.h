@@ -20,23 +20,23 @@
 namespace tandem::engine {
 
 struct LayerWeights {
-  std::vector<float> attn_norm;  // [hidden]
-  std::vector<float> ffn_norm;   // [hidden]
-  kernels::WeightView wq;        // [q_dim, hidden]
-  kernels::WeightView wk;        // [kv_dim, hidden]
-  kernels::WeightView wv;        // [kv_dim, hidden]
-  kernels::WeightView wo;        // [hidden, q_dim]
-  kernels::WeightView w_gate;    // [ffn, hidden]
-  kernels::WeightView w_up;      // [ffn, hidden]
-  kernels::WeightView w_down;    // [hidden, ffn]
+  std::vector<float> attn_norm;   // [hidden]
+  std::vector<float> ffn_norm;    // [hidden]
+  kernels::WeightView wq;         // [q_dim, hidden]
+  kernels::WeightView wk;         // [kv_dim, hidden]
+  kernels::WeightView wv;         // [kv_dim, hidden]
+  kernels::WeightView wo;         // [hidden, q_dim]
+  kernels::WeightView w_gate;     // [ffn, hidden]
+  kernels::WeightView w_up;       // [ffn, hidden]
+  kernels::WeightView w_down;     // [hidden, ffn]
   std::vector<float> bq, bk, bv;  // [q_dim], [kv_dim], [kv_dim]; empty without bias
 };
 
 struct ModelWeights {
-  kernels::WeightView token_embd;   // [vocab, hidden]
-  kernels::WeightView lm_head;      // [vocab, hidden]: output.weight, or token_embd when tied
-  std::vector<float> output_norm;   // [hidden]
-  std::vector<float> rope_freqs;    // [rope_dim / 2] or empty
+  kernels::WeightView token_embd;    // [vocab, hidden]
+  kernels::WeightView lm_head;       // [vocab, hidden]: output.weight, or token_embd when tied
+  std::vector<float> output_norm;    // [hidden]
+  std::vector<float> rope_freqs;     // [rope_dim / 2] or empty
   std::vector<LayerWeights> layers;  // [num_layers]
   std::map<std::string, int> type_counts;  // tensor type name -> tensors used
 

@@ -73,7 +73,7 @@ struct RopeParams {
 };
 
 // Rotates every head of every token in place by its position.
-void Rope(float* x,                 // [n, num_heads, head_dim]
+void Rope(float* x,                  // [n, num_heads, head_dim]
           const int32_t* positions,  // [n]
           int64_t n, int64_t num_heads, int64_t head_dim, const RopeParams& params);
 
@@ -101,11 +101,11 @@ struct PagedKvLayout {
 // Stores the K and V of each token at cache slot slot_mapping[t]
 // (slot = block_id * block_size + offset). REQUIRES: slots in range.
 void WriteKv(const PagedKvLayout& layout,
-             const float* k,              // [n, num_kv_heads, head_dim]
-             const float* v,              // [n, num_kv_heads, head_dim]
+             const float* k,               // [n, num_kv_heads, head_dim]
+             const float* v,               // [n, num_kv_heads, head_dim]
              const int64_t* slot_mapping,  // [n]
              int64_t n,
-             float* k_cache,  // [num_blocks, block_size, num_kv_heads, head_dim]
+             float* k_cache,   // [num_blocks, block_size, num_kv_heads, head_dim]
              float* v_cache);  // same
 
 struct PagedAttentionArgs {

@@ -1,6 +1,5 @@
 #include "common/tokenizer/chat_template.h"
 
-
 namespace tandem::tokenizer {
 namespace {
 

@@ -62,14 +62,14 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizer::Create(std::string_v
   for (const char* pattern : config.patterns) {
     int err = 0;
     PCRE2_SIZE err_off = 0;
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
-                                     PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err,
-                                     &err_off, nullptr);
+    pcre2_code* code =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
+                      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &err_off, nullptr);
     if (code == nullptr) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));
-      return absl::InternalError(absl::StrCat("pre-tokenizer regex: ",
-                                              reinterpret_cast<const char*>(msg), " at ", err_off));
+      return absl::InternalError(absl::StrCat(
+          "pre-tokenizer regex: ", reinterpret_cast<const char*>(msg), " at ", err_off));
     }
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // best effort: falls back to the interpreter
     p->codes_.push_back(code);

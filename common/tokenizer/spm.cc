@@ -8,8 +8,7 @@
 
 namespace tandem::tokenizer {
 
-SpmEncoder::SpmEncoder(const Vocab& vocab, const TokenIndex& index)
-    : vocab_(vocab), index_(index) {
+SpmEncoder::SpmEncoder(const Vocab& vocab, const TokenIndex& index) : vocab_(vocab), index_(index) {
   for (int b = 0; b < 256; ++b) {
     auto it = index_.find(absl::StrFormat("<0x%02X>", b));
     byte_token_[b] = it == index_.end() ? -1 : it->second;

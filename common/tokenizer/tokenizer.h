@@ -82,13 +82,13 @@ class Tokenizer {
   friend class StreamingDetokenizer;
 
   Vocab vocab_;
-  TokenIndex index_;                       // token text -> id
-  std::vector<std::string> pieces_;        // [n_vocab] raw bytes of each token
-  std::vector<int32_t> special_tokens_;    // control/user-defined/unknown, longest first
-  std::vector<bool> is_eog_;               // [n_vocab]
-  std::unique_ptr<PreTokenizer> pre_;      // kBpe only
-  std::unique_ptr<BpeEncoder> bpe_;        // kBpe only
-  std::unique_ptr<SpmEncoder> spm_;        // kSpm only
+  TokenIndex index_;                     // token text -> id
+  std::vector<std::string> pieces_;      // [n_vocab] raw bytes of each token
+  std::vector<int32_t> special_tokens_;  // control/user-defined/unknown, longest first
+  std::vector<bool> is_eog_;             // [n_vocab]
+  std::unique_ptr<PreTokenizer> pre_;    // kBpe only
+  std::unique_ptr<BpeEncoder> bpe_;      // kBpe only
+  std::unique_ptr<SpmEncoder> spm_;      // kSpm only
 };
 
 }  // namespace tandem::tokenizer

@@ -61,8 +61,8 @@ void AddEog(Vocab& v) {
   // Turn terminators of common chat formats; llama.cpp treats the same set as
   // end-of-generation when present.
   static constexpr std::string_view kEogTexts[] = {
-      "<|eot_id|>", "<|im_end|>",    "<|end|>",          "<end_of_turn>",
-      "<|eom_id|>", "<|endoftext|>", "<|end_of_text|>",  "<EOT>",
+      "<|eot_id|>", "<|im_end|>",    "<|end|>",         "<end_of_turn>",
+      "<|eom_id|>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
   };
   auto add = [&v](int32_t id) {
     if (id < 0) return;
@@ -95,8 +95,8 @@ absl::Status ValidateVocab(const Vocab& v) {
   }
   for (int32_t id : {v.bos_id, v.eos_id, v.unk_id, v.pad_id}) {
     if (id < -1 || id >= n) {
-      return absl::InvalidArgumentError(absl::StrCat("vocab: special token id ", id,
-                                                     " out of range [0, ", n, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("vocab: special token id ", id, " out of range [0, ", n, ")"));
     }
   }
   for (int32_t id : v.eog_ids) {
@@ -143,8 +143,8 @@ absl::StatusOr<Vocab> VocabFromGguf(const gguf::GgufFile& f) {
   } else if (*model == "llama") {
     v.kind = VocabKind::kSpm;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unsupported tokenizer model \"", Av(*model), "\" (supported: gpt2, llama)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported tokenizer model \"", Av(*model), "\" (supported: gpt2, llama)"));
   }
   if (f.Find("tokenizer.ggml.pre") != nullptr) {
     auto pre = f.GetString("tokenizer.ggml.pre");
@@ -176,8 +176,8 @@ absl::StatusOr<Vocab> VocabFromGguf(const gguf::GgufFile& f) {
     auto arr = f.GetArray(kTypesKey);
     if (!arr.ok()) return KeyError(kTypesKey, arr.status());
     if (static_cast<int64_t>((*arr)->size()) != n) {
-      return absl::InvalidArgumentError(absl::StrCat("GGUF key ", Av(kTypesKey), ": ",
-                                                     (*arr)->size(), " entries, expected ", n));
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF key ", Av(kTypesKey), ": ", (*arr)->size(), " entries, expected ", n));
     }
     for (int64_t i = 0; i < n; ++i) {
       auto t = (**arr)[i].AsInt();
@@ -207,8 +207,7 @@ absl::StatusOr<Vocab> VocabFromGguf(const gguf::GgufFile& f) {
   const bool bpe_bos = v.pre == "llama-bpe" || v.pre == "llama3" || v.pre == "falcon3";
   TANDEM_ASSIGN_OR_RETURN(v.add_bos, ReadBool(f, "tokenizer.ggml.add_bos_token", spm || bpe_bos));
   TANDEM_ASSIGN_OR_RETURN(v.add_eos, ReadBool(f, "tokenizer.ggml.add_eos_token", false));
-  TANDEM_ASSIGN_OR_RETURN(v.add_space_prefix,
-                          ReadBool(f, "tokenizer.ggml.add_space_prefix", spm));
+  TANDEM_ASSIGN_OR_RETURN(v.add_space_prefix, ReadBool(f, "tokenizer.ggml.add_space_prefix", spm));
   if (v.add_bos && v.bos_id < 0) v.add_bos = false;
   if (v.add_eos && v.eos_id < 0) v.add_eos = false;
 

@@ -57,17 +57,75 @@ void DequantQ4(const uint8_t* src, float* dst, int64_t n) {
 void DequantF16(const uint8_t* src, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(
-                                  reinterpret_cast<const __m256i*>(src + 2 * i))));
+    _mm512_storeu_ps(
+        dst + i,
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i))));
   }
   for (; i < n; ++i) dst[i] = Half(src + 2 * i);
+}
+template <gguf::TensorType kType>
+float FusedDot(const uint8_t* src, const float* x, int64_t n) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  for (int64_t b = 0; b < n / 32; ++b, x += 32) {
+    __m512 lo, hi;
+    if constexpr (kType == gguf::TensorType::kQ8_0) {
+      const __m512 d = _mm512_set1_ps(Half(src));
+      const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2));
+      const __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 18));
+      lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
+      hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
+      src += 34;
+    } else {
+      constexpr bool kHasMin = kType == gguf::TensorType::kQ4_1;
+      const __m512 d = _mm512_set1_ps(Half(src));
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + (kHasMin ? 4 : 2)));
+      const __m512 flo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, mask)));
+      const __m512 fhi =
+          _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), mask)));
+      if constexpr (kHasMin) {
+        const __m512 m = _mm512_set1_ps(Half(src + 2));
+        lo = _mm512_fmadd_ps(flo, d, m);
+        hi = _mm512_fmadd_ps(fhi, d, m);
+      } else {
+        const __m512 eight = _mm512_set1_ps(8.f);
+        lo = _mm512_mul_ps(_mm512_sub_ps(flo, eight), d);
+        hi = _mm512_mul_ps(_mm512_sub_ps(fhi, eight), d);
+      }
+      src += kHasMin ? 20 : 18;
+    }
+    acc0 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x), acc0);
+    acc1 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), acc1);
+  }
+  return Reduce16(_mm512_add_ps(acc0, acc1));
 }
 #endif
 
 }  // namespace
 
+bool FusedRowDot(gguf::TensorType type, const void* row, const float* x, int64_t n, float* out) {
+#if TANDEM_KERNELS_AVX512
+  const auto* p = static_cast<const uint8_t*>(row);
+  switch (type) {
+    case gguf::TensorType::kQ8_0:
+      *out = FusedDot<gguf::TensorType::kQ8_0>(p, x, n);
+      return true;
+    case gguf::TensorType::kQ4_0:
+      *out = FusedDot<gguf::TensorType::kQ4_0>(p, x, n);
+      return true;
+    case gguf::TensorType::kQ4_1:
+      *out = FusedDot<gguf::TensorType::kQ4_1>(p, x, n);
+      return true;
+    default:
+      return false;
+  }
+#else
+  return false;
+#endif
+}
+
 void DequantizeRowFast(gguf::TensorType type, const void* src, float* dst, int64_t n) {
-  const auto* p = static_cast<const uint8_t*>(src);
+  [[maybe_unused]] const auto* p = static_cast<const uint8_t*>(src);
   switch (type) {
     case gguf::TensorType::kF32:
       std::memcpy(dst, src, n * sizeof(float));

@@ -2,8 +2,10 @@
 //
 // Rows are processed in tiles of kTileRows: a tile is dequantized once into a
 // per-thread f32 buffer and then applied to every token, four rows at a time
-// (Dot4F32). Each (token, row) dot uses the canonical DotF32 order, so y does
-// not depend on n, on the other tokens, or on how rows are split over threads.
+// (Dot4F32); for one or two tokens, quantized rows are instead dequantized in
+// registers and dotted directly (FusedRowDot, same bits). Each (token, row) dot uses the canonical
+// DotF32 order, so y does not depend on n, on the other tokens, or on how rows are split over
+// threads.
 #include <algorithm>
 #include <vector>
 
@@ -15,10 +17,28 @@ namespace tandem::kernels {
 namespace {
 
 constexpr int64_t kTileRows = 8;
+// Up to this many tokens, quantized rows are dequantized in registers per
+// token (decode is bound by weight bytes); above it, once per tile.
+constexpr int64_t kMaxFusedTokens = 2;
+
+bool HasFusedPath(gguf::TensorType t) {
+  float unused;
+  static const float kZero[32] = {};
+  static const uint8_t kBlock[34] = {};
+  return cpu::FusedRowDot(t, kBlock, kZero, 0, &unused);
+}
 
 void MatMulTiles(const WeightView& w, const float* x, int64_t n, float* y, int64_t tile_begin,
                  int64_t tile_end) {
   const bool direct = w.type == gguf::TensorType::kF32;
+  if (n <= kMaxFusedTokens && HasFusedPath(w.type)) {
+    for (int64_t r = tile_begin * kTileRows; r < std::min(w.rows, tile_end * kTileRows); ++r) {
+      for (int64_t t = 0; t < n; ++t) {
+        cpu::FusedRowDot(w.type, w.row(r), x + t * w.cols, w.cols, y + t * w.rows + r);
+      }
+    }
+    return;
+  }
   std::vector<float> buf(direct ? 0 : kTileRows * w.cols);
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const int64_t r0 = tile * kTileRows;
@@ -48,8 +68,7 @@ void MatMul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool
   if (n <= 0 || w.rows <= 0) return;
   const int64_t num_tiles = (w.rows + kTileRows - 1) / kTileRows;
   ThreadPool::Run(
-      pool, num_tiles,
-      [&](int64_t begin, int64_t end) { MatMulTiles(w, x, n, y, begin, end); }, 4);
+      pool, num_tiles, [&](int64_t begin, int64_t end) { MatMulTiles(w, x, n, y, begin, end); }, 4);
 }
 
 void EmbeddingLookup(const WeightView& table, const int32_t* ids, int64_t n, float* out) {

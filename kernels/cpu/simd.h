@@ -12,6 +12,11 @@
 #include "common/gguf/types.h"
 
 #if defined(__AVX512F__)
+// GCC 12 warns inside its own AVX-512 intrinsics (the _mm512_undefined_*
+// placeholders they pass as merge sources): a known false positive.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #define TANDEM_KERNELS_AVX512 1
 #endif
@@ -35,18 +40,31 @@ inline __mmask16 TailMask(int64_t rem) { return static_cast<__mmask16>((1u << re
 // Dot product of n floats with the canonical order above.
 inline float DotF32(const float* a, const float* b, int64_t n) {
 #if TANDEM_KERNELS_AVX512
-  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  // Unrolled by two chunks so the accumulators stay in registers; chunk c
+  // still lands in accumulator c % 2.
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   int64_t i = 0;
-  int c = 0;
-  for (; i + 16 <= n; i += 16, c ^= 1) {
-    acc[c] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc[c]);
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+  }
+  bool odd = false;
+  if (i + 16 <= n) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    i += 16;
+    odd = true;
   }
   if (i < n) {
     const __mmask16 m = TailMask(n - i);
-    acc[c] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i),
-                             acc[c]);
+    if (odd) {
+      acc1 =
+          _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc1);
+    } else {
+      acc0 =
+          _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc0);
+    }
   }
-  return Reduce16(_mm512_add_ps(acc[0], acc[1]));
+  return Reduce16(_mm512_add_ps(acc0, acc1));
 #else
   float acc = 0.f;
   for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
@@ -58,22 +76,54 @@ inline float DotF32(const float* a, const float* b, int64_t n) {
 // separate DotF32 calls (each row keeps its own two accumulators).
 inline void Dot4F32(const float* const w[4], const float* x, int64_t n, float out[4]) {
 #if TANDEM_KERNELS_AVX512
-  __m512 acc[4][2];
-  for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // even chunks
+  __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                   // odd chunks
+  const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
   int64_t i = 0;
-  int c = 0;
-  for (; i + 16 <= n; i += 16, c ^= 1) {
-    const __m512 xv = _mm512_loadu_ps(x + i);
-    for (int r = 0; r < 4; ++r) acc[r][c] = _mm512_fmadd_ps(_mm512_loadu_ps(w[r] + i), xv, acc[r][c]);
+  for (; i + 32 <= n; i += 32) {
+    const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
+    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i), x0, a0);
+    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + i), x0, a1);
+    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + i), x0, a2);
+    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + i), x0, a3);
+    b0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i + 16), x1, b0);
+    b1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + i + 16), x1, b1);
+    b2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + i + 16), x1, b2);
+    b3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + i + 16), x1, b3);
   }
   if (i < n) {
-    const __mmask16 m = TailMask(n - i);
-    const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
-    for (int r = 0; r < 4; ++r) {
-      acc[r][c] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w[r] + i), xv, acc[r][c]);
+    // At most 1.x chunks left: finish each row with the scalar-order helper
+    // semantics (chunk parity decides the accumulator).
+    bool odd = false;
+    if (i + 16 <= n) {
+      const __m512 x0 = _mm512_loadu_ps(x + i);
+      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i), x0, a0);
+      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + i), x0, a1);
+      a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + i), x0, a2);
+      a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + i), x0, a3);
+      i += 16;
+      odd = true;
+    }
+    if (i < n) {
+      const __mmask16 m = TailMask(n - i);
+      const __m512 xt = _mm512_maskz_loadu_ps(m, x + i);
+      if (odd) {
+        b0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + i), xt, b0);
+        b1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w1 + i), xt, b1);
+        b2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w2 + i), xt, b2);
+        b3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w3 + i), xt, b3);
+      } else {
+        a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + i), xt, a0);
+        a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w1 + i), xt, a1);
+        a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w2 + i), xt, a2);
+        a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w3 + i), xt, a3);
+      }
     }
   }
-  for (int r = 0; r < 4; ++r) out[r] = Reduce16(_mm512_add_ps(acc[r][0], acc[r][1]));
+  out[0] = Reduce16(_mm512_add_ps(a0, b0));
+  out[1] = Reduce16(_mm512_add_ps(a1, b1));
+  out[2] = Reduce16(_mm512_add_ps(a2, b2));
+  out[3] = Reduce16(_mm512_add_ps(a3, b3));
 #else
   for (int r = 0; r < 4; ++r) out[r] = DotF32(w[r], x, n);
 #endif
@@ -90,6 +140,12 @@ inline void AxpyF32(float a, const float* x, int64_t n, float* y) {
 #endif
   for (; i < n; ++i) y[i] = __builtin_fmaf(a, x[i], y[i]);
 }
+
+// DotF32(dequantized row, x, n) without materializing the row, for F32-free
+// decode: bit-identical to dequantizing with DequantizeRowFast first (same
+// per-element dequant instructions; block b's low/high 16 lanes are chunks
+// 2b / 2b+1). Returns false (nothing written) for types without a fused path.
+bool FusedRowDot(gguf::TensorType type, const void* row, const float* x, int64_t n, float* out);
 
 // Dequantizes one row of `n` elements (SIMD for F16, Q8_0, Q4_0, Q4_1; other
 // dequantizable types through kernels/quant.h).

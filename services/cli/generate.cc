@@ -120,8 +120,10 @@ int RunGenerate(int argc, char** argv) {
   const Clock::time_point start = Clock::now();
   auto text = PromptText(flags, tok);
   if (!text.ok()) return UsageError(std::string(text.status().message()));
+  // Plain prompts get BOS/EOS as the model's metadata asks; rendered chat text
+  // already carries the template's own BOS text.
   const std::vector<int32_t> prompt_ids =
-      tok.Encode(*text, /*add_special=*/tok.vocab().add_bos, /*parse_special=*/true);
+      tok.Encode(*text, /*add_special=*/!flags.chat, /*parse_special=*/true);
   if (prompt_ids.empty()) return UsageError("the prompt encodes to zero tokens");
   const int64_t context = model.config().context_length;
   if (static_cast<int64_t>(prompt_ids.size()) + flags.max_tokens > context) {
@@ -137,7 +139,7 @@ int RunGenerate(int argc, char** argv) {
     return kExitFailure;
   }
   engine::Sampler sampler;
-  tokenizer::StreamingDetokenizer detok(tok, {.skip_special = true});
+  tokenizer::StreamingDetokenizer detok(tok, {.skip_special = true, .continuation = true});
   std::vector<int32_t> output_ids;
   std::string output_text;
   std::string finish_reason = "length";

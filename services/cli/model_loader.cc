@@ -74,11 +74,10 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& model_flag, ThreadPool*
   LoadedModel out;
   TANDEM_ASSIGN_OR_RETURN(out.path, ResolveModelPath(model_flag));
   const auto start = std::chrono::steady_clock::now();
-  if (verbose) std::fprintf(stderr, "[model] %s\n", out.path.c_str());
   auto file = gguf::GgufFile::Open(out.path);
   if (!file.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("cannot load model '%s': %s", out.path, file.status().message()));
+        absl::StrFormat("cannot load model: %s", file.status().message()));
   }
   out.file = std::move(file).value();
   auto vocab = tokenizer::VocabFromGguf(*out.file);
@@ -107,7 +106,8 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& model_flag, ThreadPool*
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::string summary = out.model->Summary();
     if (!summary.empty() && summary.back() != '\n') summary.push_back('\n');
-    std::fprintf(stderr, "%s[model] loaded in %.2f s, %d threads\n", summary.c_str(), secs,
+    std::fprintf(stderr, "%s[model] %s loaded in %.2f s, %d threads\n", summary.c_str(),
+                 out.path.c_str(), secs,
                  pool != nullptr ? pool->num_threads() : 1);
   }
   return out;

@@ -47,8 +47,8 @@ class JsonParser {
 
  private:
   void Ws() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\r' ||
-                                s_[pos_] == '\t')) {
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\r' || s_[pos_] == '\t')) {
       ++pos_;
     }
   }
@@ -80,11 +80,21 @@ class JsonParser {
       }
       char e = s_[pos_++];
       switch (e) {
-        case 'n': out.push_back('\n'); break;
-        case 't': out.push_back('\t'); break;
-        case 'r': out.push_back('\r'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
         case 'u': {
           uint32_t cp = Hex4();
           if (cp >= 0xD800 && cp < 0xDC00 && s_.substr(pos_, 2) == "\\u") {
@@ -94,7 +104,8 @@ class JsonParser {
           tokenizer::AppendUtf8(cp, &out);
           break;
         }
-        default: out.push_back(e);
+        default:
+          out.push_back(e);
       }
     }
   }
@@ -136,7 +147,8 @@ class JsonParser {
       v.str = String();
       return v;
     }
-    if (s_.substr(pos_, 4) == "true") return pos_ += 4, v.kind = Json::Kind::kBool, v.boolean = true, v;
+    if (s_.substr(pos_, 4) == "true")
+      return pos_ += 4, v.kind = Json::Kind::kBool, v.boolean = true, v;
     if (s_.substr(pos_, 5) == "false") return pos_ += 5, v.kind = Json::Kind::kBool, v;
     if (s_.substr(pos_, 4) == "null") return pos_ += 4, v;
     size_t used = 0;

@@ -80,8 +80,8 @@ TEST_F(SmolLM2Test, VocabMetadata) {
 }
 
 TEST_F(SmolLM2Test, MatchesReferenceIdsOnEveryGoldenString) {
-  const auto rows = ::tandem::testing::ReadJsonl(
-      ::tandem::testing::TestDataPath("tokenizer_smollm2.jsonl"));
+  const auto rows =
+      ::tandem::testing::ReadJsonl(::tandem::testing::TestDataPath("tokenizer_smollm2.jsonl"));
   ASSERT_GE(rows.size(), 300u);
   int num_mismatch = 0, num_disagreements = 0, num_lossy = 0;
   for (const Json& row : rows) {
@@ -128,14 +128,21 @@ TEST_F(SmolLM2Test, SpecialTokens) {
 TEST_F(SmolLM2Test, DigitsAreSplitIndividually) {
   const auto ids = tok_->Encode("12345", false, true);
   ASSERT_EQ(ids.size(), 5u);
-  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(tok_->TokenToPiece(ids[i]), std::string(1, '1' + i));
+  for (size_t i = 0; i < ids.size(); ++i)
+    EXPECT_EQ(tok_->TokenToPiece(ids[i]), std::string(1, '1' + i));
 }
 
 TEST_F(SmolLM2Test, BytesWithoutTokensAreDropped) {
   EXPECT_FALSE(tok_->FindToken(BytesToByteLevel("\x04")).has_value());
   // The control byte still separates words, as in both references.
-  EXPECT_EQ(tok_->Encode("a\x04" "b", false, true), (std::vector<int32_t>{81, 82}));
-  EXPECT_EQ(tok_->Decode(tok_->Encode("a\xFF" "b", false, true)), "ab");
+  EXPECT_EQ(tok_->Encode("a\x04"
+                         "b",
+                         false, true),
+            (std::vector<int32_t>{81, 82}));
+  EXPECT_EQ(tok_->Decode(tok_->Encode("a\xFF"
+                                      "b",
+                                      false, true)),
+            "ab");
 }
 
 TEST_F(SmolLM2Test, ArbitraryBytesRoundTrip) {
@@ -151,8 +158,8 @@ TEST_F(SmolLM2Test, ArbitraryBytesRoundTrip) {
 }
 
 TEST_F(SmolLM2Test, StreamingDetokenizerNeverSplitsCodePoints) {
-  const auto rows = ::tandem::testing::ReadJsonl(
-      ::tandem::testing::TestDataPath("tokenizer_smollm2.jsonl"));
+  const auto rows =
+      ::tandem::testing::ReadJsonl(::tandem::testing::TestDataPath("tokenizer_smollm2.jsonl"));
   int num_held_back = 0;
   for (const Json& row : rows) {
     const std::vector<int32_t> ids = row["ids"].ints();
@@ -182,14 +189,21 @@ TEST_F(SmolLM2Test, StreamingDetokenizerFlushesInvalidBytesAsReplacement) {
   EXPECT_EQ(detok.Flush(), "\xEF\xBF\xBD");
   // A stray byte in the middle is replaced at once.
   std::string s;
-  for (int32_t id : tok_->Encode("a\x80" "b", false, false)) s += detok.Push(id);
-  EXPECT_EQ(s + detok.Flush(), "a\xEF\xBF\xBD" "b");
+  for (int32_t id : tok_->Encode("a\x80"
+                                 "b",
+                                 false, false))
+    s += detok.Push(id);
+  EXPECT_EQ(s + detok.Flush(),
+            "a\xEF\xBF\xBD"
+            "b");
 }
 
 TEST_F(SmolLM2Test, EncodesAMegabyteQuickly) {
   std::string text;
   while (text.size() < (1 << 20)) {
-    text += "The quick brown fox jumps over the lazy dog 1234567890. 你好，世界！ 😀 def f(x): return x\n";
+    text +=
+        "The quick brown fox jumps over the lazy dog 1234567890. 你好，世界！ 😀 def f(x): return "
+        "x\n";
   }
   const auto t0 = std::chrono::steady_clock::now();
   const auto ids = tok_->Encode(text, false, true);

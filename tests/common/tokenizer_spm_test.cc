@@ -47,8 +47,8 @@ TEST(TinySpmTest, VocabMetadata) {
 TEST(TinySpmTest, MatchesReferenceIdsOnEveryGoldenString) {
   auto tok = LoadTinySpm();
   ASSERT_NE(tok, nullptr);
-  const auto rows = ::tandem::testing::ReadJsonl(
-      ::tandem::testing::TestDataPath("tokenizer_tiny_spm.jsonl"));
+  const auto rows =
+      ::tandem::testing::ReadJsonl(::tandem::testing::TestDataPath("tokenizer_tiny_spm.jsonl"));
   ASSERT_GE(rows.size(), 300u);
   int num_mismatch = 0, num_byte_fallback = 0;
   for (const Json& row : rows) {
@@ -103,8 +103,9 @@ TEST(TinySpmTest, BosSpacePrefixAndByteFallback) {
 TEST(TinySpmTest, InvalidUtf8RoundTrips) {
   auto tok = LoadTinySpm();
   ASSERT_NE(tok, nullptr);
-  for (std::string s : {std::string("a\xFF" "b"), std::string("\xE4\xB8"), std::string("\x80x"),
-                        std::string("ok \xC3")}) {
+  for (std::string s : {std::string("a\xFF"
+                                    "b"),
+                        std::string("\xE4\xB8"), std::string("\x80x"), std::string("ok \xC3")}) {
     EXPECT_EQ(tok->Decode(tok->Encode(s, false, false)), s);
   }
 }
@@ -112,8 +113,8 @@ TEST(TinySpmTest, InvalidUtf8RoundTrips) {
 TEST(TinySpmTest, StreamingMatchesDecode) {
   auto tok = LoadTinySpm();
   ASSERT_NE(tok, nullptr);
-  const auto rows = ::tandem::testing::ReadJsonl(
-      ::tandem::testing::TestDataPath("tokenizer_tiny_spm.jsonl"));
+  const auto rows =
+      ::tandem::testing::ReadJsonl(::tandem::testing::TestDataPath("tokenizer_tiny_spm.jsonl"));
   for (const Json& row : rows) {
     const auto ids = row["ids"].ints();
     StreamingDetokenizer detok(*tok);

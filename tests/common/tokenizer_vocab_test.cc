@@ -73,7 +73,8 @@ void ExpectError(const gguf::GgufWriter& w, std::string_view needle) {
   auto vocab = FromWriter(w);
   ASSERT_FALSE(vocab.ok());
   EXPECT_EQ(vocab.status().code(), absl::StatusCode::kInvalidArgument) << vocab.status();
-  EXPECT_NE(std::string(vocab.status().message()).find(needle), std::string::npos) << vocab.status();
+  EXPECT_NE(std::string(vocab.status().message()).find(needle), std::string::npos)
+      << vocab.status();
 }
 
 TEST(VocabTest, RejectsHostileFiles) {
@@ -217,7 +218,10 @@ TEST(Utf8Test, Helpers) {
   EXPECT_EQ(IncompleteUtf8Suffix("ab\xFF"), 0u);
   EXPECT_EQ(IncompleteUtf8Suffix("ab\xC0"), 0u);  // can never complete
   EXPECT_EQ(IncompleteUtf8Suffix("\x80\x80"), 0u);
-  EXPECT_EQ(SanitizeUtf8("a\xFF\xFE" "b\xE4"), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+  EXPECT_EQ(SanitizeUtf8("a\xFF\xFE"
+                         "b\xE4"),
+            "a\xEF\xBF\xBD"
+            "b\xEF\xBF\xBD");
   EXPECT_EQ(BytesToByteLevel(" \n"), "\xC4\xA0\xC4\x8A");  // "ĠĊ"
   for (int b = 0; b < 256; ++b) {
     const std::string raw(1, static_cast<char>(b));
@@ -237,8 +241,8 @@ TEST(DetokenizerTest, HoldsBackSplitCharacters) {
   for (int32_t id : ids) deltas.push_back(detok.Push(id));
   deltas.push_back(detok.Flush());
   // Byte tokens: h, E4, B8, AD, F0, 9F, 98, 80, !
-  const std::vector<std::string> want = {"h", "", "", "\xE4\xB8\xAD", "", "", "",
-                                         "\xF0\x9F\x98\x80", "!", ""};
+  const std::vector<std::string> want = {
+      "h", "", "", "\xE4\xB8\xAD", "", "", "", "\xF0\x9F\x98\x80", "!", ""};
   EXPECT_EQ(deltas, want);
   // Control tokens can be skipped; the detokenizer is reusable after Flush.
   StreamingDetokenizer skip(**tok, {.skip_special = true});

@@ -10,6 +10,8 @@
 // with p from the reference (logit - lse_ref), q from our full softmax, and
 // r the remaining mass. It is exact on the top-20 and a lower bound of the
 // full KL (the tail is where both models put < ~1% of the mass).
+#include "engine/llama_model.h"
+
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -18,7 +20,6 @@
 #include <sstream>
 
 #include "common/gguf/gguf.h"
-#include "engine/llama_model.h"
 #include "engine/single_sequence_runner.h"
 #include "gtest/gtest.h"
 #include "tests/util/mini_json.h"
@@ -63,8 +64,7 @@ ForwardBatch MakeBatch(const std::vector<SeqSpec>& seqs, int64_t block_size) {
       b.logits_indices.push_back(int32_t(b.token_ids.size()));
       b.token_ids.push_back(s.tokens[i]);
       b.positions.push_back(pos);
-      b.slot_mapping.push_back(int64_t(s.table[pos / block_size]) * block_size +
-                               pos % block_size);
+      b.slot_mapping.push_back(int64_t(s.table[pos / block_size]) * block_size + pos % block_size);
     }
     b.query_start.push_back(int32_t(b.token_ids.size()));
     b.context_lens.push_back(s.start + int32_t(s.tokens.size()));
@@ -161,9 +161,9 @@ TEST_P(TinyModelTest, IncrementalDecodeMatchesFullPrefill) {
 TEST_P(TinyModelTest, BatchedEqualsAlone) {
   const std::vector<int32_t> a = RandomTokens(21, vocab(), 2);
   const std::vector<float> alone = RunAll(model(), {{a, 0, {5, 1}}});
-  const std::vector<float> batched = RunAll(
-      model(), {{RandomTokens(3, vocab(), 3), 0, {0}}, {a, 0, {5, 1}},
-                {RandomTokens(17, vocab(), 4), 0, {2, 3}}});
+  const std::vector<float> batched = RunAll(model(), {{RandomTokens(3, vocab(), 3), 0, {0}},
+                                                      {a, 0, {5, 1}},
+                                                      {RandomTokens(17, vocab(), 4), 0, {2, 3}}});
   ASSERT_EQ(batched.size(), (3 + 21 + 17) * vocab());
   EXPECT_TRUE(std::equal(alone.begin(), alone.end(), batched.begin() + 3 * vocab()));
 
@@ -320,8 +320,8 @@ TEST(SmolLm2GoldenTest, MatchesTransformers) {
     const std::vector<int32_t> want = c["greedy"].As<int32_t>();
     std::vector<int32_t> got;
     for (size_t i = 0; i < want.size(); ++i) {
-      const int32_t next = int32_t(std::max_element(logits->begin(), logits->end()) -
-                                   logits->begin());
+      const int32_t next =
+          int32_t(std::max_element(logits->begin(), logits->end()) - logits->begin());
       got.push_back(next);
       logits = (*runner)->DecodeStep(next);
       ASSERT_TRUE(logits.ok());
@@ -330,10 +330,10 @@ TEST(SmolLm2GoldenTest, MatchesTransformers) {
     for (size_t i = 0; i < want.size() && first_diff < 0; ++i) {
       if (got[i] != want[i]) first_diff = int(i);
     }
-    std::printf("%-10s %3lld tokens: mean KL %.3g, max KL %.3g, argmax %d/%d, greedy %s\n",
-                c["name"].str.c_str(), (long long)T, sum_kl / T, max_kl, argmax_ok,
-                argmax_checked,
-                first_diff < 0 ? "identical" : ("differs at " + std::to_string(first_diff)).c_str());
+    std::printf(
+        "%-10s %3lld tokens: mean KL %.3g, max KL %.3g, argmax %d/%d, greedy %s\n",
+        c["name"].str.c_str(), (long long)T, sum_kl / T, max_kl, argmax_ok, argmax_checked,
+        first_diff < 0 ? "identical" : ("differs at " + std::to_string(first_diff)).c_str());
     EXPECT_LT(sum_kl / T, 1e-3) << c["name"].str;
     EXPECT_EQ(argmax_ok, argmax_checked) << c["name"].str;
     EXPECT_EQ(got, want) << c["name"].str;
@@ -367,16 +367,17 @@ TEST(SmolLm2BenchTest, PrefillAndDecodeSpeed) {
   auto t1 = Clock::now();
   const int kDecode = 64;
   for (int i = 0; i < kDecode; ++i) {
-    logits = (*runner)->DecodeStep(int32_t(std::max_element(logits->begin(), logits->end()) -
-                                           logits->begin()));
+    logits = (*runner)->DecodeStep(
+        int32_t(std::max_element(logits->begin(), logits->end()) - logits->begin()));
     ASSERT_TRUE(logits.ok());
   }
   auto t2 = Clock::now();
   const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
   const double decode_s = std::chrono::duration<double>(t2 - t1).count();
-  std::printf("threads %d: prefill %zu tokens %.3f s = %.1f tok/s; decode %d tokens %.3f s = %.1f tok/s\n",
-              pool.num_threads(), prompt.size(), prefill_s, prompt.size() / prefill_s, kDecode,
-              decode_s, kDecode / decode_s);
+  std::printf(
+      "threads %d: prefill %zu tokens %.3f s = %.1f tok/s; decode %d tokens %.3f s = %.1f tok/s\n",
+      pool.num_threads(), prompt.size(), prefill_s, prompt.size() / prefill_s, kDecode, decode_s,
+      kDecode / decode_s);
 }
 
 }  // namespace

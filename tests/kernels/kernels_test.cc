@@ -1,6 +1,8 @@
 // Dispatched CPU kernels vs the scalar references, on random inputs of
 // awkward sizes, plus the determinism rule (bit-identical results whatever the
 // batch size, batch composition or thread count).
+#include "kernels/kernels.h"
+
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -10,7 +12,6 @@
 #include "common/thread_pool.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/simd.h"
-#include "kernels/kernels.h"
 #include "kernels/quant.h"
 
 namespace tandem::kernels {
@@ -111,15 +112,15 @@ TEST_P(MatMulTest, DeterministicAcrossBatchAndThreads) {
 
 INSTANTIATE_TEST_SUITE_P(Types, MatMulTest,
                          ::testing::Values(TensorType::kF32, TensorType::kF16, TensorType::kQ8_0,
-                                           TensorType::kQ4_0, TensorType::kQ4_1,
-                                           TensorType::kQ5_0, TensorType::kQ5_1),
+                                           TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ5_0,
+                                           TensorType::kQ5_1),
                          [](const auto& info) {
                            return std::string(gguf::GetTypeTraits(info.param)->name);
                          });
 
 TEST(DequantTest, FastPathMatchesReference) {
-  for (TensorType type : {TensorType::kF16, TensorType::kQ8_0, TensorType::kQ4_0,
-                          TensorType::kQ4_1, TensorType::kQ5_1}) {
+  for (TensorType type : {TensorType::kF16, TensorType::kQ8_0, TensorType::kQ4_0, TensorType::kQ4_1,
+                          TensorType::kQ5_1}) {
     QuantMatrix m = MakeMatrix(type, 1, 32 * 7, 3);
     std::vector<float> fast(32 * 7), want(32 * 7);
     cpu::DequantizeRowFast(type, m.view.data, fast.data(), 32 * 7);
@@ -194,8 +195,8 @@ struct AttnFixture {
   int64_t num_heads = 6;
   std::vector<float> k_cache, v_cache;
   AttnFixture() {
-    const int64_t floats = layout.num_blocks * layout.block_size * layout.num_kv_heads *
-                           layout.head_dim;
+    const int64_t floats =
+        layout.num_blocks * layout.block_size * layout.num_kv_heads * layout.head_dim;
     k_cache = Random(floats, 11);
     v_cache = Random(floats, 12);
   }
@@ -210,12 +211,12 @@ TEST(PagedAttentionTest, MatchesReferenceAndIsBatchInvariant) {
   const std::vector<int32_t> positions = {11, 3, 4, 5, 6, 20, 21};
   const std::vector<int32_t> context_lens = {12, 7, 22};
   const int64_t max_blocks = 5;
-  const std::vector<int32_t> tables = {7, 2, 9, 0, 0,  //
+  const std::vector<int32_t> tables = {7, 2,  9, 0, 0,  //
                                        4, 11, 0, 0, 0,  //
-                                       1, 3, 5, 6, 10};
-  PagedAttentionArgs args{f.layout, f.num_heads, 1.f / std::sqrt(20.f), 3,
-                          query_start.data(), positions.data(), context_lens.data(),
-                          tables.data(), max_blocks};
+                                       1, 3,  5, 6, 10};
+  PagedAttentionArgs args{
+      f.layout,         f.num_heads,         1.f / std::sqrt(20.f), 3,         query_start.data(),
+      positions.data(), context_lens.data(), tables.data(),         max_blocks};
   const int64_t T = 7, width = f.num_heads * f.layout.head_dim;
   const std::vector<float> q = Random(T * width, 13);
   std::vector<float> got(T * width), want(T * width);

@@ -52,11 +52,21 @@ struct Json {
       if (s[p] == '\\') {
         ++p;
         switch (s[p]) {
-          case 'n': out += '\n'; break;
-          case 't': out += '\t'; break;
-          case 'r': out += '\r'; break;
-          case 'b': out += '\b'; break;
-          case 'f': out += '\f'; break;
+          case 'n':
+            out += '\n';
+            break;
+          case 't':
+            out += '\t';
+            break;
+          case 'r':
+            out += '\r';
+            break;
+          case 'b':
+            out += '\b';
+            break;
+          case 'f':
+            out += '\f';
+            break;
           case 'u': {
             unsigned cp = std::strtoul(s.substr(p + 1, 4).c_str(), nullptr, 16);
             p += 4;
@@ -82,7 +92,8 @@ struct Json {
             }
             break;
           }
-          default: out += s[p];
+          default:
+            out += s[p];
         }
       } else {
         out += s[p];

@@ -1,0 +1,158 @@
+// Drives the real `tandem` binary as a user would: exit codes, one-line
+// errors, --json output, and greedy tokens equal to the HF transformers golden.
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/util/mini_json.h"
+#include "tests/util/subprocess.h"
+#include "tests/util/test_paths.h"
+
+namespace tandem::testing {
+namespace {
+
+ProcessResult Tandem(std::vector<std::string> args) {
+  args.insert(args.begin(), TandemBinary());
+  return RunProcess(args);
+}
+
+int CountLines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(GenerateCliTest, UsageErrorsExitTwoWithOneLine) {
+  const std::vector<std::vector<std::string>> cases = {
+      {},
+      {"frobnicate"},
+      {"generate"},  // --prompt missing
+      {"generate", "--prompt", "hi", "--bogus"},
+      {"generate", "--prompt", "hi", "--max-tokens", "zero"},
+      {"generate", "--prompt", "hi", "--max-tokens", "0"},
+      {"generate", "--prompt", "hi", "--temperature", "-0.5"},
+      {"generate", "--prompt", "hi", "--top-p", "1.5"},
+      {"generate", "--prompt", "hi", "--model", "/nonexistent/model.gguf"},
+      {"generate", "--prompt", "hi", "--model", TestDataPath("tokenizer_smollm2.jsonl")},
+      {"generate", "--prompt", "hi", "--system", "be brief"},  // --system without --chat
+  };
+  for (const auto& args : cases) {
+    ProcessResult r = Tandem(args);
+    std::string joined;
+    for (const auto& a : args) joined += a + " ";
+    EXPECT_EQ(r.exit_code, 2) << joined << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty() || args.empty()) << joined;
+    if (args.size() > 1) {
+      EXPECT_EQ(CountLines(r.err), 1) << joined << "\n" << r.err;
+    }
+  }
+}
+
+TEST(GenerateCliTest, PromptPlusMaxTokensOverContextIsAUsageError) {
+  // 1 prompt token + 8192 > the model's 8192-token context. The model loads
+  // (its log lines come first), then exactly one error line ends stderr.
+  ProcessResult r = Tandem({"generate", "--prompt", "hi", "--max-tokens", "8192"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_TRUE(r.out.empty());
+  EXPECT_NE(r.err.find("tandem generate: prompt (1 tokens) + --max-tokens 8192 exceeds the "
+                       "model's context length 8192\n"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST(GenerateCliTest, NotAGgufFileNamesTheProblem) {
+  ProcessResult r = Tandem({"generate", "--prompt", "hi", "--model", TestDataPath("tokenizer_smollm2.jsonl")});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("magic"), std::string::npos) << r.err;
+}
+
+TEST(GenerateCliTest, VersionAndHelp) {
+  ProcessResult v = Tandem({"version"});
+  EXPECT_EQ(v.exit_code, 0);
+  EXPECT_EQ(v.out.rfind("tandem ", 0), 0u) << v.out;
+  ProcessResult h = Tandem({"generate", "--help"});
+  EXPECT_EQ(h.exit_code, 0);
+  EXPECT_NE(h.out.find("--max-tokens"), std::string::npos);
+  EXPECT_NE(h.out.find("--chat"), std::string::npos);
+}
+
+// Greedy tokens from the CLI equal the reference continuation (HF transformers
+// on the same GGUF, tests/data/logits_smollm2.json) up to the first
+// end-of-generation token, where the CLI stops.
+TEST(GenerateCliTest, GreedyJsonMatchesReferenceGolden) {
+  Json golden = Json::Parse(ReadFile(TestDataPath("logits_smollm2.json")));
+  const Json* capital = nullptr;
+  for (const Json& c : golden["cases"].array) {
+    if (c["name"].str == "capital") capital = &c;
+  }
+  ASSERT_NE(capital, nullptr);
+  ProcessResult r = Tandem({"generate", "--json", "--prompt", capital->operator[]("text").str,
+                            "--max-tokens", "64"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(CountLines(r.out), 1) << r.out;
+  Json out = Json::Parse(r.out);
+  EXPECT_EQ(out["prompt_token_ids"].As<int>(), (*capital)["token_ids"].As<int>());
+  std::vector<int> ids = out["token_ids"].As<int>();
+  std::vector<int> ref = (*capital)["greedy"].As<int>();
+  ASSERT_FALSE(ids.empty());
+  ASSERT_LE(ids.size(), ref.size());
+  EXPECT_EQ(ids, std::vector<int>(ref.begin(), ref.begin() + ids.size()));
+  const std::string reason = out["finish_reason"].str;
+  EXPECT_TRUE(reason == "eos" || reason == "length") << reason;
+  if (reason == "length") EXPECT_EQ(ids.size(), 64u);
+  // The golden text starts with the same words; the CLI's text omits the EOG token.
+  EXPECT_EQ((*capital)["greedy_text"].str.rfind(out["text"].str, 0), 0u) << out["text"].str;
+  EXPECT_GT(out["ttft_ms"].number, 0.0);
+  EXPECT_GE(out["tpot_ms"].number, 0.0);
+}
+
+TEST(GenerateCliTest, ChatWrapsPromptInTemplateAndStopsAtImEnd) {
+  ProcessResult r = Tandem({"generate", "--json", "--chat", "--prompt", "What is 2+2?",
+                            "--max-tokens", "48"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Json out = Json::Parse(r.out);
+  std::vector<int> prompt = out["prompt_token_ids"].As<int>();
+  ASSERT_GT(prompt.size(), 10u);
+  // <|im_start|> (id 1) and <|im_end|> (id 2) are single special tokens, not
+  // text: default system turn + user turn + the assistant header.
+  EXPECT_EQ(prompt.front(), 1);
+  EXPECT_EQ(std::count(prompt.begin(), prompt.end(), 1), 3);
+  EXPECT_EQ(std::count(prompt.begin(), prompt.end(), 2), 2);
+  EXPECT_EQ(prompt.back(), 198);  // "\n" after "assistant"
+  EXPECT_EQ(out["text"].str.find("<|im_end|>"), std::string::npos);
+}
+
+TEST(GenerateCliTest, SamplingIsReproducibleBySeed) {
+  auto run = [](const std::string& seed) {
+    ProcessResult r = Tandem({"generate", "--json", "--prompt", "Once upon a time",
+                              "--temperature", "0.9", "--top-k", "50", "--top-p", "0.95",
+                              "--seed", seed, "--max-tokens", "24"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return Json::Parse(r.out)["token_ids"].As<int>();
+  };
+  std::vector<int> a = run("7"), b = run("7"), c = run("8");
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+TEST(GenerateCliTest, PlainModePrintsTextAndStatsOnStderr) {
+  ProcessResult r = Tandem({"generate", "--prompt", "The capital of France is", "--max-tokens", "8"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Paris"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("KV cache: 46080 bytes/token"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("loading model"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace tandem::testing
