@@ -52,7 +52,7 @@ TEST(SamplerTest, MinPDropsTokensBelowFractionOfMax) {
   std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
   std::vector<int32_t> ids;
   std::vector<double> probs;
-  s.Candidates(logits, {.temperature = 1.0, .min_p = 0.3}, &ids, &probs);  // threshold 0.15
+  s.Candidates(logits, {.temperature = 1.0, .min_p = 0.29}, &ids, &probs);  // threshold 0.145
   EXPECT_EQ(ids, (std::vector<int32_t>{0, 1, 2}));
   s.Candidates(logits, {.temperature = 1.0, .min_p = 0.31}, &ids, &probs);
   EXPECT_EQ(ids, (std::vector<int32_t>{0, 1}));
