@@ -1,5 +1,7 @@
 #include "engine/kv_cache.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -27,5 +29,14 @@ KvCacheStorage::KvCacheStorage(int64_t num_layers, const kernels::PagedKvLayout&
       layout_(layout),
       layer_floats_(layout.num_blocks * layout.block_size * layout.num_kv_heads * layout.head_dim),
       data_(2 * num_layers * layer_floats_, 0.f) {}
+
+void KvCacheStorage::CopyBlock(int64_t src, int64_t dst) {
+  if (src == dst) return;
+  const int64_t n = block_floats();
+  for (int64_t layer = 0; layer < num_layers_; ++layer) {
+    std::copy_n(k(layer) + src * n, n, k(layer) + dst * n);
+    std::copy_n(v(layer) + src * n, n, v(layer) + dst * n);
+  }
+}
 
 }  // namespace tandem::engine

@@ -50,6 +50,10 @@ class KvCacheStorage {
   const float* k(int64_t layer) const { return data_.data() + (2 * layer) * layer_floats_; }
   const float* v(int64_t layer) const { return data_.data() + (2 * layer + 1) * layer_floats_; }
 
+  // Copies block src's K and V to block dst in every layer (copy-on-write).
+  // REQUIRES: 0 <= src, dst < num_blocks().
+  void CopyBlock(int64_t src, int64_t dst);
+
  private:
   KvCacheStorage(int64_t num_layers, const kernels::PagedKvLayout& layout);
 

@@ -187,6 +187,7 @@ int RunGenerate(int argc, char** argv) {
     std::fwrite(tail.data(), 1, tail.size(), stdout);
     std::fputc('\n', stdout);
   }
+  std::fflush(stdout);  // the text ends before the stats line on a shared terminal
   const double prefill_s = MsSince(start, prefill_done) / 1000.0;
   std::fprintf(stderr,
                "[generate] prompt %zu tokens, prefill %.1f tokens/s | generated %zu tokens "

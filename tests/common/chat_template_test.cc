@@ -3,7 +3,7 @@
 #include "common/tokenizer/chat_template.h"
 
 #include "gtest/gtest.h"
-#include "tests/common/tokenizer_golden.h"
+#include "tests/util/json_reader.h"
 #include "tests/util/test_paths.h"
 
 namespace tandem::tokenizer {

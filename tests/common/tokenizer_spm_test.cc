@@ -6,7 +6,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/unicode.h"
 #include "gtest/gtest.h"
-#include "tests/common/tokenizer_golden.h"
+#include "tests/util/json_reader.h"
 #include "tests/util/test_paths.h"
 
 namespace tandem::tokenizer {

@@ -22,7 +22,8 @@
 #include "common/gguf/gguf.h"
 #include "engine/single_sequence_runner.h"
 #include "gtest/gtest.h"
-#include "tests/util/mini_json.h"
+#include "common/status.h"
+#include "tests/util/json_reader.h"
 #include "tests/util/test_paths.h"
 #include "tests/util/tiny_llama.h"
 
@@ -31,13 +32,6 @@ namespace {
 
 using testing::Json;
 using testing::TinyLlamaShape;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 double LogSumExp(const float* x, int64_t n) {
   double mx = -INFINITY;
@@ -244,7 +238,7 @@ TEST(TinyMhaGoldenTest, MatchesTransformers) {
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_FALSE((*model)->config().tied_embeddings);
   EXPECT_EQ((*model)->config().num_kv_heads, (*model)->config().num_heads);
-  const Json golden = Json::Parse(ReadFile(testing::TestDataPath("tiny_llama_mha_logits.json")));
+  const Json golden = Json::Parse(testing::ReadFileOrEmpty(testing::TestDataPath("tiny_llama_mha_logits.json")));
   const int64_t vocab = (*model)->config().vocab_size;
   for (const Json& c : golden["cases"].array) {
     const std::vector<int32_t> ids = c["token_ids"].As<int32_t>();
@@ -283,7 +277,7 @@ TEST(SmolLm2GoldenTest, MatchesTransformers) {
   std::printf("%s\n", m.Summary().c_str());
   EXPECT_EQ(m.config().KvBytesPerToken(4), 46080);
   const int64_t vocab = m.config().vocab_size;
-  const Json golden = Json::Parse(ReadFile(testing::TestDataPath("logits_smollm2.json")));
+  const Json golden = Json::Parse(testing::ReadFileOrEmpty(testing::TestDataPath("logits_smollm2.json")));
   for (const Json& c : golden["cases"].array) {
     const std::vector<int32_t> ids = c["token_ids"].As<int32_t>();
     const int64_t T = ids.size();

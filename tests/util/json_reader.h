@@ -1,8 +1,8 @@
-// Test-only reader for the tokenizer goldens (tests/data/tokenizer_*.jsonl,
-// chat_templates.json): a minimal JSON parser for trusted files written by
-// tools/golden_tokenizer.py.
-#ifndef TANDEM_TESTS_COMMON_TOKENIZER_GOLDEN_H_
-#define TANDEM_TESTS_COMMON_TOKENIZER_GOLDEN_H_
+// Test-only JSON reader for the goldens in tests/data (written by the
+// tools/golden_*.py scripts) and for the CLI's --json output. Malformed input
+// throws std::runtime_error, which fails the test.
+#ifndef TANDEM_TESTS_UTIL_JSON_READER_H_
+#define TANDEM_TESTS_UTIL_JSON_READER_H_
 
 #include <cstdint>
 #include <fstream>
@@ -28,11 +28,18 @@ struct Json {
 
   bool has(const std::string& k) const { return object.count(k) != 0; }
   const Json& operator[](const std::string& k) const { return object.at(k); }
-  std::vector<int32_t> ints() const {
-    std::vector<int32_t> out;
-    for (const Json& v : array) out.push_back(static_cast<int32_t>(v.number));
+  const Json& operator[](size_t i) const { return array.at(i); }
+  size_t size() const { return kind == Kind::kArray ? array.size() : object.size(); }
+  // The numbers of an array, converted to T.
+  template <typename T>
+  std::vector<T> As() const {
+    std::vector<T> out;
+    for (const Json& v : array) out.push_back(static_cast<T>(v.number));
     return out;
   }
+  std::vector<int32_t> ints() const { return As<int32_t>(); }
+
+  static Json Parse(std::string_view text);
 };
 
 class JsonParser {
@@ -162,6 +169,8 @@ class JsonParser {
   size_t pos_ = 0;
 };
 
+inline Json Json::Parse(std::string_view text) { return JsonParser(text).Parse(); }
+
 inline std::string ReadFileOrEmpty(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
@@ -180,4 +189,4 @@ inline std::vector<Json> ReadJsonl(const std::string& path) {
 
 }  // namespace tandem::testing
 
-#endif  // TANDEM_TESTS_COMMON_TOKENIZER_GOLDEN_H_
+#endif  // TANDEM_TESTS_UTIL_JSON_READER_H_

@@ -1,0 +1,150 @@
+// Continuous-batching scheduler (vLLM v1 style).
+//
+// A step is Schedule() -> SchedulerOutput -> (model runs the batch, the
+// caller samples and checks stops) -> Update(). There is no prefill or decode
+// phase: each step gives sequences tokens so num_computed_tokens catches up
+// with num_tokens, within max_num_batched_tokens tokens per step:
+//   1. running sequences in admission order (decodes and continuing chunked
+//      prefills); when one cannot get a block, the newest running sequence is
+//      preempted by recompute (blocks freed, num_computed_tokens = 0, back to
+//      the FRONT of the waiting queue; its output so far is recomputed too),
+//      repeatedly, possibly itself;
+//   2. then, if nobody was preempted this step, waiting sequences in FIFO
+//      order while the token budget, max_num_seqs and free blocks allow; a
+//      prefix-cache hit reduces the tokens to compute. Admission stops at the
+//      first one that does not fit (no overtaking).
+//
+// Update() advances num_computed_tokens by what was scheduled, appends the
+// token sampled for each sequence that reached num_tokens, and finishes those
+// the caller says are finished, freeing their blocks at once so the next
+// Schedule() can admit waiting sequences into them.
+//
+// Thread safety: none; the engine thread owns it. The KvCacheManager is not
+// owned and must outlive the Scheduler; the Scheduler is its only mutator.
+#ifndef TANDEM_ENGINE_SCHEDULER_H_
+#define TANDEM_ENGINE_SCHEDULER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/kv_cache_manager.h"
+#include "engine/sequence.h"
+
+namespace tandem::engine {
+
+struct SchedulerConfig {
+  int64_t max_num_batched_tokens = 512;  // token budget of one step
+  int64_t max_num_seqs = 64;             // running sequences at most
+  int64_t max_waiting_requests = 1024;   // AddRequest -> ResourceExhausted beyond
+  int64_t max_waiting_tokens = 1 << 20;  // sum of num_tokens in the waiting queue
+  bool enable_chunked_prefill = true;
+  // > 0: a sequence gets at most this many tokens per step (so one long
+  // prompt cannot take the whole budget); 0 = off.
+  int64_t long_prefill_token_threshold = 0;
+
+  // InvalidArgument naming the field when out of range.
+  absl::Status Validate() const;
+};
+
+// One sequence's share of a step: tokens [start_position, start_position +
+// num_tokens) of its token_ids() are computed this step.
+struct ScheduledSequence {
+  SeqId seq_id = 0;
+  int64_t start_position = 0;  // == num_computed_tokens at Schedule()
+  int64_t num_tokens = 0;      // >= 1
+  // True when this step reaches num_tokens(): the caller computes logits for
+  // the last scheduled token and samples one token for the sequence.
+  bool samples = false;
+  bool operator==(const ScheduledSequence&) const = default;
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledSequence> scheduled;  // running first, then admitted
+  std::vector<SeqId> preempted;              // in preemption order (newest first)
+  // Perform in KvCacheStorage, in order, before running the step.
+  std::vector<BlockCopy> block_copies;
+  int64_t num_batched_tokens = 0;  // sum of scheduled[i].num_tokens
+
+  bool empty() const { return scheduled.empty(); }
+};
+
+// What the caller reports for one scheduled sequence after the step.
+struct SequenceResult {
+  static constexpr int32_t kNoToken = -1;
+  SeqId seq_id = 0;
+  int32_t token_id = kNoToken;  // sampled token; required when `samples`
+  FinishReason finish = FinishReason::kNone;  // kNone = keep going
+};
+
+class Scheduler {
+ public:
+  // REQUIRES: config.Validate().ok(); kv outlives the Scheduler.
+  Scheduler(const SchedulerConfig& config, KvCacheManager* kv);
+
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  const SchedulerConfig& config() const { return config_; }
+
+  // Queues a new sequence (status kWaiting). ResourceExhausted when the
+  // waiting queue is full by requests or tokens; InvalidArgument for an empty
+  // prompt, a duplicate id, or a prompt that can never fit in the KV cache
+  // (or, without chunked prefill, in one step's budget).
+  absl::Status AddRequest(std::unique_ptr<Sequence> seq);
+
+  // Plans one step (see header comment). Empty output when nothing can run.
+  SchedulerOutput Schedule();
+
+  // Applies a step's results. `results` has at most one entry per scheduled
+  // sequence; entries for sequences cancelled since Schedule() are ignored.
+  // REQUIRES: `output` is the latest Schedule()'s; every scheduled sequence
+  // with `samples` that is not finished by its result has a token.
+  // Returns the sequences that finished this step (blocks already freed).
+  std::vector<std::unique_ptr<Sequence>> Update(const SchedulerOutput& output,
+                                                absl::Span<const SequenceResult> results);
+
+  // Removes a sequence in any state (waiting, running, mid-prefill), frees its
+  // blocks and returns it with status kFinishedAborted. NotFound when unknown.
+  absl::StatusOr<std::unique_ptr<Sequence>> Cancel(SeqId seq_id);
+
+  // nullptr when unknown (finished sequences are handed out by Update).
+  const Sequence* Find(SeqId seq_id) const;
+
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t num_waiting_tokens() const { return num_waiting_tokens_; }
+  bool has_unfinished() const { return !seqs_.empty(); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  // Running ids in admission order; waiting ids front to back. For tests.
+  std::vector<SeqId> running_ids() const;
+  std::vector<SeqId> waiting_ids() const;
+
+ private:
+  void ScheduleRunning(SchedulerOutput* out, int64_t* budget);
+  void ScheduleWaiting(SchedulerOutput* out, int64_t* budget);
+  // Tokens `seq` may run this step under `budget` (0 = none).
+  int64_t TokensToRun(const Sequence& seq, int64_t num_computed, int64_t budget) const;
+  void Preempt(Sequence* seq, SchedulerOutput* out);
+  void PushWaitingFront(Sequence* seq);
+  void Finish(Sequence* seq, FinishReason reason);
+  void RemoveFromQueues(Sequence* seq);
+
+  SchedulerConfig config_;
+  KvCacheManager* kv_;  // not owned
+  absl::flat_hash_map<SeqId, std::unique_ptr<Sequence>> seqs_;  // unfinished
+  std::deque<Sequence*> waiting_;
+  std::vector<Sequence*> running_;  // admission order; the back is the newest
+  int64_t num_waiting_tokens_ = 0;
+  int64_t next_arrival_ = 0;
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace tandem::engine
+
+#endif  // TANDEM_ENGINE_SCHEDULER_H_
