@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace tandem::engine {
 namespace {
@@ -23,21 +24,21 @@ constexpr Unit kUnits[] = {
     {"tb", 1e12},         {"k", 1024.0},       {"m", 1048576.0},     {"g", 1073741824.0},
 };
 
-absl::Status Junk(std::string_view text) {
+absl::Status Junk(absl::string_view text) {
   return absl::InvalidArgumentError(
       absl::StrCat("bad memory size \"", text, "\": want e.g. 2GiB, 512MiB, 1048576 or 0.5"));
 }
 
 }  // namespace
 
-absl::StatusOr<int64_t> ParseMemorySize(std::string_view text, int64_t available_bytes) {
-  std::string_view s = absl::StripAsciiWhitespace(text);
+absl::StatusOr<int64_t> ParseMemorySize(absl::string_view text, int64_t available_bytes) {
+  absl::string_view s = absl::StripAsciiWhitespace(text);
   size_t split = 0;
   while (split < s.size() &&
          (std::isdigit(static_cast<unsigned char>(s[split])) || s[split] == '.')) {
     ++split;
   }
-  const std::string_view number = s.substr(0, split);
+  const absl::string_view number = s.substr(0, split);
   const std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(s.substr(split)));
   double value = 0;
   if (number.empty() || !absl::SimpleAtod(number, &value) || !std::isfinite(value)) {
@@ -45,7 +46,7 @@ absl::StatusOr<int64_t> ParseMemorySize(std::string_view text, int64_t available
   }
   double bytes = 0;
   if (unit.empty()) {
-    if (number.find('.') != std::string_view::npos || value <= 1.0) {
+    if (number.find('.') != absl::string_view::npos || value <= 1.0) {
       if (!(value > 0.0 && value <= 1.0)) {
         return absl::InvalidArgumentError(
             absl::StrCat("memory fraction \"", text, "\" must be in (0, 1]"));
@@ -68,10 +69,10 @@ absl::StatusOr<int64_t> ParseMemorySize(std::string_view text, int64_t available
   return static_cast<int64_t>(bytes);
 }
 
-absl::StatusOr<int64_t> ParseMemorySize(std::string_view text) {
-  std::string_view s = absl::StripAsciiWhitespace(text);
-  const bool fraction = !s.empty() && s.find_first_not_of("0123456789.") == std::string_view::npos &&
-                        (s.find('.') != std::string_view::npos || s == "1" || s == "0");
+absl::StatusOr<int64_t> ParseMemorySize(absl::string_view text) {
+  absl::string_view s = absl::StripAsciiWhitespace(text);
+  const bool fraction = !s.empty() && s.find_first_not_of("0123456789.") == absl::string_view::npos &&
+                        (s.find('.') != absl::string_view::npos || s == "1" || s == "0");
   int64_t available = 0;
   if (fraction) {
     absl::StatusOr<int64_t> avail = ReadAvailableMemoryBytes();
@@ -86,7 +87,7 @@ absl::StatusOr<int64_t> ReadAvailableMemoryBytes(const char* path) {
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
   std::string line;
   while (std::getline(in, line)) {
-    std::string_view l = line;
+    absl::string_view l = line;
     if (!absl::ConsumePrefix(&l, "MemAvailable:")) continue;
     l = absl::StripAsciiWhitespace(l);
     const bool kb = absl::ConsumeSuffix(&l, "kB");

@@ -8,7 +8,7 @@
 #define TANDEM_ENGINE_MEMORY_SIZE_H_
 
 #include <cstdint>
-#include <string_view>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
 
@@ -16,10 +16,10 @@ namespace tandem::engine {
 
 // InvalidArgument on junk, negative, zero or overflowing sizes. Fractions use
 // `available_bytes`.
-absl::StatusOr<int64_t> ParseMemorySize(std::string_view text, int64_t available_bytes);
+absl::StatusOr<int64_t> ParseMemorySize(absl::string_view text, int64_t available_bytes);
 
 // As above, reading MemAvailable from /proc/meminfo only for a fraction.
-absl::StatusOr<int64_t> ParseMemorySize(std::string_view text);
+absl::StatusOr<int64_t> ParseMemorySize(absl::string_view text);
 
 // MemAvailable (bytes) from a /proc/meminfo-format file. NotFound / Internal
 // when it cannot be read.

@@ -43,7 +43,8 @@ bool MinTokensActive(const SamplingParams& params, const SamplingContext& contex
 
 absl::Span<const int32_t> OutputIds(const SamplingContext& context) {
   const size_t num_prompt =
-      std::min(context.token_ids.size(), static_cast<size_t>(std::max<int64_t>(0, context.num_prompt_tokens)));
+      std::min(context.token_ids.size(),
+               static_cast<size_t>(std::max<int64_t>(0, context.num_prompt_tokens)));
   return context.token_ids.subspan(num_prompt);
 }
 
@@ -93,8 +94,8 @@ void ProcessLogits(absl::Span<const float> logits, const SamplingParams& params,
       size_t j = i;
       while (j < output.size() && output[j] == output[i]) ++j;
       const double count = static_cast<double>(j - i);
-      x[output[i]] = static_cast<float>(x[output[i]] -
-                                        (params.frequency_penalty * count + params.presence_penalty));
+      x[output[i]] = static_cast<float>(
+          x[output[i]] - (params.frequency_penalty * count + params.presence_penalty));
       i = j;
     }
   }
@@ -130,7 +131,8 @@ void Sampler::BuildCandidates(absl::Span<const float> logits, const SamplingPara
     const double max_logit = logits[ids_[0]];
     probs_.resize(k);
     double sum = 0.0;
-    for (int32_t i = 0; i < k; ++i) sum += probs_[i] = std::exp((logits[ids_[i]] - max_logit) * inv_t);
+    for (int32_t i = 0; i < k; ++i)
+      sum += probs_[i] = std::exp((logits[ids_[i]] - max_logit) * inv_t);
     for (double& p : probs_) p /= sum;
   } else {
     // exps_ in id order; the largest is exactly 1.
@@ -163,7 +165,8 @@ void Sampler::BuildCandidates(absl::Span<const float> logits, const SamplingPara
     for (int32_t i = 0; i < n; ++i) {
       if (exps_[i] > 0.0 && exps_[i] >= cut) ids_.push_back(i);
     }
-    if (sorted || params.min_p > 0.0 || params.top_p < 1.0) std::sort(ids_.begin(), ids_.end(), by_logit);
+    if (sorted || params.min_p > 0.0 || params.top_p < 1.0)
+      std::sort(ids_.begin(), ids_.end(), by_logit);
     probs_.resize(ids_.size());
     for (size_t i = 0; i < ids_.size(); ++i) probs_[i] = exps_[ids_[i]] / sum;
     if (params.min_p == 0.0 && params.top_p == 1.0) return;  // already normalized

@@ -41,12 +41,12 @@ double CounterUniform(uint64_t seed, uint64_t counter);
 // the duration of the call.
 struct SamplingContext {
   // Prompt followed by the output tokens generated so far.
-  absl::Span<const int32_t> token_ids;
+  absl::Span<const int32_t> token_ids = {};
   // token_ids[0, num_prompt_tokens) is the prompt. REQUIRES: <= size.
   int64_t num_prompt_tokens = 0;
   // The model's end-of-generation ids (masked by min_tokens unless
   // ignore_eos).
-  absl::Span<const int32_t> eos_token_ids;
+  absl::Span<const int32_t> eos_token_ids = {};
 
   int64_t num_output_tokens() const {
     return static_cast<int64_t>(token_ids.size()) - num_prompt_tokens;

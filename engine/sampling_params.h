@@ -22,8 +22,8 @@ namespace tandem::engine {
 // Bounds checked by Validate(); requests beyond them are rejected, not clamped.
 inline constexpr double kMaxTemperature = 100.0;
 inline constexpr double kMaxRepetitionPenalty = 10.0;
-inline constexpr double kMaxAbsPenalty = 2.0;       // presence / frequency (OpenAI)
-inline constexpr double kMaxAbsLogitBias = 100.0;   // OpenAI
+inline constexpr double kMaxAbsPenalty = 2.0;      // presence / frequency (OpenAI)
+inline constexpr double kMaxAbsLogitBias = 100.0;  // OpenAI
 inline constexpr size_t kMaxLogitBiasEntries = 1024;
 inline constexpr int kMaxNumLogprobs = 20;
 inline constexpr int64_t kMaxMaxTokens = int64_t{1} << 20;
@@ -36,7 +36,7 @@ inline constexpr size_t kMaxStopStringBytes = 128;
 struct StopParams {
   // Output tokens at most; nullopt = no request limit (the engine still stops
   // at the model's context length). The stop / EOS token counts as a token.
-  std::optional<int64_t> max_tokens;
+  std::optional<int64_t> max_tokens = std::nullopt;
   // EOS and stop_token_ids cannot end the sequence (the sampler gives them
   // probability 0) and stop strings are not matched until this many output
   // tokens exist. 0 = off. Must be <= max_tokens.
@@ -44,11 +44,11 @@ struct StopParams {
   // EOS is an ordinary token (max_tokens and other stops still apply).
   bool ignore_eos = false;
   // Token ids that end the sequence (besides EOS); their text is not emitted.
-  std::vector<int32_t> stop_token_ids;
+  std::vector<int32_t> stop_token_ids = {};
   // Strings that end the sequence, matched on the decoded output text across
   // token boundaries; the match and everything after it is not emitted.
   // Non-empty, valid UTF-8, at most kMaxStopStringBytes each.
-  std::vector<std::string> stop_strings;
+  std::vector<std::string> stop_strings = {};
 
   // InvalidArgument naming the field; vocab_size < 0 skips the id upper bound.
   absl::Status Validate(int64_t vocab_size = -1) const;
@@ -74,13 +74,13 @@ struct SamplingParams {
   // Added to the token's logit after the penalties. Values in [-100, 100];
   // +100 all but forces a token, -100 all but bans it. Ordered, so the
   // processing order is fixed.
-  std::map<int32_t, float> logit_bias;
+  std::map<int32_t, float> logit_bias = {};
 
   // nullopt = no logprobs. N >= 0 = the sampled token's logprob plus the N
   // most likely alternatives (see SampleResult for the distribution).
-  std::optional<int> num_logprobs;
+  std::optional<int> num_logprobs = std::nullopt;
 
-  StopParams stop;
+  StopParams stop = {};
 
   // InvalidArgument naming the field for every out-of-range value (NaN,
   // negatives, top_p outside (0, 1], oversized lists). Token ids (logit_bias,

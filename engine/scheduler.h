@@ -91,6 +91,10 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   const SchedulerConfig& config() const { return config_; }
+  // The most tokens one sequence can hold (the whole KV cache). The caller's
+  // stop checks must finish a sequence (kLength) before it grows past this,
+  // or it can never be scheduled again.
+  int64_t max_num_tokens_per_sequence() const;
 
   // Queues a new sequence (status kWaiting). ResourceExhausted when the
   // waiting queue is full by requests or tokens; InvalidArgument for an empty
@@ -111,6 +115,8 @@ class Scheduler {
 
   // Removes a sequence in any state (waiting, running, mid-prefill), frees its
   // blocks and returns it with status kFinishedAborted. NotFound when unknown.
+  // Call between steps, not between Schedule() and the model run (the freed
+  // blocks may be reused at once).
   absl::StatusOr<std::unique_ptr<Sequence>> Cancel(SeqId seq_id);
 
   // nullptr when unknown (finished sequences are handed out by Update).

@@ -46,7 +46,7 @@ std::string_view FinishReasonName(FinishReason reason);
 
 struct StopUpdate {
   FinishReason finish_reason = FinishReason::kNone;
-  std::string text;           // text to emit now
+  std::string text;            // text to emit now
   int32_t stop_token_id = -1;  // kEos / kStopToken: the token
   std::string stop_string;     // kStopString: the stop string that matched
 };

@@ -9,19 +9,14 @@
 #include <string>
 #include <string_view>
 
+#include "common/utf8.h"
+
 namespace tandem::tokenizer {
 
-// Length in bytes of the well-formed UTF-8 sequence starting at s[pos], or 0
-// when the bytes there are not a complete, valid sequence (truncated, stray
-// continuation byte, overlong form, surrogate, > U+10FFFF).
-size_t ValidUtf8Len(std::string_view s, size_t pos);
-
-// Number of trailing bytes of `s` that form an incomplete (but so far valid)
-// UTF-8 sequence, i.e. bytes that a streaming decoder must hold back. 0..3.
-size_t IncompleteUtf8Suffix(std::string_view s);
-
-// Appends the UTF-8 encoding of code point `cp` (must be <= 0x10FFFF).
-void AppendUtf8(uint32_t cp, std::string* out);
+// UTF-8 primitives live in common/utf8.h (shared with common/json).
+using utf8::AppendUtf8;
+using utf8::IncompleteUtf8Suffix;
+using utf8::ValidUtf8Len;
 
 // GPT-2 byte-level alphabet: every byte maps to one printable code point
 // (printable Latin-1 bytes map to themselves, the rest to U+0100 + n).

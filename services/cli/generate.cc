@@ -47,6 +47,7 @@ struct GenerateFlags {
   int64_t threads = 0;
   bool chat = false;
   bool json = false;
+  bool ignore_eos = false;
 };
 
 int UsageError(const std::string& message) {
@@ -90,6 +91,8 @@ int RunGenerate(int argc, char** argv) {
   parser.AddDouble("min-p", &flags.min_p, 0.0, 1.0, "drop tokens below min-p x p(max), 0 = off");
   parser.AddInt("seed", &flags.seed, 0, INT64_MAX, "random seed");
   parser.AddInt("threads", &flags.threads, 0, 1024, "compute threads, 0 = all cores");
+  parser.AddBool("ignore-eos", &flags.ignore_eos,
+                 "keep generating past end-of-generation tokens until --max-tokens");
   parser.AddBool("json", &flags.json,
                  "print one JSON object: prompt_token_ids, token_ids, text, finish_reason, "
                  "ttft_ms, tpot_ms");
@@ -157,7 +160,7 @@ int RunGenerate(int argc, char** argv) {
     last_token_time = Clock::now();
     if (output_ids.empty()) first_token_time = last_token_time;
     output_ids.push_back(id);
-    if (tok.IsEog(id)) {
+    if (!flags.ignore_eos && tok.IsEog(id)) {
       finish_reason = "eos";
       break;
     }

@@ -12,6 +12,7 @@ constexpr char kUsage[] =
     "\n"
     "commands:\n"
     "  generate   generate text from a prompt with a local model\n"
+    "  tokenize   print the token ids of a text\n"
     "  version    print the version and build configuration\n"
     "\n"
     "`tandem <command> --help` lists a command's flags.\n";
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   if (command == "generate") return tandem::cli::RunGenerate(argc, argv);
+  if (command == "tokenize") return tandem::cli::RunTokenize(argc, argv);
   if (command == "version" || command == "--version") return tandem::cli::RunVersion(argc, argv);
   if (command == "help" || command == "--help" || command == "-h") {
     std::fputs(kUsage, stdout);

@@ -69,11 +69,9 @@ absl::StatusOr<std::string> ResolveModelPath(const std::string& flag) {
   return path;
 }
 
-absl::StatusOr<LoadedModel> LoadModel(const std::string& model_flag, ThreadPool* pool,
-                                      bool verbose) {
+absl::StatusOr<LoadedModel> LoadTokenizer(const std::string& path) {
   LoadedModel out;
-  TANDEM_ASSIGN_OR_RETURN(out.path, ResolveModelPath(model_flag));
-  const auto start = std::chrono::steady_clock::now();
+  out.path = path;
   auto file = gguf::GgufFile::Open(out.path);
   if (!file.ok()) {
     return absl::InvalidArgumentError(
@@ -91,6 +89,14 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& model_flag, ThreadPool*
         absl::StrFormat("cannot load tokenizer of '%s': %s", out.path, tok.status().message()));
   }
   out.tokenizer = std::move(tok).value();
+  return out;
+}
+
+absl::StatusOr<LoadedModel> LoadModel(const std::string& model_flag, ThreadPool* pool,
+                                      bool verbose) {
+  TANDEM_ASSIGN_OR_RETURN(std::string path, ResolveModelPath(model_flag));
+  const auto start = std::chrono::steady_clock::now();
+  TANDEM_ASSIGN_OR_RETURN(LoadedModel out, LoadTokenizer(path));
   ProgressBar bar(verbose);
   engine::LoadOptions options;
   options.pool = pool;

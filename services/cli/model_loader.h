@@ -28,6 +28,10 @@ struct LoadedModel {
   std::unique_ptr<engine::LlamaModel> model;
 };
 
+// Opens the GGUF at `path` and builds its tokenizer only (no weights).
+// The returned LoadedModel has no `model`.
+absl::StatusOr<LoadedModel> LoadTokenizer(const std::string& path);
+
 // Resolves, opens and loads. verbose: progress bar and summary on stderr.
 absl::StatusOr<LoadedModel> LoadModel(const std::string& model_flag, ThreadPool* pool,
                                       bool verbose);

@@ -69,6 +69,35 @@ TEST(GenerateCliTest, NotAGgufFileNamesTheProblem) {
   EXPECT_NE(r.err.find("magic"), std::string::npos) << r.err;
 }
 
+TEST(GenerateCliTest, TandemModelEnvOverridesDefault) {
+  ProcessResult r = RunProcess({TandemBinary(), "generate", "--prompt", "hi"},
+                               {"TANDEM_MODEL=/nonexistent/env-model.gguf"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("$TANDEM_MODEL"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/nonexistent/env-model.gguf"), std::string::npos) << r.err;
+  // --model wins over the environment.
+  ProcessResult ok = RunProcess({TandemBinary(), "generate", "--prompt", "hi", "--max-tokens", "1",
+                                 "--model", DefaultModelPath()},
+                                {"TANDEM_MODEL=/nonexistent/env-model.gguf"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
+
+// With --ignore-eos the CLI runs all 64 tokens; they equal the reference's
+// 64-token greedy continuation, which also runs past <|im_end|>.
+TEST(GenerateCliTest, IgnoreEosMatchesFull64TokenGolden) {
+  Json golden = Json::Parse(ReadFileOrEmpty(TestDataPath("logits_smollm2.json")));
+  for (const Json& c : golden["cases"].array) {
+    if (c["name"].str != "capital" && c["name"].str != "code") continue;
+    ProcessResult r = Tandem({"generate", "--json", "--ignore-eos", "--prompt", c["text"].str,
+                              "--max-tokens", "64"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    Json out = Json::Parse(r.out);
+    EXPECT_EQ(out["prompt_token_ids"].As<int>(), c["token_ids"].As<int>()) << c["name"].str;
+    EXPECT_EQ(out["token_ids"].As<int>(), c["greedy"].As<int>()) << c["name"].str;
+    EXPECT_EQ(out["finish_reason"].str, "length");
+  }
+}
+
 TEST(GenerateCliTest, VersionAndHelp) {
   ProcessResult v = Tandem({"version"});
   EXPECT_EQ(v.exit_code, 0);

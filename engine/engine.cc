@@ -1,0 +1,386 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/tokenizer/vocab.h"
+
+namespace tandem::engine {
+
+struct Engine::Owned {
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<gguf::GgufFile> file;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+  std::unique_ptr<LlamaModel> model;
+};
+
+struct Engine::ActiveRequest {
+  RequestHandle stream;
+  std::unique_ptr<OutputProcessor> output;
+  bool wants_logprobs = false;
+  absl::Time submit_time;
+  bool scheduled = false;
+  std::optional<RequestFinishReason> finish;  // decided by the OutputProcessor
+  Usage usage;
+};
+
+namespace {
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+FinishReason ToSchedulerReason(RequestFinishReason reason) {
+  switch (reason) {
+    case RequestFinishReason::kEos:
+    case RequestFinishReason::kStop:
+      return FinishReason::kStop;
+    case RequestFinishReason::kLength:
+      return FinishReason::kLength;
+    case RequestFinishReason::kCancelled:
+    case RequestFinishReason::kError:
+      break;
+  }
+  return FinishReason::kAborted;
+}
+
+}  // namespace
+
+absl::Status EngineConfig::Validate() const {
+  if (block_size < 1) return absl::InvalidArgumentError("block_size must be >= 1");
+  if (num_kv_blocks < 0) return absl::InvalidArgumentError("num_kv_blocks must be >= 0");
+  if (num_kv_blocks == 0 && kv_cache_memory_bytes <= 0) {
+    return absl::InvalidArgumentError("kv_cache_memory_bytes must be positive");
+  }
+  if (num_threads < 0) return absl::InvalidArgumentError("num_threads must be >= 0");
+  return scheduler.Validate();
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config) {
+  TANDEM_RETURN_IF_ERROR(config.Validate());
+  if (config.model_path.empty()) return absl::InvalidArgumentError("model_path is empty");
+  auto owned = std::make_unique<Owned>();
+  const int threads = config.num_threads > 0
+                          ? config.num_threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  owned->pool = std::make_unique<ThreadPool>(threads);
+  TANDEM_ASSIGN_OR_RETURN(owned->file, gguf::GgufFile::Open(config.model_path));
+  TANDEM_ASSIGN_OR_RETURN(tokenizer::Vocab vocab, tokenizer::VocabFromGguf(*owned->file));
+  TANDEM_ASSIGN_OR_RETURN(owned->tokenizer, tokenizer::Tokenizer::Create(std::move(vocab)));
+  TANDEM_ASSIGN_OR_RETURN(owned->model,
+                          LlamaModel::Load(*owned->file, {owned->pool.get(), config.prefault, {}}));
+  std::unique_ptr<Engine> engine(
+      new Engine(config, owned->model.get(), owned->tokenizer.get()));
+  engine->owned_ = std::move(owned);
+  TANDEM_RETURN_IF_ERROR(engine->Init());
+  return engine;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
+                                                       const LlamaModel* model,
+                                                       const tokenizer::Tokenizer* tokenizer) {
+  TANDEM_RETURN_IF_ERROR(config.Validate());
+  if (model == nullptr) return absl::InvalidArgumentError("null model");
+  std::unique_ptr<Engine> engine(new Engine(config, model, tokenizer));
+  TANDEM_RETURN_IF_ERROR(engine->Init());
+  return engine;
+}
+
+Engine::Engine(const EngineConfig& config, const LlamaModel* model,
+               const tokenizer::Tokenizer* tokenizer)
+    : config_(config), model_(model), tokenizer_(tokenizer) {}
+
+absl::Status Engine::Init() {
+  const ModelConfig& mc = model_->config();
+  if (tokenizer_ != nullptr) {
+    eos_token_ids_ = tokenizer_->vocab().eog_ids;
+    const int32_t eos = tokenizer_->vocab().eos_id;
+    if (eos >= 0 && std::find(eos_token_ids_.begin(), eos_token_ids_.end(), eos) ==
+                        eos_token_ids_.end()) {
+      eos_token_ids_.push_back(eos);
+    }
+  }
+  kv_bytes_per_token_ = KvBytesPerToken(mc.num_layers, mc.num_kv_heads, mc.head_dim,
+                                        static_cast<int64_t>(sizeof(float)));
+  KvCacheConfig kv_config;
+  kv_config.block_size = config_.block_size;
+  kv_config.num_blocks = config_.num_kv_blocks;
+  kv_config.memory_budget_bytes = config_.kv_cache_memory_bytes;
+  kv_config.enable_prefix_caching = config_.enable_prefix_caching;
+  TANDEM_ASSIGN_OR_RETURN(const int64_t num_blocks, NumBlocksFor(kv_config, kv_bytes_per_token_));
+  if (num_blocks > INT32_MAX) return absl::InvalidArgumentError("too many KV blocks");
+  kv_description_ = DescribeKvCapacity(kv_bytes_per_token_, num_blocks, config_.block_size,
+                                       config_.enable_prefix_caching);
+  TANDEM_ASSIGN_OR_RETURN(cache_, model_->MakeKvCache(num_blocks, config_.block_size));
+  kv_ = std::make_unique<KvCacheManager>(static_cast<int32_t>(num_blocks), config_.block_size,
+                                         config_.enable_prefix_caching);
+  scheduler_ = std::make_unique<Scheduler>(config_.scheduler, kv_.get());
+  runner_ = std::make_unique<ModelRunner>(model_, cache_.get(), eos_token_ids_);
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.num_blocks_total = num_blocks;
+  }
+  thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+Engine::~Engine() { Shutdown(ShutdownMode::kCancel); }
+
+absl::Status Engine::ValidateRequest(const EngineRequest& request) const {
+  const ModelConfig& mc = model_->config();
+  const int64_t n = static_cast<int64_t>(request.prompt_token_ids.size());
+  if (n == 0) return absl::InvalidArgumentError("empty prompt");
+  for (int32_t id : request.prompt_token_ids) {
+    if (id < 0 || id >= mc.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token id ", id, " outside [0, ",
+                                                     mc.vocab_size, ")"));
+    }
+  }
+  TANDEM_RETURN_IF_ERROR(request.params.Validate(mc.vocab_size));
+  if (n >= mc.context_length) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", n, " tokens leaves no room in ",
+                                                   "the context of ", mc.context_length));
+  }
+  if (kv_->BlocksFor(n + 1) > kv_->num_blocks()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt of ", n, " tokens does not fit in the KV cache"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RequestHandle> Engine::Submit(EngineRequest request) {
+  TANDEM_RETURN_IF_ERROR(ValidateRequest(request));
+  const int64_t n = static_cast<int64_t>(request.prompt_token_ids.size());
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::FailedPreconditionError("engine is shut down");
+  const SchedulerConfig& sc = config_.scheduler;
+  if (num_waiting_ + 1 > sc.max_waiting_requests ||
+      num_waiting_tokens_ + n > sc.max_waiting_tokens) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "waiting queue full (", num_waiting_, " requests, ", num_waiting_tokens_, " tokens)"));
+  }
+  const int64_t id = next_id_++;
+  auto stream = std::make_shared<RequestStream>(id, std::move(request.request_id),
+                                                std::move(request.on_event));
+  inbox_.push_back(Pending{std::make_unique<Sequence>(id, std::move(request.prompt_token_ids),
+                                                      std::move(request.params),
+                                                      request.extra_key),
+                           stream, absl::Now()});
+  ++num_waiting_;
+  num_waiting_tokens_ += n;
+  wake_.Signal();
+  return stream;
+}
+
+void Engine::Cancel(const RequestHandle& handle) {
+  if (handle == nullptr) return;
+  absl::MutexLock lock(&mu_);
+  cancels_.push_back(handle->id());
+  wake_.Signal();
+}
+
+EngineStats Engine::Stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void Engine::Shutdown(ShutdownMode mode) {
+  absl::MutexLock join_lock(&join_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      stopping_ = true;
+      shutdown_mode_ = mode;
+    }
+    wake_.Signal();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status Engine::CheckIntegrity() const {
+  TANDEM_RETURN_IF_ERROR(integrity_);
+  TANDEM_RETURN_IF_ERROR(kv_->CheckIntegrity());
+  if (scheduler_->has_unfinished() || kv_->num_sequences() != 0 || !active_.empty()) {
+    return absl::FailedPreconditionError("sequences left after shutdown");
+  }
+  if (kv_->num_free_blocks() != kv_->num_blocks()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kv_->num_blocks() - kv_->num_free_blocks(), " KV blocks still held after shutdown"));
+  }
+  return absl::OkStatus();
+}
+
+void Engine::Loop() {
+  while (true) {
+    std::vector<Pending> submits;
+    std::vector<int64_t> cancels;
+    bool stopping = false;
+    ShutdownMode mode = ShutdownMode::kCancel;
+    {
+      absl::MutexLock lock(&mu_);
+      const bool busy = scheduler_->has_unfinished();
+      while (!stopping_ && inbox_.empty() && cancels_.empty() && !busy) wake_.Wait(&mu_);
+      submits.swap(inbox_);
+      cancels.swap(cancels_);
+      stopping = stopping_;
+      mode = shutdown_mode_;
+    }
+    Admit(std::move(submits));
+    ApplyCancels(cancels);
+    if (stopping && (mode == ShutdownMode::kCancel || !scheduler_->has_unfinished())) {
+      CancelAll();
+      Publish();
+      return;
+    }
+    if (scheduler_->has_unfinished()) Step();
+    Publish();
+  }
+}
+
+void Engine::Admit(std::vector<Pending> submits) {
+  for (Pending& p : submits) {
+    const int64_t id = p.seq->id();
+    auto active = std::make_unique<ActiveRequest>();
+    active->stream = p.stream;
+    active->submit_time = p.submit_time;
+    active->wants_logprobs = p.seq->sampling_params().num_logprobs.has_value();
+    active->usage.num_prompt_tokens = p.seq->num_prompt_tokens();
+    const int64_t room = model_->config().context_length - p.seq->num_prompt_tokens();
+    active->output = std::make_unique<OutputProcessor>(
+        tokenizer_, p.seq->sampling_params().stop, eos_token_ids_, room);
+    absl::Status st = scheduler_->AddRequest(std::move(p.seq));
+    if (!st.ok()) {
+      FinishEvent finish;
+      finish.reason = RequestFinishReason::kError;
+      finish.status = st;
+      finish.usage = active->usage;
+      finished_events_.emplace_back(p.stream, std::move(finish));
+      ++num_finished_;
+      continue;
+    }
+    active_[id] = std::move(active);
+  }
+}
+
+void Engine::ApplyCancels(const std::vector<int64_t>& ids) {
+  for (int64_t id : ids) {
+    if (!active_.contains(id)) continue;  // already finished
+    absl::StatusOr<std::unique_ptr<Sequence>> seq = scheduler_->Cancel(id);
+    FinishRequest(id, seq.ok() ? seq->get() : nullptr, RequestFinishReason::kCancelled,
+                  absl::OkStatus(), active_[id]->output->Flush());
+  }
+}
+
+void Engine::CancelAll() {
+  std::vector<int64_t> ids;
+  for (const auto& [id, active] : active_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  ApplyCancels(ids);
+}
+
+void Engine::FinishRequest(int64_t id, const Sequence* seq, RequestFinishReason reason,
+                           absl::Status status, std::string tail_text) {
+  auto it = active_.find(id);
+  TANDEM_CHECK(it != active_.end());
+  ActiveRequest& a = *it->second;
+  FinishEvent finish;
+  finish.text = std::move(tail_text);
+  finish.reason = reason;
+  finish.status = std::move(status);
+  finish.usage = std::move(a.usage);
+  if (seq != nullptr) {
+    finish.usage.num_completion_tokens = seq->num_output_tokens();
+    finish.usage.num_preemptions = seq->num_preemptions();
+  }
+  finish.usage.e2e_s = Seconds(absl::Now() - a.submit_time);
+  finished_events_.emplace_back(a.stream, std::move(finish));
+  active_.erase(it);
+  ++num_finished_;
+}
+
+void Engine::Step() {
+  const SchedulerOutput out = scheduler_->Schedule();
+  if (out.empty()) {
+    // Nothing fits now (cannot happen with validated prompts); wait for a
+    // Submit / Cancel rather than spin.
+    absl::MutexLock lock(&mu_);
+    if (inbox_.empty() && cancels_.empty() && !stopping_) {
+      wake_.WaitWithTimeout(&mu_, absl::Milliseconds(10));
+    }
+    return;
+  }
+  const absl::Time now = absl::Now();
+  for (const ScheduledSequence& s : out.scheduled) {
+    ActiveRequest& a = *active_.at(s.seq_id);
+    if (a.scheduled) continue;
+    a.scheduled = true;
+    a.usage.queue_time_s = Seconds(now - a.submit_time);
+    a.usage.num_cached_tokens = scheduler_->Find(s.seq_id)->num_cached_tokens();
+  }
+  absl::StatusOr<std::vector<SampledToken>> sampled = runner_->Execute(out, *scheduler_, *kv_);
+  if (!sampled.ok()) {
+    for (const ScheduledSequence& s : out.scheduled) {
+      absl::StatusOr<std::unique_ptr<Sequence>> seq = scheduler_->Cancel(s.seq_id);
+      FinishRequest(s.seq_id, seq.ok() ? seq->get() : nullptr, RequestFinishReason::kError,
+                    sampled.status(), "");
+    }
+    return;
+  }
+  const absl::Time done = absl::Now();
+  std::vector<SequenceResult> results;
+  results.reserve(sampled->size());
+  for (SampledToken& t : *sampled) {
+    ActiveRequest& a = *active_.at(t.seq_id);
+    const int32_t token_id = t.result.token_id;
+    TokenOutcome outcome = a.output->Process(token_id);
+    const double since_submit = Seconds(done - a.submit_time);
+    if (a.usage.token_times_s.empty()) a.usage.ttft_s = since_submit;
+    a.usage.token_times_s.push_back(since_submit);
+    std::optional<SampleResult> logprobs;
+    if (a.wants_logprobs) logprobs = std::move(t.result);
+    a.stream->Push(TokenEvent{token_id, std::move(outcome.text), std::move(logprobs)});
+    ++num_generated_tokens_;
+    SequenceResult r;
+    r.seq_id = t.seq_id;
+    r.token_id = token_id;
+    if (outcome.finish.has_value()) {
+      a.finish = outcome.finish;
+      r.finish = ToSchedulerReason(*outcome.finish);
+    }
+    results.push_back(r);
+  }
+  std::vector<std::unique_ptr<Sequence>> finished = scheduler_->Update(out, results);
+  for (const std::unique_ptr<Sequence>& seq : finished) {
+    const std::optional<RequestFinishReason> reason = active_.at(seq->id())->finish;
+    FinishRequest(seq->id(), seq.get(), reason.value_or(RequestFinishReason::kLength),
+                  absl::OkStatus(), "");
+  }
+  if (config_.check_integrity_every_step && integrity_.ok()) integrity_ = kv_->CheckIntegrity();
+}
+
+void Engine::Publish() {
+  {
+    absl::MutexLock lock(&mu_);
+    // Requests still in inbox_ were counted by Submit and are not in the
+    // scheduler yet.
+    int64_t inbox_tokens = 0;
+    for (const Pending& p : inbox_) inbox_tokens += p.seq->num_tokens();
+    num_waiting_ = scheduler_->num_waiting() + static_cast<int64_t>(inbox_.size());
+    num_waiting_tokens_ = scheduler_->num_waiting_tokens() + inbox_tokens;
+    stats_.num_running = scheduler_->num_running();
+    stats_.num_waiting = scheduler_->num_waiting();
+    stats_.num_blocks_used = kv_->num_blocks() - kv_->num_free_blocks();
+    stats_.num_prefix_cache_query_tokens = kv_->prefix_cache_stats().num_query_tokens;
+    stats_.num_prefix_cache_hit_tokens = kv_->prefix_cache_stats().num_hit_tokens;
+    stats_.num_preemptions = scheduler_->num_preemptions();
+    stats_.num_steps = runner_->num_steps();
+    stats_.num_computed_tokens = runner_->num_computed_tokens();
+    stats_.num_generated_tokens = num_generated_tokens_;
+    stats_.num_finished = num_finished_;
+    stats_.integrity = integrity_;
+  }
+  for (auto& [stream, finish] : finished_events_) stream->Push(std::move(finish));
+  finished_events_.clear();
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,194 @@
+// The inference engine: a continuous-batching step loop on one thread, behind
+// a thread-safe request API. This is what services/* and the CLI build on.
+//
+//   auto engine = Engine::Create(config);          // loads the model, sizes the KV cache
+//   auto handle = (*engine)->Submit(request);      // any thread
+//   while (auto ev = (*handle)->Next()) { ... }    // TokenEvent..., FinishEvent
+//   (*engine)->Cancel(*handle);                    // any thread, any time
+//
+// The engine thread runs Schedule() -> ModelRunner::Execute ->
+// Scheduler::Update; it sleeps on a condition variable when there is nothing
+// to run and wakes on Submit, Cancel and Shutdown. Each sampled token goes
+// through the request's StreamingDetokenizer and StopChecker and out as a
+// TokenEvent; a finished request's blocks are freed before its FinishEvent is
+// pushed (so Stats() seen after a FinishEvent no longer counts them).
+//
+// Determinism: a request's tokens (and logprobs) depend only on its prompt,
+// params and seed: not on the batch it runs in, chunking, prefix-cache hits or
+// preemption (the model's batch invariance plus the (seed, position) RNG).
+//
+// Thread safety: Submit, Cancel, Stats and Shutdown may be called from any
+// thread. Event callbacks run on the engine thread and must not block.
+#ifndef TANDEM_ENGINE_ENGINE_H_
+#define TANDEM_ENGINE_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/gguf/gguf.h"
+#include "common/thread_pool.h"
+#include "common/tokenizer/tokenizer.h"
+#include "engine/kv_cache.h"
+#include "engine/kv_cache_manager.h"
+#include "engine/llama_model.h"
+#include "engine/model_runner.h"
+#include "engine/output_processor.h"
+#include "engine/request_stream.h"
+#include "engine/scheduler.h"
+
+namespace tandem::engine {
+
+inline constexpr int64_t kDefaultKvCacheMemoryBytes = int64_t{1} << 30;  // 1 GiB
+
+struct EngineConfig {
+  std::string model_path;  // GGUF file; used by Create(config) only
+  // KV cache size: num_kv_blocks when > 0, else as many blocks as fit in
+  // kv_cache_memory_bytes (f32 K and V).
+  int64_t kv_cache_memory_bytes = kDefaultKvCacheMemoryBytes;
+  int64_t num_kv_blocks = 0;
+  int32_t block_size = 16;
+  bool enable_prefix_caching = true;
+  SchedulerConfig scheduler;
+  int num_threads = 0;  // compute threads for Create(config); 0 = all cores
+  bool prefault = true;  // Create(config): touch all weight pages at load
+  // Run KvCacheManager::CheckIntegrity after every step (tests); the first
+  // failure shows in EngineStats::integrity.
+  bool check_integrity_every_step = false;
+
+  // InvalidArgument naming the field.
+  absl::Status Validate() const;
+};
+
+struct EngineStats {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  int64_t num_blocks_used = 0;
+  int64_t num_blocks_total = 0;
+  int64_t num_prefix_cache_query_tokens = 0;
+  int64_t num_prefix_cache_hit_tokens = 0;
+  int64_t num_preemptions = 0;
+  int64_t num_steps = 0;
+  int64_t num_computed_tokens = 0;   // tokens run through the model
+  int64_t num_generated_tokens = 0;  // tokens sampled
+  int64_t num_finished = 0;          // requests ended, any reason
+  absl::Status integrity;            // see check_integrity_every_step
+};
+
+enum class ShutdownMode {
+  kCancel,  // outstanding requests finish with kCancelled
+  kDrain,   // outstanding requests run to completion first
+};
+
+class Engine {
+ public:
+  // Loads config.model_path (GGUF: tokenizer + model) and starts the engine.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineConfig& config);
+
+  // Starts an engine on a loaded model (not owned; must outlive the engine).
+  // tokenizer may be null: events then carry ids only and no EOS is known
+  // besides stop_token_ids. config.model_path and num_threads are ignored.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineConfig& config,
+                                                        const LlamaModel* model,
+                                                        const tokenizer::Tokenizer* tokenizer);
+
+  // Shutdown(kCancel).
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request. InvalidArgument for an empty prompt, ids outside the
+  // vocabulary, invalid params, or a prompt that cannot fit (context length,
+  // KV cache); ResourceExhausted when the waiting queue is full (requests or
+  // tokens); FailedPrecondition after Shutdown.
+  absl::StatusOr<RequestHandle> Submit(EngineRequest request);
+
+  // Ends the request at its next step boundary with FinishEvent kCancelled
+  // and frees its blocks. No-op when it already finished.
+  void Cancel(const RequestHandle& handle);
+
+  EngineStats Stats() const;
+
+  // Stops the loop and joins the engine thread. Idempotent.
+  void Shutdown(ShutdownMode mode = ShutdownMode::kCancel);
+
+  // KV bookkeeping check: manager integrity, no sequence left, every block
+  // free. REQUIRES: after Shutdown().
+  absl::Status CheckIntegrity() const;
+
+  // "KV cache: 46080 B/token, ... blocks x 16 tokens = ... tokens (...)".
+  const std::string& kv_cache_description() const { return kv_description_; }
+  int64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }
+  const LlamaModel& model() const { return *model_; }
+  const tokenizer::Tokenizer* tokenizer() const { return tokenizer_; }
+
+ private:
+  struct Owned;          // model, tokenizer, file, pool of Create(config)
+  struct ActiveRequest;  // engine-thread state of one request
+  struct Pending {
+    std::unique_ptr<Sequence> seq;
+    RequestHandle stream;
+    absl::Time submit_time;
+  };
+
+  Engine(const EngineConfig& config, const LlamaModel* model,
+         const tokenizer::Tokenizer* tokenizer);
+  absl::Status Init();
+  absl::Status ValidateRequest(const EngineRequest& request) const;
+
+  // Engine thread.
+  void Loop();
+  void Admit(std::vector<Pending> submits);
+  void ApplyCancels(const std::vector<int64_t>& ids);
+  void CancelAll();
+  void Step();
+  void FinishRequest(int64_t id, const Sequence* seq, RequestFinishReason reason,
+                     absl::Status status, std::string tail_text);
+  void Publish();  // stats mirror, then the deferred FinishEvents
+
+  EngineConfig config_;
+  std::unique_ptr<Owned> owned_;
+  const LlamaModel* model_;
+  const tokenizer::Tokenizer* tokenizer_;
+  std::vector<int32_t> eos_token_ids_;
+  int64_t kv_bytes_per_token_ = 0;
+  std::string kv_description_;
+
+  // Engine thread only (and the caller after Shutdown).
+  std::unique_ptr<KvCacheStorage> cache_;
+  std::unique_ptr<KvCacheManager> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ModelRunner> runner_;
+  absl::flat_hash_map<int64_t, std::unique_ptr<ActiveRequest>> active_;
+  std::vector<std::pair<RequestHandle, FinishEvent>> finished_events_;
+  int64_t num_generated_tokens_ = 0;
+  int64_t num_finished_ = 0;
+  absl::Status integrity_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar wake_;
+  std::vector<Pending> inbox_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> cancels_ ABSL_GUARDED_BY(mu_);
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Waiting requests / tokens: the scheduler's after the last step plus
+  // those moved from inbox_ since (so Submit sees a bound, never an undercount).
+  int64_t num_waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t num_waiting_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  ShutdownMode shutdown_mode_ ABSL_GUARDED_BY(mu_) = ShutdownMode::kCancel;
+  EngineStats stats_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex join_mu_;  // serializes Shutdown callers
+  std::thread thread_;
+};
+
+}  // namespace tandem::engine
+
+#endif  // TANDEM_ENGINE_ENGINE_H_

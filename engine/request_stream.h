@@ -1,0 +1,123 @@
+// What a client submits to the Engine and what it gets back.
+//
+// A request's output is a stream of EngineEvents: zero or more TokenEvents
+// then exactly one FinishEvent, delivered in order through its
+// RequestStream. The engine thread pushes; any thread consumes, either by
+// polling Next() (blocking, with a timeout) or by a callback given in the
+// request (then Next() sees nothing). The callback runs on the engine thread:
+// it must be quick and must not call back into the Engine except Cancel().
+//
+// Thread safety: RequestStream is thread-safe. EngineRequest and the event
+// structs are plain values.
+#ifndef TANDEM_ENGINE_REQUEST_STREAM_H_
+#define TANDEM_ENGINE_REQUEST_STREAM_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/sampler.h"
+#include "engine/sampling_params.h"
+
+namespace tandem::engine {
+
+// Why a request ended, as the client sees it.
+enum class RequestFinishReason {
+  kEos,        // an end-of-generation token (not emitted as text)
+  kStop,       // a stop token id or stop string
+  kLength,     // max_tokens or the model's context length
+  kCancelled,  // Engine::Cancel or engine shutdown
+  kError,      // rejected or failed; FinishEvent::status says why
+};
+
+// "eos", "stop", "length", "cancelled", "error".
+std::string_view RequestFinishReasonName(RequestFinishReason reason);
+
+struct TokenEvent {
+  int32_t token_id = 0;
+  std::string text;  // UTF-8 text delta (may be empty: held back or no tokenizer)
+  // Set when SamplingParams::num_logprobs is set: logprob of token_id and the
+  // top alternatives (see SampleResult).
+  std::optional<SampleResult> logprobs;
+};
+
+struct Usage {
+  int64_t num_prompt_tokens = 0;
+  int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache (first admission)
+  int64_t num_completion_tokens = 0;
+  int64_t num_preemptions = 0;
+  double queue_time_s = 0;  // submit -> first scheduled
+  double ttft_s = 0;        // submit -> first token (0 when none)
+  double e2e_s = 0;         // submit -> finish
+  std::vector<double> token_times_s;  // [num_completion_tokens] submit -> each token
+};
+
+struct FinishEvent {
+  RequestFinishReason reason = RequestFinishReason::kLength;
+  absl::Status status;  // non-OK only for kError
+  std::string text;     // held-back text released at the end (cancel), usually empty
+  Usage usage;
+};
+
+using EngineEvent = std::variant<TokenEvent, FinishEvent>;
+using EventCallback = std::function<void(const EngineEvent&)>;
+
+struct EngineRequest {
+  std::string request_id;  // for logs and clients; the engine keys on its own ids
+  std::vector<int32_t> prompt_token_ids;
+  SamplingParams params;   // includes params.stop
+  uint64_t extra_key = 0;  // prefix-cache namespace (cache salt)
+  EventCallback on_event;  // optional: events go here instead of Next()
+};
+
+// One request's event stream (the handle Submit returns).
+class RequestStream {
+ public:
+  RequestStream(int64_t id, std::string request_id, EventCallback callback);
+
+  int64_t id() const { return id_; }
+  const std::string& request_id() const { return request_id_; }
+
+  // The next event, waiting up to `timeout`; nullopt on timeout, or once the
+  // FinishEvent has been returned.
+  std::optional<EngineEvent> Next(absl::Duration timeout = absl::InfiniteDuration());
+
+  // True once the FinishEvent has been pushed (maybe not yet consumed).
+  bool finished() const;
+
+  // Engine side. REQUIRES: nothing after a FinishEvent.
+  void Push(EngineEvent event);
+
+ private:
+  const int64_t id_;
+  const std::string request_id_;
+  const EventCallback callback_;
+  mutable absl::Mutex mu_;
+  std::deque<EngineEvent> events_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+using RequestHandle = std::shared_ptr<RequestStream>;
+
+// Drains a stream (test and CLI helper): the tokens and the finish event.
+struct CollectedOutput {
+  std::vector<int32_t> token_ids;
+  std::vector<float> logprobs;  // when requested
+  std::string text;
+  std::optional<FinishEvent> finish;  // nullopt on timeout
+};
+CollectedOutput Collect(RequestStream& stream, absl::Duration timeout = absl::Seconds(120));
+
+}  // namespace tandem::engine
+
+#endif  // TANDEM_ENGINE_REQUEST_STREAM_H_

@@ -1,0 +1,229 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tandem::engine {
+
+absl::Status SchedulerConfig::Validate() const {
+  if (max_num_batched_tokens < 1) {
+    return absl::InvalidArgumentError("max_num_batched_tokens must be >= 1");
+  }
+  if (max_num_seqs < 1) return absl::InvalidArgumentError("max_num_seqs must be >= 1");
+  if (max_waiting_requests < 1) {
+    return absl::InvalidArgumentError("max_waiting_requests must be >= 1");
+  }
+  if (max_waiting_tokens < 1) return absl::InvalidArgumentError("max_waiting_tokens must be >= 1");
+  if (long_prefill_token_threshold < 0) {
+    return absl::InvalidArgumentError("long_prefill_token_threshold must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager* kv) : config_(config), kv_(kv) {
+  TANDEM_CHECK(config_.Validate().ok());
+  TANDEM_CHECK(kv_ != nullptr);
+}
+
+int64_t Scheduler::max_num_tokens_per_sequence() const {
+  return int64_t{kv_->num_blocks()} * kv_->block_size();
+}
+
+absl::Status Scheduler::AddRequest(std::unique_ptr<Sequence> seq) {
+  if (seq == nullptr) return absl::InvalidArgumentError("null sequence");
+  if (seq->num_tokens() == 0) return absl::InvalidArgumentError("empty prompt");
+  if (seqs_.contains(seq->id())) {
+    return absl::InvalidArgumentError(absl::StrCat("duplicate sequence id ", seq->id()));
+  }
+  if (seq->num_tokens() > max_num_tokens_per_sequence()) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", seq->num_tokens(),
+                                                   " tokens exceeds the KV cache capacity of ",
+                                                   max_num_tokens_per_sequence()));
+  }
+  if (!config_.enable_chunked_prefill && seq->num_tokens() > config_.max_num_batched_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", seq->num_tokens(),
+                                                   " tokens exceeds max_num_batched_tokens ",
+                                                   config_.max_num_batched_tokens,
+                                                   " without chunked prefill"));
+  }
+  if (num_waiting() >= config_.max_waiting_requests) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("waiting queue is full (", config_.max_waiting_requests, " requests)"));
+  }
+  if (num_waiting_tokens_ + seq->num_tokens() > config_.max_waiting_tokens) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("waiting queue is full (", config_.max_waiting_tokens, " tokens)"));
+  }
+  seq->set_arrival(next_arrival_++);
+  seq->set_status(SequenceStatus::kWaiting);
+  seq->set_num_computed_tokens(0);
+  Sequence* raw = seq.get();
+  seqs_.emplace(raw->id(), std::move(seq));
+  waiting_.push_back(raw);
+  num_waiting_tokens_ += raw->num_tokens();
+  return absl::OkStatus();
+}
+
+SchedulerOutput Scheduler::Schedule() {
+  SchedulerOutput out;
+  int64_t budget = config_.max_num_batched_tokens;
+  ScheduleRunning(&out, &budget);
+  // After a preemption the pool is short: admitting now would only thrash.
+  if (out.preempted.empty()) ScheduleWaiting(&out, &budget);
+  out.num_batched_tokens = config_.max_num_batched_tokens - budget;
+  return out;
+}
+
+int64_t Scheduler::TokensToRun(const Sequence& seq, int64_t num_computed, int64_t budget) const {
+  int64_t n = seq.num_tokens() - num_computed;
+  if (config_.long_prefill_token_threshold > 0) {
+    n = std::min(n, config_.long_prefill_token_threshold);
+  }
+  // Without chunking a prompt runs whole or waits, unless it could never fit
+  // in one step (a preempted sequence that grew past the budget).
+  if (!config_.enable_chunked_prefill && n > budget && n <= config_.max_num_batched_tokens) {
+    return 0;
+  }
+  return std::max<int64_t>(0, std::min(n, budget));
+}
+
+void Scheduler::ScheduleRunning(SchedulerOutput* out, int64_t* budget) {
+  // running_ shrinks from the back when sequences are preempted; victims are
+  // always behind i, so nothing already scheduled is taken back.
+  for (size_t i = 0; i < running_.size() && *budget > 0; ++i) {
+    Sequence* seq = running_[i];
+    const int64_t start = seq->num_computed_tokens();
+    const int64_t n = TokensToRun(*seq, start, *budget);
+    if (n == 0) continue;
+    bool self_preempted = false;
+    while (!kv_->AllocateSlots(seq->id(), start, n, &out->block_copies)) {
+      Sequence* victim = running_.back();
+      Preempt(victim, out);
+      if (victim == seq) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;
+    out->scheduled.push_back(ScheduledSequence{seq->id(), start, n, start + n == seq->num_tokens()});
+    *budget -= n;
+  }
+}
+
+void Scheduler::ScheduleWaiting(SchedulerOutput* out, int64_t* budget) {
+  while (!waiting_.empty() && *budget > 0 && num_running() < config_.max_num_seqs) {
+    Sequence* seq = waiting_.front();
+    const int64_t cached = kv_->FindCachedPrefix(seq->token_ids(), seq->extra_key());
+    const int64_t n = TokensToRun(*seq, cached, *budget);
+    if (n == 0) break;
+    if (!kv_->AllocateNew(seq->id(), seq->token_ids(), seq->extra_key(), cached, n)) break;
+    waiting_.pop_front();
+    num_waiting_tokens_ -= seq->num_tokens();
+    seq->set_num_computed_tokens(cached);
+    seq->set_num_cached_tokens(cached);
+    seq->set_status(SequenceStatus::kRunning);
+    running_.push_back(seq);
+    out->scheduled.push_back(
+        ScheduledSequence{seq->id(), cached, n, cached + n == seq->num_tokens()});
+    *budget -= n;
+  }
+}
+
+void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
+  TANDEM_CHECK(!running_.empty() && running_.back() == seq);
+  running_.pop_back();
+  kv_->Free(seq->id());
+  seq->set_num_computed_tokens(0);
+  seq->set_num_cached_tokens(0);
+  seq->set_status(SequenceStatus::kPreempted);
+  seq->count_preemption();
+  ++num_preemptions_;
+  PushWaitingFront(seq);
+  out->preempted.push_back(seq->id());
+}
+
+void Scheduler::PushWaitingFront(Sequence* seq) {
+  waiting_.push_front(seq);
+  num_waiting_tokens_ += seq->num_tokens();
+}
+
+std::vector<std::unique_ptr<Sequence>> Scheduler::Update(
+    const SchedulerOutput& output, absl::Span<const SequenceResult> results) {
+  absl::flat_hash_map<SeqId, const SequenceResult*> by_id;
+  for (const SequenceResult& r : results) by_id[r.seq_id] = &r;
+  std::vector<std::unique_ptr<Sequence>> finished;
+  for (const ScheduledSequence& s : output.scheduled) {
+    auto it = seqs_.find(s.seq_id);
+    if (it == seqs_.end()) continue;  // cancelled since Schedule()
+    Sequence* seq = it->second.get();
+    TANDEM_CHECK(seq->status() == SequenceStatus::kRunning);
+    TANDEM_CHECK(seq->num_computed_tokens() == s.start_position);
+    seq->set_num_computed_tokens(s.start_position + s.num_tokens);
+    kv_->MarkComputed(seq->id(), seq->token_ids(), seq->num_computed_tokens());
+
+    auto r = by_id.find(s.seq_id);
+    const SequenceResult* result = r == by_id.end() ? nullptr : r->second;
+    const FinishReason reason = result != nullptr ? result->finish : FinishReason::kNone;
+    if (s.samples && result != nullptr && result->token_id != SequenceResult::kNoToken) {
+      seq->AppendToken(result->token_id);
+    } else {
+      // A sequence that reached num_tokens must either grow or finish.
+      TANDEM_CHECK(!s.samples || reason != FinishReason::kNone);
+    }
+    if (reason != FinishReason::kNone) {
+      Finish(seq, reason);
+      finished.push_back(std::move(it->second));
+      seqs_.erase(it);
+    }
+  }
+  return finished;
+}
+
+void Scheduler::RemoveFromQueues(Sequence* seq) {
+  if (auto it = std::find(running_.begin(), running_.end(), seq); it != running_.end()) {
+    running_.erase(it);
+  }
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), seq); it != waiting_.end()) {
+    waiting_.erase(it);
+    num_waiting_tokens_ -= seq->num_tokens();
+  }
+}
+
+void Scheduler::Finish(Sequence* seq, FinishReason reason) {
+  RemoveFromQueues(seq);
+  kv_->Free(seq->id());
+  seq->set_status(FinishedStatus(reason));
+}
+
+absl::StatusOr<std::unique_ptr<Sequence>> Scheduler::Cancel(SeqId seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no unfinished sequence ", seq_id));
+  }
+  Finish(it->second.get(), FinishReason::kAborted);
+  std::unique_ptr<Sequence> seq = std::move(it->second);
+  seqs_.erase(it);
+  return seq;
+}
+
+const Sequence* Scheduler::Find(SeqId seq_id) const {
+  auto it = seqs_.find(seq_id);
+  return it == seqs_.end() ? nullptr : it->second.get();
+}
+
+std::vector<SeqId> Scheduler::running_ids() const {
+  std::vector<SeqId> ids;
+  for (const Sequence* s : running_) ids.push_back(s->id());
+  return ids;
+}
+
+std::vector<SeqId> Scheduler::waiting_ids() const {
+  std::vector<SeqId> ids;
+  for (const Sequence* s : waiting_) ids.push_back(s->id());
+  return ids;
+}
+
+}  // namespace tandem::engine
