@@ -146,15 +146,17 @@ absl::Status BlockPool::CheckIntegrity() const {
   int32_t count = 0;
   int32_t prev = kNoBlock;
   for (int32_t id = free_head_; id != kNoBlock; id = blocks_[id].next_free) {
-    if (id < 0 || id >= n) return absl::FailedPreconditionError(absl::StrCat("free list holds bad id ", id));
+    if (id < 0 || id >= n)
+      return absl::FailedPreconditionError(absl::StrCat("free list holds bad id ", id));
     if (++count > n) return absl::FailedPreconditionError("free list has a cycle");
     const KvBlock& b = blocks_[id];
     if (!b.in_free_list) {
-      return absl::FailedPreconditionError(absl::StrCat("block ", id, " in free list not marked free"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("block ", id, " in free list not marked free"));
     }
     if (b.prev_free != prev) {
-      return absl::FailedPreconditionError(absl::StrCat("block ", id, " prev link ", b.prev_free,
-                                                        " != ", prev));
+      return absl::FailedPreconditionError(
+          absl::StrCat("block ", id, " prev link ", b.prev_free, " != ", prev));
     }
     prev = id;
   }
@@ -162,13 +164,14 @@ absl::Status BlockPool::CheckIntegrity() const {
     return absl::FailedPreconditionError(absl::StrCat("free tail ", free_tail_, " != last ", prev));
   }
   if (count != num_free_) {
-    return absl::FailedPreconditionError(absl::StrCat("free list has ", count, " blocks, count says ",
-                                                      num_free_));
+    return absl::FailedPreconditionError(
+        absl::StrCat("free list has ", count, " blocks, count says ", num_free_));
   }
   int32_t num_hashed = 0;
   for (const KvBlock& b : blocks_) {
     if (b.ref_count < 0) {
-      return absl::FailedPreconditionError(absl::StrCat("block ", b.id, " ref_count ", b.ref_count));
+      return absl::FailedPreconditionError(
+          absl::StrCat("block ", b.id, " ref_count ", b.ref_count));
     }
     if (b.in_free_list != (b.ref_count == 0)) {
       return absl::FailedPreconditionError(absl::StrCat("block ", b.id, " ref_count ", b.ref_count,
@@ -181,13 +184,15 @@ absl::Status BlockPool::CheckIntegrity() const {
       ++num_hashed;
       auto it = hash_to_block_.find(b.hash);
       if (it == hash_to_block_.end() || it->second != b.id) {
-        return absl::FailedPreconditionError(absl::StrCat("block ", b.id, " hash not mapped to it"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("block ", b.id, " hash not mapped to it"));
       }
     }
   }
   for (const auto& [hash, id] : hash_to_block_) {
     if (id < 0 || id >= n || !blocks_[id].has_hash || blocks_[id].hash != hash) {
-      return absl::FailedPreconditionError(absl::StrCat("hash map entry -> block ", id, " is stale"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("hash map entry -> block ", id, " is stale"));
     }
   }
   if (num_hashed != static_cast<int32_t>(hash_to_block_.size())) {

@@ -46,8 +46,8 @@ struct BlockLink {
 struct KvBlock {
   int32_t id = kNoBlock;
   int32_t ref_count = 0;
-  bool has_hash = false;  // in the hash map (a cached full block)
-  BlockHash hash = 0;     // valid when has_hash
+  bool has_hash = false;    // in the hash map (a cached full block)
+  BlockHash hash = 0;       // valid when has_hash
   uint32_t generation = 0;  // incremented by each Allocate() of this block
   BlockLink parent;         // valid when has_hash
   // Free list links (block ids); kNoBlock at the ends or when not free.

@@ -30,9 +30,9 @@ absl::StatusOr<int64_t> NumBlocksFor(const KvCacheConfig& config, int64_t bytes_
   const int64_t block_bytes = bytes_per_token * config.block_size;
   const int64_t n = std::min<int64_t>(config.memory_budget_bytes / block_bytes, INT32_MAX);
   if (n < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("KV memory budget of ", config.memory_budget_bytes,
-                                                   " bytes holds no block of ", block_bytes,
-                                                   " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV memory budget of ", config.memory_budget_bytes,
+                     " bytes holds no block of ", block_bytes, " bytes"));
   }
   return n;
 }
@@ -40,11 +40,12 @@ absl::StatusOr<int64_t> NumBlocksFor(const KvCacheConfig& config, int64_t bytes_
 std::string DescribeKvCapacity(int64_t bytes_per_token, int64_t num_blocks, int32_t block_size,
                                bool enable_prefix_caching) {
   const int64_t tokens = num_blocks * block_size;
-  return absl::StrFormat("KV cache: %d B/token, %d blocks x %d tokens = %d tokens (%.1f MB), "
-                         "prefix caching %s",
-                         bytes_per_token, num_blocks, block_size, tokens,
-                         static_cast<double>(tokens) * static_cast<double>(bytes_per_token) / 1e6,
-                         enable_prefix_caching ? "on" : "off");
+  return absl::StrFormat(
+      "KV cache: %d B/token, %d blocks x %d tokens = %d tokens (%.1f MB), "
+      "prefix caching %s",
+      bytes_per_token, num_blocks, block_size, tokens,
+      static_cast<double>(tokens) * static_cast<double>(bytes_per_token) / 1e6,
+      enable_prefix_caching ? "on" : "off");
 }
 
 namespace {
@@ -82,7 +83,8 @@ int64_t KvCacheManager::FindCachedPrefix(absl::Span<const int32_t> tokens,
   if (!enable_prefix_caching_ || tokens.empty()) return 0;
   // Never the whole sequence: its last token must run to produce logits.
   const int64_t max_blocks = (static_cast<int64_t>(tokens.size()) - 1) / block_size();
-  return static_cast<int64_t>(WalkPrefix(pool_, hash_fn_, tokens, extra_key, max_blocks).blocks.size()) *
+  return static_cast<int64_t>(
+             WalkPrefix(pool_, hash_fn_, tokens, extra_key, max_blocks).blocks.size()) *
          block_size();
 }
 
@@ -219,17 +221,17 @@ absl::Status KvCacheManager::CheckIntegrity() const {
   std::vector<bool> seen(pool_.num_blocks(), false);
   for (const auto& [seq, s] : seqs_) {
     if (s.num_hashed_blocks > static_cast<int64_t>(s.table.size())) {
-      return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " hashed ",
-                                                        s.num_hashed_blocks, " of ",
-                                                        s.table.size(), " blocks"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sequence ", seq, " hashed ", s.num_hashed_blocks, " of ", s.table.size(), " blocks"));
     }
     for (int32_t id : s.table) {
       if (id < 0 || id >= pool_.num_blocks()) {
-        return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " holds bad block ", id));
+        return absl::FailedPreconditionError(
+            absl::StrCat("sequence ", seq, " holds bad block ", id));
       }
       if (seen[id] && last_seen[id] == seq) {
-        return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, " holds block ", id,
-                                                          " twice"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("sequence ", seq, " holds block ", id, " twice"));
       }
       seen[id] = true;
       last_seen[id] = seq;

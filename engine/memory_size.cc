@@ -19,9 +19,18 @@ struct Unit {
 };
 
 constexpr Unit kUnits[] = {
-    {"b", 1.0},           {"kib", 1024.0},     {"mib", 1048576.0},   {"gib", 1073741824.0},
-    {"tib", 1099511627776.0}, {"kb", 1e3},     {"mb", 1e6},          {"gb", 1e9},
-    {"tb", 1e12},         {"k", 1024.0},       {"m", 1048576.0},     {"g", 1073741824.0},
+    {"b", 1.0},
+    {"kib", 1024.0},
+    {"mib", 1048576.0},
+    {"gib", 1073741824.0},
+    {"tib", 1099511627776.0},
+    {"kb", 1e3},
+    {"mb", 1e6},
+    {"gb", 1e9},
+    {"tb", 1e12},
+    {"k", 1024.0},
+    {"m", 1048576.0},
+    {"g", 1073741824.0},
 };
 
 absl::Status Junk(absl::string_view text) {
@@ -64,14 +73,17 @@ absl::StatusOr<int64_t> ParseMemorySize(absl::string_view text, int64_t availabl
     if (found == nullptr) return Junk(text);
     bytes = value * found->bytes;
   }
-  if (bytes < 1.0) return absl::InvalidArgumentError(absl::StrCat("memory size \"", text, "\" is zero"));
-  if (bytes >= 9.2e18) return absl::InvalidArgumentError(absl::StrCat("memory size \"", text, "\" overflows"));
+  if (bytes < 1.0)
+    return absl::InvalidArgumentError(absl::StrCat("memory size \"", text, "\" is zero"));
+  if (bytes >= 9.2e18)
+    return absl::InvalidArgumentError(absl::StrCat("memory size \"", text, "\" overflows"));
   return static_cast<int64_t>(bytes);
 }
 
 absl::StatusOr<int64_t> ParseMemorySize(absl::string_view text) {
   absl::string_view s = absl::StripAsciiWhitespace(text);
-  const bool fraction = !s.empty() && s.find_first_not_of("0123456789.") == absl::string_view::npos &&
+  const bool fraction = !s.empty() &&
+                        s.find_first_not_of("0123456789.") == absl::string_view::npos &&
                         (s.find('.') != absl::string_view::npos || s == "1" || s == "0");
   int64_t available = 0;
   if (fraction) {

@@ -8,9 +8,9 @@
 #define TANDEM_ENGINE_MEMORY_SIZE_H_
 
 #include <cstdint>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace tandem::engine {
 

@@ -44,10 +44,9 @@ absl::Status Scheduler::AddRequest(std::unique_ptr<Sequence> seq) {
                                                    max_num_tokens_per_sequence()));
   }
   if (!config_.enable_chunked_prefill && seq->num_tokens() > config_.max_num_batched_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt of ", seq->num_tokens(),
-                                                   " tokens exceeds max_num_batched_tokens ",
-                                                   config_.max_num_batched_tokens,
-                                                   " without chunked prefill"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt of ", seq->num_tokens(), " tokens exceeds max_num_batched_tokens ",
+                     config_.max_num_batched_tokens, " without chunked prefill"));
   }
   if (num_waiting() >= config_.max_waiting_requests) {
     return absl::ResourceExhaustedError(
@@ -108,7 +107,8 @@ void Scheduler::ScheduleRunning(SchedulerOutput* out, int64_t* budget) {
       }
     }
     if (self_preempted) break;
-    out->scheduled.push_back(ScheduledSequence{seq->id(), start, n, start + n == seq->num_tokens()});
+    out->scheduled.push_back(
+        ScheduledSequence{seq->id(), start, n, start + n == seq->num_tokens()});
     *budget -= n;
   }
 }
@@ -150,8 +150,8 @@ void Scheduler::PushWaitingFront(Sequence* seq) {
   num_waiting_tokens_ += seq->num_tokens();
 }
 
-std::vector<std::unique_ptr<Sequence>> Scheduler::Update(
-    const SchedulerOutput& output, absl::Span<const SequenceResult> results) {
+std::vector<std::unique_ptr<Sequence>> Scheduler::Update(const SchedulerOutput& output,
+                                                         absl::Span<const SequenceResult> results) {
   absl::flat_hash_map<SeqId, const SequenceResult*> by_id;
   for (const SequenceResult& r : results) by_id[r.seq_id] = &r;
   std::vector<std::unique_ptr<Sequence>> finished;

@@ -78,7 +78,7 @@ struct SchedulerOutput {
 struct SequenceResult {
   static constexpr int32_t kNoToken = -1;
   SeqId seq_id = 0;
-  int32_t token_id = kNoToken;  // sampled token; required when `samples`
+  int32_t token_id = kNoToken;                // sampled token; required when `samples`
   FinishReason finish = FinishReason::kNone;  // kNone = keep going
 };
 
@@ -142,7 +142,7 @@ class Scheduler {
   void RemoveFromQueues(Sequence* seq);
 
   SchedulerConfig config_;
-  KvCacheManager* kv_;  // not owned
+  KvCacheManager* kv_;                                          // not owned
   absl::flat_hash_map<SeqId, std::unique_ptr<Sequence>> seqs_;  // unfinished
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // admission order; the back is the newest

@@ -25,7 +25,7 @@ namespace tandem::engine {
 enum class SequenceStatus {
   kWaiting,
   kRunning,
-  kPreempted,  // back in the waiting queue, to be recomputed
+  kPreempted,        // back in the waiting queue, to be recomputed
   kFinishedStopped,  // stop token / stop string
   kFinishedLength,   // max_tokens or context length
   kFinishedAborted,  // cancelled or failed

@@ -85,7 +85,7 @@ TEST(BlockPoolTest, LookupComparesTokensAndParent) {
   const BlockLink parent{2, 5};
   ASSERT_TRUE(pool.CacheBlock(a, 42, Tokens(1, 2), parent));
   EXPECT_EQ(pool.Lookup(42, Tokens(1, 2), parent), a);
-  EXPECT_EQ(pool.Lookup(42, Tokens(2, 2), parent), kNoBlock);       // same hash, other tokens
+  EXPECT_EQ(pool.Lookup(42, Tokens(2, 2), parent), kNoBlock);           // same hash, other tokens
   EXPECT_EQ(pool.Lookup(42, Tokens(1, 2), BlockLink{2, 6}), kNoBlock);  // stale parent
   EXPECT_EQ(pool.Lookup(43, Tokens(1, 2), parent), kNoBlock);
 }

@@ -50,7 +50,7 @@ TEST_F(DeterminismTest, BatchOf64MatchesAlone) {
   for (int i = 0; i < 64; ++i) reqs.push_back(Request(i));
   EngineStats stats;
   const std::vector<CollectedOutput> together = RunTogether(TinyEngineConfig(), reqs, &stats);
-  EXPECT_GE(stats.num_steps, 1);
+  EXPECT_LT(stats.num_steps, 100);  // batched: far fewer steps than tokens
   for (int i = 0; i < 64; ++i) {
     ExpectSameOutput(together[i], RunAlone(model(), reqs[i]), "request " + std::to_string(i));
   }

@@ -114,7 +114,7 @@ TEST(KvCacheManagerTest, HashCollisionNeverReturnsWrongBlocks) {
   KvCacheManager kv(16, 4, true);
   kv.SetHashFnForTesting(&ConstantHash);  // every block collides
   Prefill(&kv, 1, Range(0, 12));
-  EXPECT_EQ(kv.pool().num_cached_blocks(), 1);  // the others lost the hash slot
+  EXPECT_EQ(kv.pool().num_cached_blocks(), 1);           // the others lost the hash slot
   EXPECT_EQ(kv.FindCachedPrefix(Range(100, 12), 0), 0);  // same hash, other tokens
   EXPECT_EQ(kv.FindCachedPrefix(Range(0, 12), 0), 4);    // the genuine block still hits
   // Same tokens after a different first block: tokens match, parent does not.
@@ -228,7 +228,8 @@ TEST(KvCacheManagerTest, RandomOperationsKeepInvariantsAndContent) {
     ASSERT_TRUE(kv.CheckIntegrity().ok()) << "op " << op << ": " << kv.CheckIntegrity();
     for (const auto& [id, m] : seqs) {
       for (int64_t p = 0; p < m.computed; ++p) {
-        ASSERT_EQ(shadow[kv.Slot(id, p)], m.tokens[p]) << "op " << op << " seq " << id << " pos " << p;
+        ASSERT_EQ(shadow[kv.Slot(id, p)], m.tokens[p])
+            << "op " << op << " seq " << id << " pos " << p;
       }
     }
   }

@@ -138,7 +138,7 @@ TEST(SchedulerTest, ShortRequestDecodesWhileALongPrefillIsChunked) {
   Harness h(Config(8), 32, 4, false);
   h.RunTable({
       {{{A, 3, 4}, {B, 20, 2}}, {"A:3@0", "B:5@0"}},
-      {{}, {"A:1@3", "B:7@5"}},   // decode first, then the chunk continues
+      {{}, {"A:1@3", "B:7@5"}},  // decode first, then the chunk continues
       {{}, {"A:1@4", "B:7@12"}},
       {{{C, 2, 1}}, {"A:1@5", "B:1@19", "C:2@0"}},  // A finishes; B samples; C fits
       {{}, {"B:1@20"}},
@@ -205,9 +205,9 @@ TEST(SchedulerTest, PreemptionPicksTheNewestRunning) {
 TEST(SchedulerTest, APrefixHitSkipsComputedTokens) {
   Harness h(Config(64), 32, 4, true);
   h.RunTable({
-      {{{A, 10, 1}}, {"A:10@0"}},             // A finishes, its 2 full blocks stay cached
-      {{{B, 11, 1}}, {"B:3@8"}},              // same first 10 tokens: 8 are cached
-      {{{C, 11, 1, 1}}, {"C:11@0"}},          // shifted tokens: no hit
+      {{{A, 10, 1}}, {"A:10@0"}},     // A finishes, its 2 full blocks stay cached
+      {{{B, 11, 1}}, {"B:3@8"}},      // same first 10 tokens: 8 are cached
+      {{{C, 11, 1, 1}}, {"C:11@0"}},  // shifted tokens: no hit
   });
   EXPECT_EQ(h.kv().prefix_cache_stats().num_hit_tokens, 8);
   EXPECT_EQ(h.kv().prefix_cache_stats().num_query_tokens, 32);
@@ -253,9 +253,9 @@ TEST(SchedulerTest, WaitingQueueOverflowIsResourceExhausted) {
   EXPECT_EQ(h.Add({D, 5, 1}).code(), absl::StatusCode::kResourceExhausted);  // by tokens
   EXPECT_EQ(h.scheduler().num_waiting_tokens(), 6);
   // Bad requests are InvalidArgument, not backpressure.
-  EXPECT_EQ(h.Add({C, 2, 1}).code(), absl::StatusCode::kInvalidArgument);   // duplicate
-  EXPECT_EQ(h.Add({9, 0, 1}).code(), absl::StatusCode::kInvalidArgument);   // empty
-  EXPECT_EQ(h.Add({10, 65, 1}).code(), absl::StatusCode::kInvalidArgument); // > KV capacity
+  EXPECT_EQ(h.Add({C, 2, 1}).code(), absl::StatusCode::kInvalidArgument);    // duplicate
+  EXPECT_EQ(h.Add({9, 0, 1}).code(), absl::StatusCode::kInvalidArgument);    // empty
+  EXPECT_EQ(h.Add({10, 65, 1}).code(), absl::StatusCode::kInvalidArgument);  // > KV capacity
 }
 
 TEST(SchedulerTest, CancelInAnyStateFreesAllBlocks) {
