@@ -69,8 +69,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& confi
   TANDEM_ASSIGN_OR_RETURN(owned->tokenizer, tokenizer::Tokenizer::Create(std::move(vocab)));
   TANDEM_ASSIGN_OR_RETURN(owned->model,
                           LlamaModel::Load(*owned->file, {owned->pool.get(), config.prefault, {}}));
-  std::unique_ptr<Engine> engine(
-      new Engine(config, owned->model.get(), owned->tokenizer.get()));
+  std::unique_ptr<Engine> engine(new Engine(config, owned->model.get(), owned->tokenizer.get()));
   engine->owned_ = std::move(owned);
   TANDEM_RETURN_IF_ERROR(engine->Init());
   return engine;
@@ -95,8 +94,8 @@ absl::Status Engine::Init() {
   if (tokenizer_ != nullptr) {
     eos_token_ids_ = tokenizer_->vocab().eog_ids;
     const int32_t eos = tokenizer_->vocab().eos_id;
-    if (eos >= 0 && std::find(eos_token_ids_.begin(), eos_token_ids_.end(), eos) ==
-                        eos_token_ids_.end()) {
+    if (eos >= 0 &&
+        std::find(eos_token_ids_.begin(), eos_token_ids_.end(), eos) == eos_token_ids_.end()) {
       eos_token_ids_.push_back(eos);
     }
   }
@@ -132,8 +131,8 @@ absl::Status Engine::ValidateRequest(const EngineRequest& request) const {
   if (n == 0) return absl::InvalidArgumentError("empty prompt");
   for (int32_t id : request.prompt_token_ids) {
     if (id < 0 || id >= mc.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt token id ", id, " outside [0, ",
-                                                     mc.vocab_size, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token id ", id, " outside [0, ", mc.vocab_size, ")"));
     }
   }
   TANDEM_RETURN_IF_ERROR(request.params.Validate(mc.vocab_size));
@@ -163,8 +162,7 @@ absl::StatusOr<RequestHandle> Engine::Submit(EngineRequest request) {
   auto stream = std::make_shared<RequestStream>(id, std::move(request.request_id),
                                                 std::move(request.on_event));
   inbox_.push_back(Pending{std::make_unique<Sequence>(id, std::move(request.prompt_token_ids),
-                                                      std::move(request.params),
-                                                      request.extra_key),
+                                                      std::move(request.params), request.extra_key),
                            stream, absl::Now()});
   ++num_waiting_;
   num_waiting_tokens_ += n;
@@ -204,8 +202,8 @@ absl::Status Engine::CheckIntegrity() const {
     return absl::FailedPreconditionError("sequences left after shutdown");
   }
   if (kv_->num_free_blocks() != kv_->num_blocks()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        kv_->num_blocks() - kv_->num_free_blocks(), " KV blocks still held after shutdown"));
+    return absl::FailedPreconditionError(absl::StrCat(kv_->num_blocks() - kv_->num_free_blocks(),
+                                                      " KV blocks still held after shutdown"));
   }
   return absl::OkStatus();
 }
@@ -246,8 +244,8 @@ void Engine::Admit(std::vector<Pending> submits) {
     active->wants_logprobs = p.seq->sampling_params().num_logprobs.has_value();
     active->usage.num_prompt_tokens = p.seq->num_prompt_tokens();
     const int64_t room = model_->config().context_length - p.seq->num_prompt_tokens();
-    active->output = std::make_unique<OutputProcessor>(
-        tokenizer_, p.seq->sampling_params().stop, eos_token_ids_, room);
+    active->output = std::make_unique<OutputProcessor>(tokenizer_, p.seq->sampling_params().stop,
+                                                       eos_token_ids_, room);
     absl::Status st = scheduler_->AddRequest(std::move(p.seq));
     if (!st.ok()) {
       FinishEvent finish;

@@ -58,7 +58,7 @@ struct EngineConfig {
   int32_t block_size = 16;
   bool enable_prefix_caching = true;
   SchedulerConfig scheduler;
-  int num_threads = 0;  // compute threads for Create(config); 0 = all cores
+  int num_threads = 0;   // compute threads for Create(config); 0 = all cores
   bool prefault = true;  // Create(config): touch all weight pages at load
   // Run KvCacheManager::CheckIntegrity after every step (tests); the first
   // failure shows in EngineStats::integrity.

@@ -25,8 +25,7 @@ RequestFinishReason ToRequestReason(FinishReason reason) {
 }  // namespace
 
 OutputProcessor::OutputProcessor(const tokenizer::Tokenizer* tokenizer, const StopParams& stop,
-                                 absl::Span<const int32_t> eos_token_ids,
-                                 int64_t max_output_tokens)
+                                 absl::Span<const int32_t> eos_token_ids, int64_t max_output_tokens)
     : checker_(std::make_unique<StopChecker>(stop, eos_token_ids)),
       max_output_tokens_(max_output_tokens) {
   TANDEM_CHECK(max_output_tokens_ >= 1);

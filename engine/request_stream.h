@@ -56,9 +56,9 @@ struct Usage {
   int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache (first admission)
   int64_t num_completion_tokens = 0;
   int64_t num_preemptions = 0;
-  double queue_time_s = 0;  // submit -> first scheduled
-  double ttft_s = 0;        // submit -> first token (0 when none)
-  double e2e_s = 0;         // submit -> finish
+  double queue_time_s = 0;            // submit -> first scheduled
+  double ttft_s = 0;                  // submit -> first token (0 when none)
+  double e2e_s = 0;                   // submit -> finish
   std::vector<double> token_times_s;  // [num_completion_tokens] submit -> each token
 };
 

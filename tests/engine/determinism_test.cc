@@ -66,8 +66,8 @@ TEST_F(DeterminismTest, ChunkedPrefillMatchesAlone) {
     config.scheduler.max_num_batched_tokens = chunk;
     const std::vector<CollectedOutput> got = RunTogether(config, reqs);
     for (size_t i = 0; i < reqs.size(); ++i) {
-      ExpectSameOutput(got[i], alone[i], "chunk " + std::to_string(chunk) + " request " +
-                                             std::to_string(i));
+      ExpectSameOutput(got[i], alone[i],
+                       "chunk " + std::to_string(chunk) + " request " + std::to_string(i));
     }
   }
 }
@@ -120,9 +120,9 @@ TEST(DeterminismRealModelTest, EightConcurrentMatchAlone) {
   ASSERT_TRUE(engine.ok()) << engine.status();
   const tokenizer::Tokenizer& tok = *(*engine)->tokenizer();
   const char* kPrompts[] = {"The capital of France is", "Once upon a time",
-                            "def fibonacci(n):",       "The three primary colors are",
-                            "In 1969, astronauts",     "My favourite recipe is",
-                            "Water boils at",          "The quick brown fox"};
+                            "def fibonacci(n):",        "The three primary colors are",
+                            "In 1969, astronauts",      "My favourite recipe is",
+                            "Water boils at",           "The quick brown fox"};
   std::vector<EngineRequest> reqs;
   for (int i = 0; i < 8; ++i) {
     reqs.push_back(MakeRequest(tok.Encode(kPrompts[i], true, true), 12, i % 2 ? 0.8 : 0.0, i));

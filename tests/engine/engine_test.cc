@@ -200,8 +200,7 @@ TEST_F(EngineTest, WaitingQueueOverflowIsResourceExhausted) {
 
 TEST_F(EngineTest, RejectsBadRequests) {
   std::unique_ptr<Engine> engine = MakeEngine(TinyEngineConfig(4), model());
-  EXPECT_EQ(engine->Submit(MakeRequest({}, 2)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine->Submit(MakeRequest({}, 2)).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(engine->Submit(MakeRequest({1, 999}, 2)).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(engine->Submit(MakeRequest(RandomPrompt(64, 256, 1), 2)).status().code(),

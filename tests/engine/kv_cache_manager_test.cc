@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "engine/kv_cache.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -146,6 +147,27 @@ TEST(KvCacheManagerTest, SizingFromABudget) {
   EXPECT_FALSE(KvCacheConfig{}.Validate().ok());  // no size at all
   EXPECT_THAT(DescribeKvCapacity(46080, 10, 16, true),
               HasSubstr("46080 B/token, 10 blocks x 16 tokens = 160 tokens"));
+}
+
+TEST(KvCacheStorageTest, CopyBlockCopiesKAndVOfEveryLayer) {
+  auto storage = KvCacheStorage::Create(2, 3, 2, 1, 2);
+  ASSERT_TRUE(storage.ok());
+  KvCacheStorage& s = **storage;
+  const int64_t n = s.block_floats();
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    for (int64_t i = 0; i < n; ++i) {
+      s.k(layer)[n + i] = 10.f * layer + i;
+      s.v(layer)[n + i] = -10.f * layer - i;
+    }
+  }
+  s.CopyBlock(1, 2);
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(s.k(layer)[2 * n + i], 10.f * layer + i);
+      EXPECT_EQ(s.v(layer)[2 * n + i], -10.f * layer - i);
+      EXPECT_EQ(s.k(layer)[i], 0.f);  // block 0 untouched
+    }
+  }
 }
 
 // Random allocate / compute / fork / free / cache-hit operations against a
