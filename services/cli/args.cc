@@ -57,8 +57,8 @@ absl::Status ArgParser::Assign(Flag& flag, const std::string& value) {
             absl::StrFormat("%s: '%s' is not an integer", flag_name, value));
       }
       if (v < flag.imin || v > flag.imax) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: %d is out of range [%d, %d]", flag_name, v, flag.imin, flag.imax));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: %d is out of range [%d, %d]", flag_name, v, flag.imin, flag.imax));
       }
       *static_cast<int64_t*>(flag.out) = v;
       break;
@@ -70,8 +70,8 @@ absl::Status ArgParser::Assign(Flag& flag, const std::string& value) {
             absl::StrFormat("%s: '%s' is not a finite number", flag_name, value));
       }
       if (v < flag.dmin || v > flag.dmax) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: %g is out of range [%g, %g]", flag_name, v, flag.dmin, flag.dmax));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: %g is out of range [%g, %g]", flag_name, v, flag.dmin, flag.dmax));
       }
       *static_cast<double*>(flag.out) = v;
       break;
@@ -99,9 +99,8 @@ absl::Status ArgParser::Parse(int argc, char** argv, int first) {
       return absl::OkStatus();
     }
     if (arg.size() < 3 || arg[0] != '-' || arg[1] != '-') {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: unexpected argument '%s' (flags look like --name value)",
-                          command_, arg));
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: unexpected argument '%s' (flags look like --name value)", command_, arg));
     }
     std::string name = arg.substr(2);
     std::string value;
@@ -113,9 +112,8 @@ absl::Status ArgParser::Parse(int argc, char** argv, int first) {
     }
     Flag* flag = Find(name);
     if (flag == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: unknown flag --%s (see tandem %s --help)", command_, name,
-                          command_));
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: unknown flag --%s (see tandem %s --help)", command_, name, command_));
     }
     if (!has_value) {
       if (flag->kind == Kind::kBool) {

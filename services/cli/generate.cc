@@ -1,42 +1,35 @@
-// `tandem generate`: load a GGUF model, tokenize a prompt (optionally through
-// the model's chat template), prefill, then decode token by token, streaming
-// UTF-8-safe text.
-#include <chrono>
+// `tandem generate`: load a GGUF model and run one prompt (--prompt) or a
+// file of them (--prompts-file) through the engine as a continuous batch,
+// streaming UTF-8-safe text (single prompt) or printing per-request results in
+// input order, with per-request and aggregate timings on stderr.
+#include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "common/gguf/gguf.h"
+#include "absl/synchronization/mutex.h"
 #include "common/json.h"
 #include "common/thread_pool.h"
 #include "common/tokenizer/chat_template.h"
-#include "common/tokenizer/detokenizer.h"
-#include "common/tokenizer/tokenizer.h"
-#include "common/tokenizer/vocab.h"
-#include "engine/llama_model.h"
-#include "engine/sampler.h"
-#include "engine/single_sequence_runner.h"
+#include "engine/engine.h"
+#include "engine/memory_size.h"
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
 #include "services/cli/model_loader.h"
+#include "services/cli/prompt_file.h"
+#include "services/cli/run_stats.h"
 
 namespace tandem::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double MsSince(Clock::time_point start, Clock::time_point end) {
-  return std::chrono::duration<double, std::milli>(end - start).count();
-}
-
 struct GenerateFlags {
   std::string model;
   std::string prompt;
+  std::string prompts_file;
   std::string system;
   int64_t max_tokens = 128;
   double temperature = 0.0;
@@ -45,6 +38,10 @@ struct GenerateFlags {
   double min_p = 0.0;
   int64_t seed = 0;
   int64_t threads = 0;
+  int64_t concurrency = 8;
+  std::string kv_cache_memory = "1GiB";
+  int64_t max_num_seqs = 64;
+  int64_t max_num_batched_tokens = 512;
   bool chat = false;
   bool json = false;
   bool ignore_eos = false;
@@ -55,10 +52,40 @@ int UsageError(const std::string& message) {
   return kExitUsage;
 }
 
-// The prompt text as the model sees it: raw, or rendered with the chat template.
-absl::StatusOr<std::string> PromptText(const GenerateFlags& flags,
-                                       const tokenizer::Tokenizer& tok) {
-  if (!flags.chat) return flags.prompt;
+void AddFlags(ArgParser& p, GenerateFlags& f) {
+  p.AddString("model", &f.model,
+              "GGUF model path (default: $TANDEM_MODEL, else models/" +
+                  std::string(kDefaultModelName) + ")");
+  p.AddString("prompt", &f.prompt, "prompt text");
+  p.AddString("prompts-file", &f.prompts_file,
+              "file of prompts: one per line, or JSONL {\"prompt\": ..., \"max_tokens\": ...}");
+  p.AddInt("concurrency", &f.concurrency, 1, 4096, "requests in flight at once (--prompts-file)");
+  p.AddBool("chat", &f.chat, "wrap each prompt in the model's chat template");
+  p.AddString("system", &f.system, "system message for --chat");
+  p.AddInt("max-tokens", &f.max_tokens, 1, 1 << 20, "maximum tokens to generate");
+  p.AddDouble("temperature", &f.temperature, 0.0, 100.0, "sampling temperature, 0 = greedy");
+  p.AddInt("top-k", &f.top_k, 0, 1 << 30, "keep the k most likely tokens, 0 = off");
+  p.AddDouble("top-p", &f.top_p, 1e-9, 1.0, "nucleus sampling mass, 1 = off");
+  p.AddDouble("min-p", &f.min_p, 0.0, 1.0, "drop tokens below min-p x p(max), 0 = off");
+  p.AddInt("seed", &f.seed, 0, INT64_MAX, "random seed (each request's default)");
+  p.AddBool("ignore-eos", &f.ignore_eos,
+            "keep generating past end-of-generation tokens until --max-tokens");
+  p.AddInt("threads", &f.threads, 0, 1024, "compute threads, 0 = all cores");
+  p.AddString("kv-cache-memory", &f.kv_cache_memory,
+              "KV cache budget: bytes (2GiB, 512MiB) or a fraction of free RAM (0.25)");
+  p.AddInt("max-num-seqs", &f.max_num_seqs, 1, 4096, "sequences in one batch at most");
+  p.AddInt("max-num-batched-tokens", &f.max_num_batched_tokens, 1, 1 << 20,
+           "tokens in one step at most (chunked prefill splits longer prompts)");
+  p.AddBool("json", &f.json,
+            "print one JSON object per prompt, in input order: prompt_token_ids, token_ids, "
+            "text, finish_reason, ttft_ms, tpot_ms");
+}
+
+// The prompt as the model sees it: raw, or rendered with the chat template.
+absl::StatusOr<std::vector<int32_t>> EncodePrompt(const GenerateFlags& flags,
+                                                  const std::string& prompt,
+                                                  const tokenizer::Tokenizer& tok) {
+  if (!flags.chat) return tok.Encode(prompt, /*add_special=*/true, /*parse_special=*/true);
   const std::string& tmpl = tok.vocab().chat_template;
   auto format = tokenizer::DetectChatFormat(tmpl);
   if (!format.ok()) {
@@ -67,9 +94,41 @@ absl::StatusOr<std::string> PromptText(const GenerateFlags& flags,
   }
   std::vector<tokenizer::ChatMessage> messages;
   if (!flags.system.empty()) messages.push_back({"system", flags.system});
-  messages.push_back({"user", flags.prompt});
-  return tokenizer::RenderChat(*format, messages, /*add_generation_prompt=*/true,
-                               tokenizer::ExtractDefaultSystem(tmpl));
+  messages.push_back({"user", prompt});
+  const std::string text = tokenizer::RenderChat(*format, messages, /*add_generation_prompt=*/true,
+                                                 tokenizer::ExtractDefaultSystem(tmpl));
+  // The rendered text carries the template's own BOS text.
+  return tok.Encode(text, /*add_special=*/false, /*parse_special=*/true);
+}
+
+// Events of all requests, funnelled from the engine thread's callbacks.
+class EventQueue {
+ public:
+  void Push(size_t index, engine::EngineEvent event) {
+    absl::MutexLock lock(&mu_);
+    events_.emplace_back(index, std::move(event));
+  }
+  std::pair<size_t, engine::EngineEvent> Pop() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](std::deque<std::pair<size_t, engine::EngineEvent>>* q) { return !q->empty(); },
+        &events_));
+    auto front = std::move(events_.front());
+    events_.pop_front();
+    return front;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<std::pair<size_t, engine::EngineEvent>> events_ ABSL_GUARDED_BY(mu_);
+};
+
+std::string JsonLine(const RequestResult& r) {
+  return absl::StrFormat(
+      "{\"prompt_token_ids\":%s,\"token_ids\":%s,\"text\":%s,\"finish_reason\":\"%s\","
+      "\"ttft_ms\":%s,\"tpot_ms\":%s}\n",
+      json::IntArray(r.prompt_ids), json::IntArray(r.token_ids), json::Quote(r.text),
+      r.finish_reason, json::Number(r.ttft_ms), json::Number(r.tpot_ms));
 }
 
 }  // namespace
@@ -77,126 +136,135 @@ absl::StatusOr<std::string> PromptText(const GenerateFlags& flags,
 int RunGenerate(int argc, char** argv) {
   GenerateFlags flags;
   ArgParser parser("generate",
-                   "Generates text from a prompt with a local GGUF model (greedy when "
-                   "--temperature is 0).");
-  parser.AddString("model", &flags.model,
-                   "GGUF model path (default: $TANDEM_MODEL, else models/" + std::string(kDefaultModelName) + ")");
-  parser.AddString("prompt", &flags.prompt, "prompt text (required)");
-  parser.AddBool("chat", &flags.chat, "wrap the prompt in the model's chat template");
-  parser.AddString("system", &flags.system, "system message for --chat");
-  parser.AddInt("max-tokens", &flags.max_tokens, 1, 1 << 20, "maximum tokens to generate");
-  parser.AddDouble("temperature", &flags.temperature, 0.0, 100.0, "sampling temperature, 0 = greedy");
-  parser.AddInt("top-k", &flags.top_k, 0, 1 << 30, "keep the k most likely tokens, 0 = off");
-  parser.AddDouble("top-p", &flags.top_p, 1e-9, 1.0, "nucleus sampling mass, 1 = off");
-  parser.AddDouble("min-p", &flags.min_p, 0.0, 1.0, "drop tokens below min-p x p(max), 0 = off");
-  parser.AddInt("seed", &flags.seed, 0, INT64_MAX, "random seed");
-  parser.AddInt("threads", &flags.threads, 0, 1024, "compute threads, 0 = all cores");
-  parser.AddBool("ignore-eos", &flags.ignore_eos,
-                 "keep generating past end-of-generation tokens until --max-tokens");
-  parser.AddBool("json", &flags.json,
-                 "print one JSON object: prompt_token_ids, token_ids, text, finish_reason, "
-                 "ttft_ms, tpot_ms");
-  if (absl::Status s = parser.Parse(argc, argv, 2); !s.ok()) return UsageError(std::string(s.message()));
+                   "Generates text from a prompt (or a file of prompts, as a continuous batch) "
+                   "with a local GGUF model; greedy when --temperature is 0.");
+  AddFlags(parser, flags);
+  if (absl::Status s = parser.Parse(argc, argv, 2); !s.ok()) {
+    return UsageError(std::string(s.message()));
+  }
   if (parser.help_requested()) {
     std::fputs(parser.Help().c_str(), stdout);
     return kExitOk;
   }
-  if (!parser.WasSet("prompt")) return UsageError("--prompt is required");
+  const bool from_file = parser.WasSet("prompts-file");
+  if (from_file == parser.WasSet("prompt")) {
+    return UsageError("give exactly one of --prompt and --prompts-file");
+  }
   if (!flags.chat && parser.WasSet("system")) return UsageError("--system needs --chat");
 
-  engine::SamplingParams sampling;
-  sampling.temperature = flags.temperature;
-  sampling.top_k = flags.top_k;
-  sampling.top_p = flags.top_p;
-  sampling.min_p = flags.min_p;
-  sampling.seed = static_cast<uint64_t>(flags.seed);
-  if (absl::Status s = sampling.Validate(); !s.ok()) return UsageError(std::string(s.message()));
+  engine::SamplingParams defaults;
+  defaults.temperature = flags.temperature;
+  defaults.top_k = flags.top_k;
+  defaults.top_p = flags.top_p;
+  defaults.min_p = flags.min_p;
+  defaults.seed = static_cast<uint64_t>(flags.seed);
+  defaults.stop.max_tokens = flags.max_tokens;
+  defaults.stop.ignore_eos = flags.ignore_eos;
+  if (absl::Status s = defaults.Validate(); !s.ok()) return UsageError(std::string(s.message()));
+  std::vector<PromptSpec> specs;
+  if (from_file) {
+    auto read = ReadPromptsFile(flags.prompts_file, defaults);
+    if (!read.ok()) return UsageError(std::string(read.status().message()));
+    specs = std::move(read).value();
+  } else {
+    specs.push_back({flags.prompt, 0, defaults});
+  }
+  auto kv_bytes = engine::ParseMemorySize(flags.kv_cache_memory);
+  if (!kv_bytes.ok())
+    return UsageError("--kv-cache-memory: " + std::string(kv_bytes.status().message()));
 
-  const int threads = flags.threads > 0 ? static_cast<int>(flags.threads)
-                                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = flags.threads > 0
+                          ? static_cast<int>(flags.threads)
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ThreadPool pool(threads);
   auto loaded = LoadModel(flags.model, &pool, /*verbose=*/true);
   if (!loaded.ok()) return UsageError(std::string(loaded.status().message()));
   const tokenizer::Tokenizer& tok = *loaded->tokenizer;
-  const engine::LlamaModel& model = *loaded->model;
+  const int64_t context = loaded->model->config().context_length;
 
-  const Clock::time_point start = Clock::now();
-  auto text = PromptText(flags, tok);
-  if (!text.ok()) return UsageError(std::string(text.status().message()));
-  // Plain prompts get BOS/EOS as the model's metadata asks; rendered chat text
-  // already carries the template's own BOS text.
-  const std::vector<int32_t> prompt_ids =
-      tok.Encode(*text, /*add_special=*/!flags.chat, /*parse_special=*/true);
-  if (prompt_ids.empty()) return UsageError("the prompt encodes to zero tokens");
-  const int64_t context = model.config().context_length;
-  if (static_cast<int64_t>(prompt_ids.size()) + flags.max_tokens > context) {
-    return UsageError(absl::StrFormat(
-        "prompt (%d tokens) + --max-tokens %d exceeds the model's context length %d",
-        prompt_ids.size(), flags.max_tokens, context));
+  std::vector<RequestResult> results(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const std::string where =
+        from_file ? absl::StrFormat("%s:%d: ", flags.prompts_file, specs[i].line) : "";
+    auto ids = EncodePrompt(flags, specs[i].text, tok);
+    if (!ids.ok()) return UsageError(where + std::string(ids.status().message()));
+    if (ids->empty()) return UsageError(where + "the prompt encodes to zero tokens");
+    const int64_t max_tokens = specs[i].params.stop.max_tokens.value_or(flags.max_tokens);
+    if (static_cast<int64_t>(ids->size()) + max_tokens > context) {
+      return UsageError(absl::StrFormat(
+          "%sprompt (%d tokens) + --max-tokens %d exceeds the model's context length %d", where,
+          ids->size(), max_tokens, context));
+    }
+    results[i].prompt_ids = std::move(ids).value();
   }
 
-  auto runner = engine::SingleSequenceRunner::Create(
-      &model, static_cast<int64_t>(prompt_ids.size()) + flags.max_tokens);
-  if (!runner.ok()) {
-    std::fprintf(stderr, "tandem generate: %s\n", std::string(runner.status().message()).c_str());
-    return kExitFailure;
-  }
-  engine::Sampler sampler;
-  tokenizer::StreamingDetokenizer detok(tok, {.skip_special = true, .continuation = true});
-  std::vector<int32_t> output_ids;
-  std::string output_text;
-  std::string finish_reason = "length";
-  Clock::time_point first_token_time, last_token_time;
+  engine::EngineConfig config;
+  config.kv_cache_memory_bytes = *kv_bytes;
+  config.scheduler.max_num_seqs = flags.max_num_seqs;
+  config.scheduler.max_num_batched_tokens = flags.max_num_batched_tokens;
+  auto eng = engine::Engine::Create(config, loaded->model.get(), &tok);
+  if (!eng.ok()) return UsageError(std::string(eng.status().message()));
+  std::fprintf(stderr, "[engine] %s\n", (*eng)->kv_cache_description().c_str());
 
-  auto logits = (*runner)->Prefill(prompt_ids);
-  const Clock::time_point prefill_done = Clock::now();
-  while (true) {
-    if (!logits.ok()) {
-      std::fprintf(stderr, "tandem generate: %s\n", std::string(logits.status().message()).c_str());
+  EventQueue queue;
+  const bool stream_text = !from_file && !flags.json;
+  const size_t concurrency = from_file ? static_cast<size_t>(flags.concurrency) : 1;
+  size_t next_submit = 0, in_flight = 0, done = 0, next_print = 0;
+  const absl::Time start = absl::Now();
+  while (done < specs.size()) {
+    while (in_flight < concurrency && next_submit < specs.size()) {
+      const size_t i = next_submit++;
+      engine::EngineRequest req;
+      req.request_id = absl::StrCat("prompt-", i);
+      req.prompt_token_ids = results[i].prompt_ids;
+      req.params = specs[i].params;
+      req.on_event = [&queue, i](const engine::EngineEvent& e) { queue.Push(i, e); };
+      auto handle = (*eng)->Submit(std::move(req));
+      if (!handle.ok()) {
+        std::fprintf(stderr, "tandem generate: %s\n",
+                     std::string(handle.status().message()).c_str());
+        return kExitFailure;
+      }
+      ++in_flight;
+    }
+    auto [i, event] = queue.Pop();
+    RequestResult& r = results[i];
+    if (auto* token = std::get_if<engine::TokenEvent>(&event)) {
+      r.token_ids.push_back(token->token_id);
+      r.text += token->text;
+      if (stream_text && !token->text.empty()) {
+        std::fwrite(token->text.data(), 1, token->text.size(), stdout);
+        std::fflush(stdout);
+      }
+      continue;
+    }
+    const auto& finish = std::get<engine::FinishEvent>(event);
+    if (finish.reason == engine::RequestFinishReason::kError) {
+      std::fprintf(stderr, "tandem generate: request %zu failed: %s\n", i,
+                   std::string(finish.status.message()).c_str());
       return kExitFailure;
     }
-    const int64_t position = static_cast<int64_t>(prompt_ids.size() + output_ids.size());
-    const int32_t id = sampler.Sample(*logits, sampling, position);
-    last_token_time = Clock::now();
-    if (output_ids.empty()) first_token_time = last_token_time;
-    output_ids.push_back(id);
-    if (!flags.ignore_eos && tok.IsEog(id)) {
-      finish_reason = "eos";
-      break;
-    }
-    std::string piece = detok.Push(id);
-    output_text += piece;
-    if (!flags.json && !piece.empty()) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
+    r.Finish(finish, std::string(engine::RequestFinishReasonName(finish.reason)));
+    if (stream_text) std::fwrite(finish.text.data(), 1, finish.text.size(), stdout);
+    --in_flight;
+    ++done;
+    for (; next_print < specs.size() && results[next_print].done; ++next_print) {
+      const RequestResult& p = results[next_print];
+      if (flags.json) {
+        std::fputs(JsonLine(p).c_str(), stdout);
+      } else if (from_file) {
+        std::printf("--- prompt %zu (line %d) ---\n%s\n", next_print + 1, specs[next_print].line,
+                    p.text.c_str());
+      } else {
+        std::fputc('\n', stdout);
+      }
       std::fflush(stdout);
     }
-    if (static_cast<int64_t>(output_ids.size()) >= flags.max_tokens) break;
-    logits = (*runner)->DecodeStep(id);
   }
-  std::string tail = detok.Flush();
-  output_text += tail;
-
-  const double ttft_ms = MsSince(start, first_token_time);
-  const size_t n = output_ids.size();
-  const double tpot_ms = n > 1 ? MsSince(first_token_time, last_token_time) / (n - 1) : 0.0;
-  if (flags.json) {
-    std::printf(
-        "{\"prompt_token_ids\":%s,\"token_ids\":%s,\"text\":%s,\"finish_reason\":\"%s\","
-        "\"ttft_ms\":%s,\"tpot_ms\":%s}\n",
-        json::IntArray(prompt_ids).c_str(), json::IntArray(output_ids).c_str(),
-        json::Quote(output_text).c_str(), finish_reason.c_str(), json::Number(ttft_ms).c_str(),
-        json::Number(tpot_ms).c_str());
-  } else {
-    std::fwrite(tail.data(), 1, tail.size(), stdout);
-    std::fputc('\n', stdout);
-  }
-  std::fflush(stdout);  // the text ends before the stats line on a shared terminal
-  const double prefill_s = MsSince(start, prefill_done) / 1000.0;
-  std::fprintf(stderr,
-               "[generate] prompt %zu tokens, prefill %.1f tokens/s | generated %zu tokens "
-               "(%s), decode %.1f tokens/s | TTFT %.1f ms, TPOT %.2f ms\n",
-               prompt_ids.size(), prompt_ids.size() / prefill_s, n, finish_reason.c_str(),
-               tpot_ms > 0 ? 1000.0 / tpot_ms : 0.0, ttft_ms, tpot_ms);
+  const double wall_s = absl::ToDoubleSeconds(absl::Now() - start);
+  const engine::EngineStats stats = (*eng)->Stats();
+  (*eng)->Shutdown();
+  PrintRunStats(results, wall_s, stats, /*per_request=*/from_file, stderr);
   return kExitOk;
 }
 

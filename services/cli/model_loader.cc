@@ -113,8 +113,7 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& model_flag, ThreadPool*
     std::string summary = out.model->Summary();
     if (!summary.empty() && summary.back() != '\n') summary.push_back('\n');
     std::fprintf(stderr, "%s[model] %s loaded in %.2f s, %d threads\n", summary.c_str(),
-                 out.path.c_str(), secs,
-                 pool != nullptr ? pool->num_threads() : 1);
+                 out.path.c_str(), secs, pool != nullptr ? pool->num_threads() : 1);
   }
   return out;
 }

@@ -42,7 +42,8 @@ int RunTokenize(int argc, char** argv) {
   parser.AddString("prompt", &text, "text to tokenize (required)");
   parser.AddBool("no-parse-special", &no_special,
                  "treat special-token text such as <|im_start|> as plain text");
-  parser.AddBool("add-special", &add_special, "add BOS/EOS when the model's metadata asks for them");
+  parser.AddBool("add-special", &add_special,
+                 "add BOS/EOS when the model's metadata asks for them");
   parser.AddBool("json", &json, "print {\"token_ids\": [...], \"pieces\": [...]}");
   if (absl::Status s = parser.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "tandem tokenize: %s\n", std::string(s.message()).c_str());

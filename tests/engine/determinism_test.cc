@@ -84,7 +84,9 @@ TEST_F(DeterminismTest, PrefixCacheHitMatchesMiss) {
   std::unique_ptr<Engine> engine = MakeEngine(config, model());
   for (size_t i = 0; i < reqs.size(); ++i) {
     const CollectedOutput hit = Collect(**engine->Submit(reqs[i]));
-    if (i > 0) EXPECT_EQ(hit.finish->usage.num_cached_tokens, 80) << i;
+    if (i > 0) {
+      EXPECT_EQ(hit.finish->usage.num_cached_tokens, 80) << i;
+    }
     ExpectSameOutput(hit, RunAlone(model(), reqs[i]), "request " + std::to_string(i));
   }
   EXPECT_EQ(engine->Stats().num_prefix_cache_hit_tokens, 7 * 80);

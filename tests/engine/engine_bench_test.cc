@@ -80,7 +80,9 @@ TEST_F(EngineBenchTest, SharedSystemPromptHitRate) {
     std::vector<int32_t> prompt = system;
     for (int32_t t : RandomPrompt(20, vocab, 900 + i)) prompt.push_back(t);
     handles.push_back(*engine->Submit(MakeRequest(prompt, 8, 0, 0, {})));
-    if (i == 0) ASSERT_TRUE(Collect(*handles[0]).finish.has_value());
+    if (i == 0) {
+      ASSERT_TRUE(Collect(*handles[0]).finish.has_value());
+    }
   }
   for (size_t i = 1; i < handles.size(); ++i) ASSERT_TRUE(Collect(*handles[i]).finish.has_value());
   const EngineStats s = engine->Stats();
