@@ -9,6 +9,7 @@ DEB_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git ca-certificates
   clang libclang-rt-14-dev
   libabsl-dev libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   python3 python3-venv python3-pip unzip
 )
 
