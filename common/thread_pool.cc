@@ -19,7 +19,11 @@ namespace {
 constexpr int kSpinPolls = 4000;
 constexpr int kChunksPerThread = 4;
 
+// claim_ layout: generation (32 bits) | chunk count (16) | next chunk (16).
 uint32_t GenOf(uint64_t claim) { return static_cast<uint32_t>(claim >> 32); }
+int64_t ChunksOf(uint64_t claim) { return static_cast<int64_t>((claim >> 16) & 0xffff); }
+int64_t NextOf(uint64_t claim) { return static_cast<int64_t>(claim & 0xffff); }
+constexpr int64_t kMaxChunks = 0xffff;
 
 }  // namespace
 
@@ -38,17 +42,20 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::RunChunks(uint32_t gen) {
-  const RangeFn* fn = job_.load(std::memory_order_acquire);
-  const int64_t n = job_n_.load(std::memory_order_acquire);
-  const int64_t chunks = job_chunks_.load(std::memory_order_acquire);
   uint64_t cur = claim_.load(std::memory_order_acquire);
   for (;;) {
     if (GenOf(cur) != gen) return;
-    const int64_t i = static_cast<int64_t>(cur & 0xffffffffu);
+    const int64_t chunks = ChunksOf(cur);
+    const int64_t i = NextOf(cur);
     if (i >= chunks) return;
     if (!claim_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) continue;
-    // The claim succeeded while `gen` was live, so fn / n / chunks (written
-    // before the generation was published, read after it was seen) are its.
+    // Chunk i of `gen` is ours, and `gen` cannot complete before we finish
+    // it, so the job fields (written before `gen` was published) are still
+    // its own: read them only now. Reading them before the claim let a late
+    // worker pair an old generation's claim with a newer job's fields, run a
+    // chunk that did not exist and overcount done_ (a hang).
+    const RangeFn* fn = job_.load(std::memory_order_acquire);
+    const int64_t n = job_n_.load(std::memory_order_acquire);
     (*fn)(n * i / chunks, n * (i + 1) / chunks);
     done_.fetch_add(1, std::memory_order_acq_rel);
     cur = claim_.load(std::memory_order_acquire);
@@ -59,7 +66,7 @@ void ThreadPool::ParallelFor(int64_t n, RangeFn fn, int64_t min_range) {
   if (n <= 0) return;
   const int64_t max_chunks = std::max<int64_t>(1, n / std::max<int64_t>(1, min_range));
   const int64_t chunks =
-      std::min<int64_t>({int64_t{num_threads_} * kChunksPerThread, max_chunks, 0x7fffffff});
+      std::min<int64_t>({int64_t{num_threads_} * kChunksPerThread, max_chunks, kMaxChunks});
   if (num_threads_ == 1 || chunks == 1) {
     fn(0, n);
     return;
@@ -68,11 +75,11 @@ void ThreadPool::ParallelFor(int64_t n, RangeFn fn, int64_t min_range) {
   const uint32_t gen = GenOf(claim_.load(std::memory_order_relaxed)) + 1;
   job_.store(&fn, std::memory_order_relaxed);
   job_n_.store(n, std::memory_order_relaxed);
-  job_chunks_.store(chunks, std::memory_order_relaxed);
   done_.store(0, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    claim_.store(uint64_t{gen} << 32, std::memory_order_release);
+    claim_.store((uint64_t{gen} << 32) | (static_cast<uint64_t>(chunks) << 16),
+                 std::memory_order_release);
   }
   work_cv_.notify_all();
   RunChunks(gen);

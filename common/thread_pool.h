@@ -66,13 +66,13 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
-  // High 32 bits: job generation; low 32 bits: next chunk to claim. A claim
-  // is a CAS on both, so a late worker can never take a chunk of a newer job.
+  // Job generation (32 bits) | chunk count (16) | next chunk to claim (16).
+  // A claim is a CAS on all three, so a late worker can never take a chunk of
+  // another job, and reads the job fields only after its claim succeeded.
   std::atomic<uint64_t> claim_{0};
   std::atomic<int64_t> done_{0};  // chunks finished in the current job
   std::atomic<const RangeFn*> job_{nullptr};
   std::atomic<int64_t> job_n_{0};
-  std::atomic<int64_t> job_chunks_{0};
   bool stop_ = false;  // guarded by mu_
 };
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status.h"
 #include "kernels/kernels.h"
+#include "kernels/qgemm.h"
 
 namespace tandem::engine {
 
@@ -21,15 +22,31 @@ struct LlamaModel::Scratch {
   std::vector<float> attn;  // [T, q_dim]
   std::vector<float> gate;  // [T, ffn]
   std::vector<float> up;    // [T, ffn]
+  // Fast path only.
+  std::vector<float> qkv;          // [T, q_dim + 2 * kv_dim]
+  std::vector<float> gu;           // [T, 2 * ffn] gate | up
+  kernels::QuantizedActs acts;     // int8 input of the next matmul
 };
+
+bool ParseKernelMode(const std::string& s, KernelMode* mode) {
+  if (s == "fast") {
+    *mode = KernelMode::kFast;
+  } else if (s == "reference") {
+    *mode = KernelMode::kReference;
+  } else {
+    return false;
+  }
+  return true;
+}
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFile& file,
                                                              const LoadOptions& options) {
   TANDEM_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromGguf(file));
   TANDEM_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::Load(file, config));
   if (options.prefault) file.Prefault(options.progress);
+  if (options.kernels == KernelMode::kFast) weights.Pack(options.pool);
   return std::unique_ptr<LlamaModel>(
-      new LlamaModel(std::move(config), std::move(weights), options.pool));
+      new LlamaModel(std::move(config), std::move(weights), options.pool, options.kernels));
 }
 
 absl::StatusOr<std::unique_ptr<KvCacheStorage>> LlamaModel::MakeKvCache(int64_t num_blocks,
@@ -50,13 +67,20 @@ std::string LlamaModel::Summary() const {
       "  rope: %s, dim %d, freq base %g, freq scale %g; rms eps %g; %s LM head%s\n"
       "  parameters: %d (%.1f M)\n"
       "  tensor types: %s\n"
-      "  KV cache: %d bytes/token (f32)",
+      "  KV cache: %d bytes/token (f32)\n"
+      "  kernels: %s",
       c.name.empty() ? "(unnamed)" : c.name, c.architecture, c.num_layers, c.hidden_size,
       c.ffn_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size, c.context_length,
       c.rope_style == kernels::RopeStyle::kNeox ? "neox" : "adjacent pairs", c.rope_dim,
       c.rope_freq_base, c.rope_freq_scale, c.rms_eps, c.tied_embeddings ? "tied" : "separate",
       c.has_qkv_bias ? ", qkv bias" : "", c.NumParameters(), c.NumParameters() / 1e6, types,
-      c.KvBytesPerToken(sizeof(float)));
+      c.KvBytesPerToken(sizeof(float)),
+      mode_ == KernelMode::kReference
+          ? std::string("reference (exact f32)")
+          : absl::StrFormat("fast (%s), %d/%d layers packed%s, %.1f MB repacked weights",
+                            kernels::QGemmIsa(), weights_.num_packed_layers(), c.num_layers,
+                            weights_.lm_head_p.empty() ? "" : " + LM head",
+                            weights_.packed_bytes() / 1e6));
 }
 
 absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b, const KvCacheStorage& cache) const {
@@ -135,6 +159,24 @@ void LlamaModel::RunLayer(int64_t layer, const ForwardBatch& b,
                    s.v.data() + t * c.kv_dim());
     }
   }
+  Attend(layer, b, args, cache, s);
+  kernels::MatMul(w.wo, s.attn.data(), T, s.h.data(), pool_);
+  kernels::Add(s.x.data(), s.h.data(), T * c.hidden_size, s.x.data());
+
+  kernels::RmsNorm(s.x.data(), w.ffn_norm.data(), T, c.hidden_size, c.rms_eps, s.h.data());
+  kernels::MatMul(w.w_gate, s.h.data(), T, s.gate.data(), pool_);
+  kernels::MatMul(w.w_up, s.h.data(), T, s.up.data(), pool_);
+  kernels::SiluMul(s.gate.data(), s.up.data(), T * c.ffn_size, s.gate.data());
+  kernels::MatMul(w.w_down, s.gate.data(), T, s.h.data(), pool_);
+  kernels::Add(s.x.data(), s.h.data(), T * c.hidden_size, s.x.data());
+}
+
+// RoPE on s.q / s.k, K/V into the cache, attention into s.attn.
+void LlamaModel::Attend(int64_t layer, const ForwardBatch& b,
+                        const kernels::PagedAttentionArgs& args, KvCacheStorage* cache,
+                        Scratch& s) const {
+  const ModelConfig& c = config_;
+  const int64_t T = b.num_tokens();
   kernels::RopeParams rope;
   rope.style = c.rope_style;
   rope.rot_dim = c.rope_dim;
@@ -146,15 +188,68 @@ void LlamaModel::RunLayer(int64_t layer, const ForwardBatch& b,
   kernels::WriteKv(cache->layout(), s.k.data(), s.v.data(), b.slot_mapping.data(), T,
                    cache->k(layer), cache->v(layer));
   kernels::PagedAttention(args, s.q.data(), cache->k(layer), cache->v(layer), s.attn.data(), pool_);
-  kernels::MatMul(w.wo, s.attn.data(), T, s.h.data(), pool_);
-  kernels::Add(s.x.data(), s.h.data(), T * c.hidden_size, s.x.data());
+}
 
-  kernels::RmsNorm(s.x.data(), w.ffn_norm.data(), T, c.hidden_size, c.rms_eps, s.h.data());
-  kernels::MatMul(w.w_gate, s.h.data(), T, s.gate.data(), pool_);
-  kernels::MatMul(w.w_up, s.h.data(), T, s.up.data(), pool_);
-  kernels::SiluMul(s.gate.data(), s.up.data(), T * c.ffn_size, s.gate.data());
-  kernels::MatMul(w.w_down, s.gate.data(), T, s.h.data(), pool_);
-  kernels::Add(s.x.data(), s.h.data(), T * c.hidden_size, s.x.data());
+// The fast path: int8 activations x repacked weights, norms and SwiGLU fused
+// with the quantization, residual adds fused into the output matmuls.
+void LlamaModel::RunPackedLayer(int64_t layer, const ForwardBatch& b,
+                                const kernels::PagedAttentionArgs& args, KvCacheStorage* cache,
+                                Scratch& s) const {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = weights_.layers[layer];
+  const int64_t T = b.num_tokens(), qd = c.q_dim(), kvd = c.kv_dim();
+  const int64_t width = qd + 2 * kvd;
+  kernels::RmsNormQuantize(s.x.data(), w.attn_norm.data(), T, c.hidden_size, c.rms_eps, &s.acts);
+  kernels::QGemm(w.qkv, s.acts, s.qkv.data(), width, false, pool_);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = s.qkv.data() + t * width;
+    std::copy_n(row, qd, s.q.data() + t * qd);
+    std::copy_n(row + qd, kvd, s.k.data() + t * kvd);
+    std::copy_n(row + qd + kvd, kvd, s.v.data() + t * kvd);
+    if (c.has_qkv_bias) {
+      kernels::Add(s.q.data() + t * qd, w.bq.data(), qd, s.q.data() + t * qd);
+      kernels::Add(s.k.data() + t * kvd, w.bk.data(), kvd, s.k.data() + t * kvd);
+      kernels::Add(s.v.data() + t * kvd, w.bv.data(), kvd, s.v.data() + t * kvd);
+    }
+  }
+  Attend(layer, b, args, cache, s);
+  if (getenv("EXP_WOREF")) {
+    kernels::MatMul(w.wo, s.attn.data(), T, s.h.data(), pool_);
+    kernels::Add(s.x.data(), s.h.data(), T * c.hidden_size, s.x.data());
+  } else {
+  kernels::QuantizeActs(s.attn.data(), T, qd, &s.acts);
+  kernels::QGemm(w.wo_p, s.acts, s.x.data(), c.hidden_size, true, pool_);
+  }
+
+  kernels::RmsNormQuantize(s.x.data(), w.ffn_norm.data(), T, c.hidden_size, c.rms_eps, &s.acts);
+  kernels::QGemm(w.gate_up, s.acts, s.gu.data(), 2 * c.ffn_size, false, pool_);
+  if (getenv("EXP_DOWNREF")) {
+    for (int64_t t = 0; t < T; ++t) kernels::SiluMul(s.gu.data() + t * 2 * c.ffn_size, s.gu.data() + t * 2 * c.ffn_size + c.ffn_size, c.ffn_size, s.gate.data() + t * c.ffn_size);
+    kernels::MatMul(w.w_down, s.gate.data(), T, s.h.data(), pool_);
+    kernels::Add(s.x.data(), s.h.data(), T * c.hidden_size, s.x.data());
+    return;
+  }
+  kernels::SiluMulQuantize(s.gu.data(), T, c.ffn_size, &s.acts);
+  kernels::QGemm(w.down_p, s.acts, s.x.data(), c.hidden_size, true, pool_);
+}
+
+void LlamaModel::LmHead(const ForwardBatch& b, Scratch& s, float* logits) const {
+  const ModelConfig& c = config_;
+  const int64_t L = static_cast<int64_t>(b.logits_indices.size());
+  std::vector<float> last(L * c.hidden_size);
+  for (int64_t i = 0; i < L; ++i) {
+    std::copy_n(s.x.data() + b.logits_indices[i] * c.hidden_size, c.hidden_size,
+                last.data() + i * c.hidden_size);
+  }
+  if (mode_ == KernelMode::kFast && !weights_.lm_head_p.empty() && !getenv("EXP_LMREF")) {
+    kernels::RmsNormQuantize(last.data(), weights_.output_norm.data(), L, c.hidden_size,
+                             c.rms_eps, &s.acts);
+    kernels::QGemm(weights_.lm_head_p, s.acts, logits, c.vocab_size, false, pool_);
+    return;
+  }
+  kernels::RmsNorm(last.data(), weights_.output_norm.data(), L, c.hidden_size, c.rms_eps,
+                   last.data());
+  kernels::MatMul(weights_.lm_head, last.data(), L, logits, pool_);
 }
 
 absl::Status LlamaModel::Forward(const ForwardBatch& b, KvCacheStorage* cache,
@@ -192,19 +287,20 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b, KvCacheStorage* cache,
   s.attn.resize(T * c.q_dim());
   s.gate.resize(T * c.ffn_size);
   s.up.resize(T * c.ffn_size);
-  kernels::EmbeddingLookup(weights_.token_embd, b.token_ids.data(), T, s.x.data());
-  for (int64_t layer = 0; layer < c.num_layers; ++layer) RunLayer(layer, b, args, cache, s);
-
-  const int64_t L = static_cast<int64_t>(b.logits_indices.size());
-  if (L == 0) return absl::OkStatus();
-  std::vector<float> last(L * c.hidden_size);
-  for (int64_t i = 0; i < L; ++i) {
-    std::copy_n(s.x.data() + b.logits_indices[i] * c.hidden_size, c.hidden_size,
-                last.data() + i * c.hidden_size);
+  const bool fast = mode_ == KernelMode::kFast;
+  if (fast) {
+    s.qkv.resize(T * (c.q_dim() + 2 * c.kv_dim()));
+    s.gu.resize(T * 2 * c.ffn_size);
   }
-  kernels::RmsNorm(last.data(), weights_.output_norm.data(), L, c.hidden_size, c.rms_eps,
-                   last.data());
-  kernels::MatMul(weights_.lm_head, last.data(), L, logits, pool_);
+  kernels::EmbeddingLookup(weights_.token_embd, b.token_ids.data(), T, s.x.data());
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    if (fast && weights_.layers[layer].packed()) {
+      RunPackedLayer(layer, b, args, cache, s);
+    } else {
+      RunLayer(layer, b, args, cache, s);
+    }
+  }
+  if (!b.logits_indices.empty()) LmHead(b, s, logits);
   return absl::OkStatus();
 }
 

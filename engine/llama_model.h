@@ -45,10 +45,24 @@ struct ForwardBatch {
   int64_t num_seqs() const { return static_cast<int64_t>(context_lens.size()); }
 };
 
+// kFast: quantized matrices are repacked at load (kernels/qgemm.h) and run
+// with int8 activations (VNNI / AVX2 / scalar chosen from CPUID), with fused
+// RMSNorm + quantize, SwiGLU + quantize and residual adds; within about
+// 0.01 nats of the exact path (tests/engine/llama_model_test.cc).
+// kReference: the exact f32 path (dequantized weights, f32 activations),
+// the one checked against the HF goldens at KL < 1e-3. Both are
+// deterministic in the sense above; F32 / F16 / BF16 matrices always use the
+// f32 path.
+enum class KernelMode { kFast, kReference };
+
+// "fast" / "reference" (flags, env); false on anything else.
+bool ParseKernelMode(const std::string& s, KernelMode* mode);
+
 struct LoadOptions {
   ThreadPool* pool = nullptr;  // not owned; null runs single-threaded
   bool prefault = true;        // touch all weight pages during Load
   gguf::ProgressFn progress;   // (bytes done, bytes total) while prefaulting
+  KernelMode kernels = KernelMode::kFast;
 };
 
 class LlamaModel {
@@ -59,6 +73,7 @@ class LlamaModel {
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   ThreadPool* pool() const { return pool_; }
+  KernelMode kernel_mode() const { return mode_; }
 
   // Multi-line start-up description: architecture, dims, parameter count,
   // tensor type counts, KV bytes per token.
@@ -79,16 +94,23 @@ class LlamaModel {
       int64_t num_blocks, int64_t block_size = KvCacheStorage::kDefaultBlockSize) const;
 
  private:
-  LlamaModel(ModelConfig config, ModelWeights weights, ThreadPool* pool)
-      : config_(std::move(config)), weights_(std::move(weights)), pool_(pool) {}
+  LlamaModel(ModelConfig config, ModelWeights weights, ThreadPool* pool, KernelMode mode)
+      : config_(std::move(config)), weights_(std::move(weights)), pool_(pool), mode_(mode) {}
 
   struct Scratch;
   void RunLayer(int64_t layer, const ForwardBatch& batch, const kernels::PagedAttentionArgs& args,
                 KvCacheStorage* cache, Scratch& s) const;
+  void RunPackedLayer(int64_t layer, const ForwardBatch& batch,
+                      const kernels::PagedAttentionArgs& args, KvCacheStorage* cache,
+                      Scratch& s) const;
+  void Attend(int64_t layer, const ForwardBatch& b, const kernels::PagedAttentionArgs& args,
+              KvCacheStorage* cache, Scratch& s) const;
+  void LmHead(const ForwardBatch& b, Scratch& s, float* logits) const;
 
   ModelConfig config_;
   ModelWeights weights_;
   ThreadPool* pool_;
+  KernelMode mode_;
 };
 
 }  // namespace tandem::engine

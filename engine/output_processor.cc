@@ -8,15 +8,15 @@
 namespace tandem::engine {
 namespace {
 
-RequestFinishReason ToRequestReason(FinishReason reason) {
+RequestFinishReason ToRequestReason(StopReason reason) {
   switch (reason) {
-    case FinishReason::kEos:
+    case StopReason::kEos:
       return RequestFinishReason::kEos;
-    case FinishReason::kStopToken:
-    case FinishReason::kStopString:
+    case StopReason::kStopToken:
+    case StopReason::kStopString:
       return RequestFinishReason::kStop;
-    case FinishReason::kLength:
-    case FinishReason::kNone:
+    case StopReason::kLength:
+    case StopReason::kNone:
       break;
   }
   return RequestFinishReason::kLength;
@@ -43,14 +43,14 @@ TokenOutcome OutputProcessor::Process(int32_t token_id) {
   StopUpdate update = checker_->Update(token_id, delta);
   TokenOutcome outcome;
   outcome.text = std::move(update.text);
-  if (update.finish_reason != FinishReason::kNone) {
+  if (update.finish_reason != StopReason::kNone) {
     outcome.finish = ToRequestReason(update.finish_reason);
   } else if (num_tokens_ >= max_output_tokens_) {
     outcome.finish = RequestFinishReason::kLength;
     outcome.text += checker_->Flush();
   }
   // An incomplete character at the end comes out as U+FFFD, as Decode would.
-  if (outcome.finish.has_value() && update.finish_reason != FinishReason::kStopString &&
+  if (outcome.finish.has_value() && update.finish_reason != StopReason::kStopString &&
       detokenizer_.has_value()) {
     outcome.text += detokenizer_->Flush();
   }

@@ -12,17 +12,17 @@ bool Contains(absl::Span<const int32_t> ids, int32_t id) {
 
 }  // namespace
 
-std::string_view FinishReasonName(FinishReason reason) {
+std::string_view StopReasonName(StopReason reason) {
   switch (reason) {
-    case FinishReason::kNone:
+    case StopReason::kNone:
       return "none";
-    case FinishReason::kEos:
+    case StopReason::kEos:
       return "eos";
-    case FinishReason::kStopToken:
+    case StopReason::kStopToken:
       return "stop_token";
-    case FinishReason::kStopString:
+    case StopReason::kStopString:
       return "stop_string";
-    case FinishReason::kLength:
+    case StopReason::kLength:
       return "length";
   }
   return "unknown";
@@ -31,7 +31,7 @@ std::string_view FinishReasonName(FinishReason reason) {
 StopChecker::StopChecker(const StopParams& params, absl::Span<const int32_t> eos_token_ids)
     : params_(params), eos_token_ids_(eos_token_ids.begin(), eos_token_ids.end()) {}
 
-StopUpdate StopChecker::Finish(FinishReason reason, std::string text) {
+StopUpdate StopChecker::Finish(StopReason reason, std::string text) {
   finish_reason_ = reason;
   held_.clear();
   StopUpdate update;
@@ -70,7 +70,7 @@ StopUpdate StopChecker::Update(int32_t token_id, std::string_view text_delta) {
   const bool is_eos = !params_.ignore_eos && Contains(eos_token_ids_, token_id);
   if (past_min && (is_eos || Contains(params_.stop_token_ids, token_id))) {
     StopUpdate update =
-        Finish(is_eos ? FinishReason::kEos : FinishReason::kStopToken, std::move(held_));
+        Finish(is_eos ? StopReason::kEos : StopReason::kStopToken, std::move(held_));
     update.stop_token_id = token_id;
     return update;
   }
@@ -89,12 +89,12 @@ StopUpdate StopChecker::Update(int32_t token_id, std::string_view text_delta) {
     }
     if (matched != nullptr) {
       std::string stop_string = *matched;
-      StopUpdate update = Finish(FinishReason::kStopString, held_.substr(0, match));
+      StopUpdate update = Finish(StopReason::kStopString, held_.substr(0, match));
       update.stop_string = std::move(stop_string);
       return update;
     }
   }
-  if (length_reached) return Finish(FinishReason::kLength, std::move(held_));
+  if (length_reached) return Finish(StopReason::kLength, std::move(held_));
 
   const size_t hold = HoldBackLength();
   StopUpdate update;

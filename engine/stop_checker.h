@@ -4,7 +4,7 @@
 //   std::string delta = detokenizer.Push(id);   // whole code points only
 //   StopUpdate u = checker.Update(id, delta);
 //   emit(u.text);                               // may be empty
-//   if (u.finish_reason != FinishReason::kNone) finish the sequence.
+//   if (u.finish_reason != StopReason::kNone) finish the sequence.
 // The concatenation of every u.text is the request's output text. Text that
 // could be the start of a stop string is held back until a later token
 // resolves it; it is released when the match fails or the sequence finishes
@@ -39,13 +39,13 @@
 
 namespace tandem::engine {
 
-enum class FinishReason { kNone, kEos, kStopToken, kStopString, kLength };
+enum class StopReason { kNone, kEos, kStopToken, kStopString, kLength };
 
 // "none", "eos", "stop_token", "stop_string", "length".
-std::string_view FinishReasonName(FinishReason reason);
+std::string_view StopReasonName(StopReason reason);
 
 struct StopUpdate {
-  FinishReason finish_reason = FinishReason::kNone;
+  StopReason finish_reason = StopReason::kNone;
   std::string text;            // text to emit now
   int32_t stop_token_id = -1;  // kEos / kStopToken: the token
   std::string stop_string;     // kStopString: the stop string that matched
@@ -62,20 +62,20 @@ class StopChecker {
   std::string Flush();
 
   int64_t num_tokens() const { return num_tokens_; }
-  FinishReason finish_reason() const { return finish_reason_; }
-  bool finished() const { return finish_reason_ != FinishReason::kNone; }
+  StopReason finish_reason() const { return finish_reason_; }
+  bool finished() const { return finish_reason_ != StopReason::kNone; }
   size_t num_held_bytes() const { return held_.size(); }
 
  private:
   // Length of the longest suffix of held_ that is a proper prefix of a stop
   // string.
   size_t HoldBackLength() const;
-  StopUpdate Finish(FinishReason reason, std::string text);
+  StopUpdate Finish(StopReason reason, std::string text);
 
   StopParams params_;
   std::vector<int32_t> eos_token_ids_;
   int64_t num_tokens_ = 0;
-  FinishReason finish_reason_ = FinishReason::kNone;
+  StopReason finish_reason_ = StopReason::kNone;
   std::string held_;  // decoded text not yet emitted
 };
 

@@ -137,4 +137,34 @@ absl::StatusOr<ModelWeights> ModelWeights::Load(const gguf::GgufFile& file, cons
   return w;
 }
 
+void ModelWeights::Pack(ThreadPool* pool) {
+  using kernels::IsPackable;
+  for (LayerWeights& l : layers) {
+    const bool qkv_ok = IsPackable(l.wq.type) && l.wk.type == l.wq.type && l.wv.type == l.wq.type;
+    const bool ffn_ok = IsPackable(l.w_gate.type) && l.w_up.type == l.w_gate.type;
+    if (!qkv_ok || !ffn_ok || !IsPackable(l.wo.type) || !IsPackable(l.w_down.type)) continue;
+    const kernels::WeightView qkv_views[3] = {l.wq, l.wk, l.wv};
+    const kernels::WeightView gu_views[2] = {l.w_gate, l.w_up};
+    l.qkv = kernels::PackedWeight::Pack(qkv_views, 3, pool);
+    l.wo_p = kernels::PackedWeight::Pack(l.wo, pool);
+    l.gate_up = kernels::PackedWeight::Pack(gu_views, 2, pool);
+    l.down_p = kernels::PackedWeight::Pack(l.w_down, pool);
+  }
+  if (IsPackable(lm_head.type)) lm_head_p = kernels::PackedWeight::Pack(lm_head, pool);
+}
+
+int64_t ModelWeights::packed_bytes() const {
+  int64_t total = lm_head_p.bytes();
+  for (const LayerWeights& l : layers) {
+    total += l.qkv.bytes() + l.wo_p.bytes() + l.gate_up.bytes() + l.down_p.bytes();
+  }
+  return total;
+}
+
+int64_t ModelWeights::num_packed_layers() const {
+  int64_t n = 0;
+  for (const LayerWeights& l : layers) n += l.packed();
+  return n;
+}
+
 }  // namespace tandem::engine

@@ -2,7 +2,11 @@
 //
 // Matrices stay where they are (quantized, in the mmap'ed file) and are
 // described by kernels::WeightView; only the small vectors (norms, biases,
-// rope factors) are dequantized into owned f32 storage.
+// rope factors) are dequantized into owned f32 storage. Pack() additionally
+// repacks the quantized matrices once into the interleaved row-group layout
+// of kernels/qgemm.h (owned, 64-byte aligned copies: about the size of the
+// file's matrices again; the views stay valid for the reference path and the
+// embedding lookup). Q|K|V and gate|up are stacked into one matrix each.
 //
 // Ownership: the GgufFile must outlive the ModelWeights.
 #ifndef TANDEM_ENGINE_WEIGHTS_H_
@@ -16,6 +20,7 @@
 #include "common/gguf/gguf.h"
 #include "engine/model_config.h"
 #include "kernels/kernels.h"
+#include "kernels/qgemm.h"
 
 namespace tandem::engine {
 
@@ -30,6 +35,14 @@ struct LayerWeights {
   kernels::WeightView w_up;       // [ffn, hidden]
   kernels::WeightView w_down;     // [hidden, ffn]
   std::vector<float> bq, bk, bv;  // [q_dim], [kv_dim], [kv_dim]; empty without bias
+
+  // Filled by ModelWeights::Pack when every matrix of the layer is packable
+  // (and Q/K/V, gate/up share a type); empty otherwise.
+  kernels::PackedWeight qkv;      // [q_dim + 2 * kv_dim, hidden]: Q rows, K rows, V rows
+  kernels::PackedWeight wo_p;     // [hidden, q_dim]
+  kernels::PackedWeight gate_up;  // [2 * ffn, hidden]: gate rows then up rows
+  kernels::PackedWeight down_p;   // [hidden, ffn]
+  bool packed() const { return !qkv.empty(); }
 };
 
 struct ModelWeights {
@@ -39,8 +52,16 @@ struct ModelWeights {
   std::vector<float> rope_freqs;     // [rope_dim / 2] or empty
   std::vector<LayerWeights> layers;  // [num_layers]
   std::map<std::string, int> type_counts;  // tensor type name -> tensors used
+  kernels::PackedWeight lm_head_p;         // packed lm_head (empty if not packable)
 
   static absl::StatusOr<ModelWeights> Load(const gguf::GgufFile& file, const ModelConfig& config);
+
+  // Repacks every packable matrix (see the file comment); `pool` may be null.
+  void Pack(ThreadPool* pool);
+  // Bytes held by the packed copies.
+  int64_t packed_bytes() const;
+  // Layers that run on the packed (fast) path.
+  int64_t num_packed_layers() const;
 };
 
 // Checks that every tensor the forward pass needs is present with the

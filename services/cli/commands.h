@@ -12,6 +12,7 @@ constexpr int kExitUsage = 2;
 
 // argv[0] is the binary, argv[1] the subcommand; flags start at argv[2].
 int RunGenerate(int argc, char** argv);
+int RunPlan(int argc, char** argv);
 int RunVersion(int argc, char** argv);
 int RunTokenize(int argc, char** argv);
 

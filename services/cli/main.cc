@@ -12,6 +12,7 @@ constexpr char kUsage[] =
     "\n"
     "commands:\n"
     "  generate   generate text from a prompt with a local model\n"
+    "  plan       capacity estimate: memory, batch, throughput, $/token, worker ratio\n"
     "  tokenize   print the token ids of a text\n"
     "  version    print the version and build configuration\n"
     "\n"
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   if (command == "generate") return tandem::cli::RunGenerate(argc, argv);
+  if (command == "plan") return tandem::cli::RunPlan(argc, argv);
   if (command == "tokenize") return tandem::cli::RunTokenize(argc, argv);
   if (command == "version" || command == "--version") return tandem::cli::RunVersion(argc, argv);
   if (command == "help" || command == "--help" || command == "-h") {

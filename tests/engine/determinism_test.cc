@@ -116,7 +116,7 @@ TEST(DeterminismRealModelTest, EightConcurrentMatchAlone) {
   EngineConfig config;
   config.model_path = path;
   config.kv_cache_memory_bytes = 64 << 20;
-  config.num_threads = 2;
+  config.num_threads = 2;  // work split across threads: still bit-identical
   config.check_integrity_every_step = true;
   auto engine = Engine::Create(config);
   ASSERT_TRUE(engine.ok()) << engine.status();

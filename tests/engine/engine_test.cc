@@ -235,7 +235,7 @@ TEST(EngineRealModelTest, MatchesSingleSequenceRunner) {
   EngineConfig config;
   config.model_path = path;
   config.kv_cache_memory_bytes = 64 << 20;
-  config.num_threads = 2;
+  config.num_threads = 2;  // work split across threads: still bit-identical
   auto engine = Engine::Create(config);
   ASSERT_TRUE(engine.ok()) << engine.status();
   const tokenizer::Tokenizer& tok = *(*engine)->tokenizer();

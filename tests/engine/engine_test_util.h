@@ -18,6 +18,9 @@
 
 namespace tandem::engine {
 
+// Tests run models on a 2-thread pool by default, so batch-invariance is
+// checked with work split across threads (tests/common/thread_pool_test.cc
+// covers the pool itself).
 struct TinyModel {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<gguf::GgufFile> file;

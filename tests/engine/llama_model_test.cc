@@ -18,6 +18,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 #include "common/gguf/gguf.h"
 #include "engine/single_sequence_runner.h"
@@ -72,12 +73,14 @@ struct Loaded {
   std::unique_ptr<LlamaModel> model;
 };
 
-Loaded LoadBytes(std::string bytes, ThreadPool* pool) {
+Loaded LoadBytes(std::string bytes, ThreadPool* pool, KernelMode mode = KernelMode::kFast) {
   Loaded l;
   auto file = gguf::GgufFile::FromBuffer(std::move(bytes));
   TANDEM_CHECK(file.ok());
   l.file = std::move(*file);
-  auto model = LlamaModel::Load(*l.file, {pool, false, {}});
+  LoadOptions options{pool, false, {}};
+  options.kernels = mode;
+  auto model = LlamaModel::Load(*l.file, options);
   if (!model.ok()) ADD_FAILURE() << model.status();
   TANDEM_CHECK(model.ok());
   l.model = std::move(*model);
@@ -109,15 +112,17 @@ std::vector<int32_t> Identity(int n) {
   return t;
 }
 
-class TinyModelTest : public ::testing::TestWithParam<std::string> {
+// Every model-level property holds on both kernel paths.
+class TinyModelTest : public ::testing::TestWithParam<std::tuple<std::string, KernelMode>> {
  protected:
   void SetUp() override {
     TinyLlamaShape shape;
-    shape.arch = GetParam();
-    shape.qkv_bias = GetParam() == "qwen2";
+    shape.arch = std::get<0>(GetParam());
+    shape.qkv_bias = shape.arch == "qwen2";
     shape_ = shape;
-    l_ = LoadBytes(testing::MakeRandomLlamaGguf(shape, 42), &pool_);
+    l_ = LoadBytes(testing::MakeRandomLlamaGguf(shape, 42), &pool_, mode());
   }
+  KernelMode mode() const { return std::get<1>(GetParam()); }
   const LlamaModel& model() { return *l_.model; }
   int64_t vocab() { return shape_.vocab; }
 
@@ -162,7 +167,7 @@ TEST_P(TinyModelTest, BatchedEqualsAlone) {
   EXPECT_TRUE(std::equal(alone.begin(), alone.end(), batched.begin() + 3 * vocab()));
 
   ThreadPool pool1(1);
-  Loaded single = LoadBytes(testing::MakeRandomLlamaGguf(shape_, 42), &pool1);
+  Loaded single = LoadBytes(testing::MakeRandomLlamaGguf(shape_, 42), &pool1, mode());
   EXPECT_EQ(RunAll(*single.model, {{a, 0, {5, 1}}}), alone);
 }
 
@@ -226,7 +231,32 @@ TEST_P(TinyModelTest, InvalidBatchesAreErrors) {
   EXPECT_FALSE((*runner)->Prefill({}).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Arch, TinyModelTest, ::testing::Values("llama", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Arch, TinyModelTest,
+                         ::testing::Combine(::testing::Values("llama", "qwen2"),
+                                            ::testing::Values(KernelMode::kFast,
+                                                              KernelMode::kReference)));
+
+// The tiny model's fast path actually runs packed, and stays close to the
+// exact path (random weights: a loose bound, the real one is the goldens).
+TEST(TinyModelFastTest, PackedAndCloseToReference) {
+  ThreadPool pool(2);
+  TinyLlamaShape shape;
+  const std::string bytes = testing::MakeRandomLlamaGguf(shape, 42);
+  Loaded fast = LoadBytes(bytes, &pool, KernelMode::kFast);
+  Loaded ref = LoadBytes(bytes, &pool, KernelMode::kReference);
+  EXPECT_EQ(fast.model->weights().num_packed_layers(), shape.num_layers);
+  const std::vector<int32_t> a = RandomTokens(19, shape.vocab, 2);
+  const std::vector<float> lf = RunAll(*fast.model, {{a, 0, {0, 1}}});
+  const std::vector<float> lr = RunAll(*ref.model, {{a, 0, {0, 1}}});
+  ASSERT_EQ(lf.size(), lr.size());
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < lf.size(); ++i) {
+    err += (lf[i] - lr[i]) * double(lf[i] - lr[i]);
+    norm += lr[i] * double(lr[i]);
+  }
+  EXPECT_LT(std::sqrt(err / norm), 0.05);
+  EXPECT_NE(lf, lr);  // really a different path
+}
 
 // tests/data/tiny_llama_mha.gguf: MHA, untied head, theta 500000, F32.
 TEST(TinyMhaGoldenTest, MatchesTransformers) {
@@ -234,7 +264,7 @@ TEST(TinyMhaGoldenTest, MatchesTransformers) {
   auto file = gguf::GgufFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
   ThreadPool pool(2);
-  auto model = LlamaModel::Load(**file, {&pool, false, {}});
+  auto model = LlamaModel::Load(**file, {&pool, false, {}, KernelMode::kReference});
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_FALSE((*model)->config().tied_embeddings);
   EXPECT_EQ((*model)->config().num_kv_heads, (*model)->config().num_heads);
@@ -265,13 +295,26 @@ TEST(TinyMhaGoldenTest, MatchesTransformers) {
 }
 
 // The bundled SmolLM2 Q4_1 GGUF vs HF transformers (tests/data/logits_smollm2.json).
-TEST(SmolLm2GoldenTest, MatchesTransformers) {
+// kReference must match at mean KL < 1e-3 with identical greedy
+// continuations; kFast (int8 activations) at mean KL < 0.01 with the first
+// kFastGreedyTokens greedy tokens identical (later differences are printed).
+struct GoldenBounds {
+  KernelMode mode;
+  double max_mean_kl;
+  size_t greedy_tokens;  // leading greedy tokens that must match
+  bool all_argmax;       // every clear-margin argmax must match
+};
+constexpr size_t kFastGreedyTokens = 32;
+
+void CheckSmolLm2Goldens(const GoldenBounds& bounds) {
   const std::string path = testing::DefaultModelPath();
   if (!std::ifstream(path).good()) GTEST_SKIP() << "model not found: " << path;
   auto file = gguf::GgufFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
   ThreadPool pool(2);
-  auto loaded = LlamaModel::Load(**file, {&pool, true, {}});
+  LoadOptions options{&pool, true, {}};
+  options.kernels = bounds.mode;
+  auto loaded = LlamaModel::Load(**file, options);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const LlamaModel& m = **loaded;
   std::printf("%s\n", m.Summary().c_str());
@@ -328,10 +371,21 @@ TEST(SmolLm2GoldenTest, MatchesTransformers) {
         "%-10s %3lld tokens: mean KL %.3g, max KL %.3g, argmax %d/%d, greedy %s\n",
         c["name"].str.c_str(), (long long)T, sum_kl / T, max_kl, argmax_ok, argmax_checked,
         first_diff < 0 ? "identical" : ("differs at " + std::to_string(first_diff)).c_str());
-    EXPECT_LT(sum_kl / T, 1e-3) << c["name"].str;
-    EXPECT_EQ(argmax_ok, argmax_checked) << c["name"].str;
-    EXPECT_EQ(got, want) << c["name"].str;
+    EXPECT_LT(sum_kl / T, bounds.max_mean_kl) << c["name"].str;
+    if (bounds.all_argmax) EXPECT_EQ(argmax_ok, argmax_checked) << c["name"].str;
+    const size_t n = std::min(bounds.greedy_tokens, want.size());
+    EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + n),
+              std::vector<int32_t>(want.begin(), want.begin() + n))
+        << c["name"].str;
   }
+}
+
+TEST(SmolLm2GoldenTest, MatchesTransformers) {
+  CheckSmolLm2Goldens({KernelMode::kReference, 1e-3, 1 << 20, true});
+}
+
+TEST(SmolLm2GoldenTest, FastKernelsCloseToTransformers) {
+  CheckSmolLm2Goldens({KernelMode::kFast, 1e-2, kFastGreedyTokens, false});
 }
 
 }  // namespace

@@ -38,22 +38,22 @@ TEST(StopCheckerTest, EosFinishesWithoutItsTextAndReleasesHeldText) {
   EXPECT_EQ(run.emitted, "Hi ");
   EXPECT_EQ(checker.num_held_bytes(), 2u);
   StopUpdate u = checker.Update(kEos, "</s>");
-  EXPECT_EQ(u.finish_reason, FinishReason::kEos);
+  EXPECT_EQ(u.finish_reason, StopReason::kEos);
   EXPECT_EQ(u.stop_token_id, kEos);
   EXPECT_EQ(u.text, "ST");
   EXPECT_TRUE(checker.finished());
   // Later calls change nothing.
   u = checker.Update(kText, "more");
-  EXPECT_EQ(u.finish_reason, FinishReason::kEos);
+  EXPECT_EQ(u.finish_reason, StopReason::kEos);
   EXPECT_EQ(u.text, "");
 }
 
 TEST(StopCheckerTest, IgnoreEosButMaxTokensStillApplies) {
   StopChecker checker(StopParams{.max_tokens = 3, .ignore_eos = true}, {kEos});
-  EXPECT_EQ(checker.Update(kEos, "").finish_reason, FinishReason::kNone);
-  EXPECT_EQ(checker.Update(kText, "a").finish_reason, FinishReason::kNone);
+  EXPECT_EQ(checker.Update(kEos, "").finish_reason, StopReason::kNone);
+  EXPECT_EQ(checker.Update(kText, "a").finish_reason, StopReason::kNone);
   StopUpdate u = checker.Update(kEos, "");
-  EXPECT_EQ(u.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(u.finish_reason, StopReason::kLength);
   EXPECT_EQ(checker.num_tokens(), 3);
 }
 
@@ -61,7 +61,7 @@ TEST(StopCheckerTest, StopTokenIdFinishes) {
   StopChecker checker(StopParams{.stop_token_ids = {7}}, {kEos});
   EXPECT_EQ(checker.Update(kText, "x").text, "x");
   StopUpdate u = checker.Update(7, "<tool>");
-  EXPECT_EQ(u.finish_reason, FinishReason::kStopToken);
+  EXPECT_EQ(u.finish_reason, StopReason::kStopToken);
   EXPECT_EQ(u.stop_token_id, 7);
   EXPECT_EQ(u.text, "");
 }
@@ -69,20 +69,20 @@ TEST(StopCheckerTest, StopTokenIdFinishes) {
 TEST(StopCheckerTest, MinTokensDefersTokenStops) {
   StopChecker checker(StopParams{.min_tokens = 2}, {kEos});
   // A token stop needs n > min_tokens (the sampler masks EOS until then).
-  EXPECT_EQ(checker.Update(kEos, "").finish_reason, FinishReason::kNone);
-  EXPECT_EQ(checker.Update(kEos, "").finish_reason, FinishReason::kNone);
-  EXPECT_EQ(checker.Update(kEos, "").finish_reason, FinishReason::kEos);
+  EXPECT_EQ(checker.Update(kEos, "").finish_reason, StopReason::kNone);
+  EXPECT_EQ(checker.Update(kEos, "").finish_reason, StopReason::kNone);
+  EXPECT_EQ(checker.Update(kEos, "").finish_reason, StopReason::kEos);
 }
 
 TEST(StopCheckerTest, MinTokensDefersStopStrings) {
   StopChecker checker(StopParams{.min_tokens = 2, .stop_strings = {"!"}}, {kEos});
   // Token 1: "!" is plain text.
   StopUpdate u = checker.Update(kText, "a!");
-  EXPECT_EQ(u.finish_reason, FinishReason::kNone);
+  EXPECT_EQ(u.finish_reason, StopReason::kNone);
   EXPECT_EQ(u.text, "a!");
   // Token 2: n >= min_tokens, a stop string may complete.
   u = checker.Update(kText, "b!c");
-  EXPECT_EQ(u.finish_reason, FinishReason::kStopString);
+  EXPECT_EQ(u.finish_reason, StopReason::kStopString);
   EXPECT_EQ(u.text, "b");
 }
 
@@ -90,7 +90,7 @@ TEST(StopCheckerTest, StopStringSplitAcrossTwoTokens) {
   StopChecker checker = WithStops({"world"});
   FeedResult run = Feed(checker, {"Hello", " wor", "ld! more"});
   EXPECT_EQ(run.emitted, "Hello ");
-  EXPECT_EQ(run.last.finish_reason, FinishReason::kStopString);
+  EXPECT_EQ(run.last.finish_reason, StopReason::kStopString);
   EXPECT_EQ(run.last.stop_string, "world");
 }
 
@@ -102,7 +102,7 @@ TEST(StopCheckerTest, StopStringSplitAcrossThreeTokens) {
   EXPECT_EQ(u.text, "");
   EXPECT_EQ(checker.num_held_bytes(), 4u);
   u = checker.Update(kText, "d|>tail");
-  EXPECT_EQ(u.finish_reason, FinishReason::kStopString);
+  EXPECT_EQ(u.finish_reason, StopReason::kStopString);
   EXPECT_EQ(u.text, "");
 }
 
@@ -111,7 +111,7 @@ TEST(StopCheckerTest, StopStringThatIsAPrefixOfLaterText) {
   StopChecker checker = WithStops({"end"});
   FeedResult run = Feed(checker, {"The ", "endless", " story"});
   EXPECT_EQ(run.emitted, "The ");
-  EXPECT_EQ(run.last.finish_reason, FinishReason::kStopString);
+  EXPECT_EQ(run.last.finish_reason, StopReason::kStopString);
   EXPECT_EQ(checker.num_tokens(), 2);
 }
 
@@ -120,7 +120,7 @@ TEST(StopCheckerTest, HeldTextReleasedWhenTheMatchFails) {
   StopUpdate u = checker.Update(kText, "a sto");
   EXPECT_EQ(u.text, "a ");
   u = checker.Update(kText, "rm");
-  EXPECT_EQ(u.finish_reason, FinishReason::kNone);
+  EXPECT_EQ(u.finish_reason, StopReason::kNone);
   EXPECT_EQ(u.text, "storm");
   EXPECT_EQ(checker.num_held_bytes(), 0u);
 }
@@ -130,7 +130,7 @@ TEST(StopCheckerTest, OverlappingPartialMatchesAreNotLost) {
   StopChecker checker = WithStops({"aab"});
   FeedResult run = Feed(checker, {"aa", "aab"});
   EXPECT_EQ(run.emitted, "aa");
-  EXPECT_EQ(run.last.finish_reason, FinishReason::kStopString);
+  EXPECT_EQ(run.last.finish_reason, StopReason::kStopString);
 }
 
 TEST(StopCheckerTest, EarliestOfSeveralStopStringsWins) {
@@ -154,9 +154,9 @@ TEST(StopCheckerTest, MultibyteTextAroundStopsNeverSplitsACodePoint) {
       pos += n;
     }
     emitted += u.text;
-    if (u.finish_reason != FinishReason::kNone) break;
+    if (u.finish_reason != StopReason::kNone) break;
   }
-  EXPECT_EQ(u.finish_reason, FinishReason::kStopString);
+  EXPECT_EQ(u.finish_reason, StopReason::kStopString);
   EXPECT_EQ(u.stop_string, "終わり");
   EXPECT_EQ(emitted, "こんにちはcafé?");
 }
@@ -165,14 +165,14 @@ TEST(StopCheckerTest, MaxTokensReleasesHeldText) {
   StopChecker checker(StopParams{.max_tokens = 2, .stop_strings = {"abc"}}, {kEos});
   EXPECT_EQ(checker.Update(kText, "x").text, "x");
   StopUpdate u = checker.Update(kText, "ab");
-  EXPECT_EQ(u.finish_reason, FinishReason::kLength);
+  EXPECT_EQ(u.finish_reason, StopReason::kLength);
   EXPECT_EQ(u.text, "ab");
 }
 
 TEST(StopCheckerTest, StopStringOnTheLastTokenBeatsLength) {
   StopChecker checker(StopParams{.max_tokens = 1, .stop_strings = {"."}}, {kEos});
   StopUpdate u = checker.Update(kText, "Hi. There");
-  EXPECT_EQ(u.finish_reason, FinishReason::kStopString);
+  EXPECT_EQ(u.finish_reason, StopReason::kStopString);
   EXPECT_EQ(u.text, "Hi");
 }
 
@@ -184,11 +184,11 @@ TEST(StopCheckerTest, FlushReturnsHeldText) {
 }
 
 TEST(StopCheckerTest, FinishReasonNames) {
-  EXPECT_EQ(FinishReasonName(FinishReason::kNone), "none");
-  EXPECT_EQ(FinishReasonName(FinishReason::kEos), "eos");
-  EXPECT_EQ(FinishReasonName(FinishReason::kStopToken), "stop_token");
-  EXPECT_EQ(FinishReasonName(FinishReason::kStopString), "stop_string");
-  EXPECT_EQ(FinishReasonName(FinishReason::kLength), "length");
+  EXPECT_EQ(StopReasonName(StopReason::kNone), "none");
+  EXPECT_EQ(StopReasonName(StopReason::kEos), "eos");
+  EXPECT_EQ(StopReasonName(StopReason::kStopToken), "stop_token");
+  EXPECT_EQ(StopReasonName(StopReason::kStopString), "stop_string");
+  EXPECT_EQ(StopReasonName(StopReason::kLength), "length");
 }
 
 }  // namespace

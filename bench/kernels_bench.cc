@@ -1,0 +1,155 @@
+// Per-kernel microbenchmarks: QGemm (GEMV and GEMM shapes of SmolLM2-135M),
+// activation quantization, the exact f32 MatMul for comparison, and paged
+// attention. Counters: GB/s of weight bytes streamed and GOPS (2 ops per
+// multiply-add). Threads: TANDEM_BENCH_THREADS (default 1).
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "kernels/kernels.h"
+#include "kernels/qgemm.h"
+#include "kernels/quant.h"
+
+namespace tandem::kernels {
+namespace {
+
+using gguf::TensorType;
+
+ThreadPool* Pool() {
+  static ThreadPool* pool = [] {
+    const char* env = std::getenv("TANDEM_BENCH_THREADS");
+    return new ThreadPool(env != nullptr ? std::atoi(env) : 1);
+  }();
+  return pool;
+}
+
+std::vector<float> Random(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+struct Matrix {
+  std::string bytes;
+  WeightView view;
+  PackedWeight packed;
+};
+
+Matrix Make(TensorType type, int64_t rows, int64_t cols) {
+  Matrix m;
+  const int64_t rb = int64_t(*gguf::RowBytes(type, cols));
+  m.bytes.resize(rows * rb);
+  const std::vector<float> row = Random(cols, 1);
+  for (int64_t r = 0; r < rows; ++r) QuantizeRow(type, row.data(), m.bytes.data() + r * rb, cols);
+  m.view = WeightView{type, m.bytes.data(), rows, cols, rb};
+  m.packed = PackedWeight::Pack(m.view, Pool());
+  return m;
+}
+
+void Counters(benchmark::State& state, int64_t bytes, int64_t macs) {
+  state.counters["GB/s"] =
+      benchmark::Counter(double(bytes), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GOPS"] =
+      benchmark::Counter(2.0 * double(macs) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// args: type, rows, cols, tokens
+void BM_QGemm(benchmark::State& state) {
+  const TensorType type = TensorType(state.range(0));
+  const int64_t rows = state.range(1), cols = state.range(2), n = state.range(3);
+  const Matrix m = Make(type, rows, cols);
+  const std::vector<float> x = Random(n * cols, 2);
+  QuantizedActs acts;
+  QuantizeActs(x.data(), n, cols, &acts);
+  std::vector<float> y(n * rows);
+  for (auto _ : state) {
+    QGemm(m.packed, acts, y.data(), rows, false, Pool());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(QGemmIsa());
+  Counters(state, m.packed.bytes(), rows * cols * n);
+}
+
+void BM_MatMulF32Path(benchmark::State& state) {
+  const TensorType type = TensorType(state.range(0));
+  const int64_t rows = state.range(1), cols = state.range(2), n = state.range(3);
+  const Matrix m = Make(type, rows, cols);
+  const std::vector<float> x = Random(n * cols, 2);
+  std::vector<float> y(n * rows);
+  for (auto _ : state) {
+    MatMul(m.view, x.data(), n, y.data(), Pool());
+    benchmark::DoNotOptimize(y.data());
+  }
+  Counters(state, rows * m.view.row_bytes, rows * cols * n);
+}
+
+void BM_QuantizeActs(benchmark::State& state) {
+  const int64_t cols = state.range(0), n = state.range(1);
+  const std::vector<float> x = Random(n * cols, 3);
+  QuantizedActs acts;
+  for (auto _ : state) {
+    QuantizeActs(x.data(), n, cols, &acts);
+    benchmark::DoNotOptimize(acts.qs.data());
+  }
+  Counters(state, n * cols * 4, 0);
+}
+
+void BM_PagedAttention(benchmark::State& state) {
+  const int64_t ctx = state.range(0), bs = 16, kvh = 3, heads = 9, hd = 64;
+  const int64_t blocks = (ctx + bs - 1) / bs;
+  const std::vector<float> k = Random(blocks * bs * kvh * hd, 4), v = Random(k.size(), 5);
+  const std::vector<float> q = Random(heads * hd, 6);
+  std::vector<float> out(heads * hd);
+  std::vector<int32_t> table(blocks);
+  for (int64_t i = 0; i < blocks; ++i) table[i] = int32_t(i);
+  const int32_t qs[2] = {0, 1}, pos = int32_t(ctx - 1), len = int32_t(ctx);
+  PagedAttentionArgs a;
+  a.layout = {blocks, bs, kvh, hd};
+  a.num_heads = heads;
+  a.scale = 0.125f;
+  a.num_seqs = 1;
+  a.query_start = qs;
+  a.positions = &pos;
+  a.context_lens = &len;
+  a.block_tables = table.data();
+  a.max_blocks_per_seq = blocks;
+  for (auto _ : state) {
+    PagedAttention(a, q.data(), k.data(), v.data(), out.data(), Pool());
+    benchmark::DoNotOptimize(out.data());
+  }
+  Counters(state, 2 * ctx * kvh * hd * 4, 2 * ctx * heads * hd);
+}
+
+constexpr int64_t kQ41 = int64_t(TensorType::kQ4_1), kQ80 = int64_t(TensorType::kQ8_0),
+                  kQ40 = int64_t(TensorType::kQ4_0);
+
+BENCHMARK(BM_QGemm)
+    ->ArgNames({"type", "rows", "cols", "n"})
+    ->Args({kQ41, 960, 576, 1})      // Q|K|V decode
+    ->Args({kQ41, 3072, 576, 1})     // gate|up decode
+    ->Args({kQ41, 576, 1536, 1})     // down decode
+    ->Args({kQ40, 3072, 576, 1})
+    ->Args({kQ80, 49152, 576, 1})    // LM head decode
+    ->Args({kQ41, 3072, 576, 32})    // batched decode
+    ->Args({kQ80, 49152, 576, 32})
+    ->Args({kQ41, 3072, 576, 512})   // prefill
+    ->Args({kQ41, 576, 1536, 512})
+    ->UseRealTime();
+BENCHMARK(BM_MatMulF32Path)
+    ->ArgNames({"type", "rows", "cols", "n"})
+    ->Args({kQ41, 3072, 576, 1})
+    ->Args({kQ80, 49152, 576, 1})
+    ->UseRealTime();
+BENCHMARK(BM_QuantizeActs)->ArgNames({"cols", "n"})->Args({576, 1})->Args({1536, 512});
+BENCHMARK(BM_PagedAttention)->ArgNames({"ctx"})->Arg(128)->Arg(1024)->UseRealTime();
+
+}  // namespace
+}  // namespace tandem::kernels
+
+BENCHMARK_MAIN();

@@ -1,0 +1,163 @@
+#include "common/metrics/tandem_metrics.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/metrics/text_format.h"
+#include "common/status.h"
+
+namespace tandem::metrics {
+namespace {
+
+// Binds the (phase, model) child of a family registered with exactly those
+// labels.
+template <typename T>
+absl::StatusOr<T*> Bind(absl::StatusOr<Family<T>*> family, std::string_view phase,
+                        std::string_view model) {
+  if (!family.ok()) return family.status();
+  return (*family)->WithLabelValues({phase, model});
+}
+
+std::vector<std::string> PhaseModel() { return {"phase", "model"}; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegistry* registry,
+                                                                     std::string_view phase,
+                                                                     std::string_view model) {
+  if (phase != kPhaseRouter && phase != kPhasePrefill && phase != kPhaseDecode &&
+      phase != kPhaseColocated) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown phase \"", Sv(phase), "\" (router|prefill|decode|colocated)"));
+  }
+  auto m = std::make_unique<TandemMetrics>();
+  m->phase = std::string(phase);
+  m->model = std::string(model);
+  MetricsRegistry& r = *registry;
+  auto hist = [&](std::string_view name, std::string_view help, absl::Span<const double> bounds) {
+    return Bind(r.AddHistogram(name, help, PhaseModel(), bounds), phase, model);
+  };
+  auto counter = [&](std::string_view name, std::string_view help) {
+    return Bind(r.AddCounter(name, help, PhaseModel()), phase, model);
+  };
+  auto gauge = [&](std::string_view name, std::string_view help) {
+    return Bind(r.AddGauge(name, help, PhaseModel()), phase, model);
+  };
+
+  // Histograms.
+  TANDEM_ASSIGN_OR_RETURN(
+      m->time_to_first_token,
+      hist("tandem_time_to_first_token_seconds",
+           "Time from request arrival to the first generated token, in seconds.",
+           kTtftSecondsBuckets));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->inter_token_latency,
+      hist("tandem_inter_token_latency_seconds",
+           "Time between consecutive generated tokens of a request (TPOT), in seconds.",
+           kInterTokenSecondsBuckets));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->e2e_request_latency,
+      hist("tandem_e2e_request_latency_seconds",
+           "Time from request arrival to its final token, in seconds.", kE2eSecondsBuckets));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->request_queue_time,
+      hist("tandem_request_queue_time_seconds",
+           "Time a request waited in this phase's queue before it was first scheduled, in "
+           "seconds.",
+           kTtftSecondsBuckets));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->request_prefill_time,
+      hist("tandem_request_prefill_time_seconds",
+           "Time from a request's first scheduled step to its first token (prompt compute), in "
+           "seconds.",
+           kTtftSecondsBuckets));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->request_decode_time,
+      hist("tandem_request_decode_time_seconds",
+           "Time from a request's first token to its last token, in seconds.",
+           kE2eSecondsBuckets));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->kv_transfer_time,
+      hist("tandem_kv_transfer_seconds",
+           "Time to move one request's KV blocks from a prefill to a decode worker, in seconds.",
+           kTransferSecondsBuckets));
+  TANDEM_ASSIGN_OR_RETURN(m->iteration_tokens,
+                          hist("tandem_iteration_tokens",
+                               "Tokens scheduled in one engine step (prefill chunks + decodes).",
+                               kIterationTokensBuckets));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->batch_size,
+      hist("tandem_batch_size", "Sequences scheduled in one engine step.", kBatchSizeBuckets));
+
+  // Counters.
+  TANDEM_ASSIGN_OR_RETURN(
+      m->kv_transfer_bytes,
+      counter("tandem_kv_transfer_bytes_total", "KV cache bytes moved between workers."));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->kv_transfer_failures,
+      counter("tandem_kv_transfer_failures_total",
+              "KV handoffs that failed (rejected header, timeout, expired lease, peer error)."));
+  TANDEM_ASSIGN_OR_RETURN(m->prompt_tokens,
+                          counter("tandem_prompt_tokens_total", "Prompt tokens processed."));
+  TANDEM_ASSIGN_OR_RETURN(m->generation_tokens,
+                          counter("tandem_generation_tokens_total", "Tokens generated."));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->num_preemptions,
+      counter("tandem_num_preemptions_total",
+              "Sequences preempted (blocks freed, recomputed later) because KV blocks ran out."));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->prefix_cache_queries,
+      counter("tandem_prefix_cache_queries_total",
+              "Prompt tokens looked up in the prefix cache."));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->prefix_cache_hits,
+      counter("tandem_prefix_cache_hits_total",
+              "Prompt tokens found in the prefix cache (their KV was reused)."));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->request_success_family,
+      r.AddCounter("tandem_request_success_total", "Requests finished, by finish reason.",
+                   {"phase", "model", "finish_reason"}));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->request_errors_family,
+      r.AddCounter("tandem_request_errors_total",
+                   "Requests that ended with an error, by canonical status code.",
+                   {"phase", "model", "code"}));
+  for (std::string_view reason : kFinishReasons) {
+    TANDEM_RETURN_IF_ERROR(
+        m->request_success_family->WithLabelValues({phase, model, reason}).status());
+  }
+
+  // Gauges.
+  TANDEM_ASSIGN_OR_RETURN(
+      m->kv_cache_usage_ratio,
+      gauge("tandem_kv_cache_usage_ratio", "Fraction of KV cache blocks in use, 0 to 1."));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->num_requests_running,
+      gauge("tandem_num_requests_running", "Requests in the running batch."));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->num_requests_waiting,
+      gauge("tandem_num_requests_waiting", "Requests waiting to be scheduled."));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->num_kv_leases,
+      gauge("tandem_num_kv_leases", "KV handoffs received and held under a lease, not yet "
+                                    "adopted by a decode request."));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->num_leased_blocks,
+      gauge("tandem_num_leased_blocks", "KV blocks held by unexpired leases."));
+  return m;
+}
+
+Counter* TandemMetrics::LabelledCounter(CounterFamily* family, std::string_view value) {
+  absl::StatusOr<Counter*> c = family->WithLabelValues({phase, model, value});
+  return c.ok() ? *c : &sink_;
+}
+
+Counter* TandemMetrics::RequestSuccess(std::string_view finish_reason) {
+  return LabelledCounter(request_success_family, finish_reason);
+}
+
+Counter* TandemMetrics::RequestErrors(absl::StatusCode code) {
+  return LabelledCounter(request_errors_family, absl::StatusCodeToString(code));
+}
+
+}  // namespace tandem::metrics

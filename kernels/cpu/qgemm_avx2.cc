@@ -1,0 +1,180 @@
+// AVX2 QGemm: each 16-row group is two 8-lane halves (bytes 0-31 and 32-63
+// of every 64-byte quant register). Quant products come from pmaddubsw
+// (u8 x s8 -> i16 pairs) widened by pmaddwd; Q8_0 weights go through the
+// sign trick (|w| x sign(x, w)) so no i16 sum saturates. Integer sums are
+// exact, and the f32 steps per (token, row) are those of ref::QGemm, so the
+// results are bit-identical to the AVX-512 and scalar paths.
+//
+// Compiled with -mavx2 -mfma -mf16c (kernels/CMakeLists.txt).
+#include "kernels/cpu/qgemm_impl.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace tandem::kernels::cpu {
+namespace {
+
+constexpr int kTile = 4;
+
+inline __m256i Bcast(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// kKind: 0 = 4-bit, 1 = 8-bit with small quants (Q5_x), 2 = Q8_0 (offset 128).
+// Exact sum over the block of w (8 rows x 32, unsigned) times x (32, s8);
+// xsum = sum(x), needed by the Q8_0 sign trick.
+template <int kKind>
+inline __m256i BlockDot(const __m256i* wq, const int8_t* x, int32_t xsum) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (kKind == 0) {
+    // 8 products of <= 2 * 15 * 127 each: the i16 sum cannot overflow.
+    __m256i s16 = _mm256_maddubs_epi16(wq[0], Bcast(x));
+    for (int j = 1; j < 8; ++j) {
+      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wq[j], Bcast(x + 4 * j)));
+    }
+    return _mm256_madd_epi16(s16, ones);
+  } else if constexpr (kKind == 1) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      isum = _mm256_add_epi32(
+          isum, _mm256_madd_epi16(_mm256_maddubs_epi16(wq[j], Bcast(x + 4 * j)), ones));
+    }
+    return isum;
+  } else {
+    __m256i isum = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const __m256i xs = _mm256_sign_epi8(Bcast(x + 4 * j), wq[j]);
+      isum = _mm256_add_epi32(
+          isum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wq[j]), xs), ones));
+    }
+    // sum (u - 128) x  ->  sum u x
+    return _mm256_add_epi32(isum, _mm256_set1_epi32(128 * xsum));
+  }
+}
+
+template <int kKind, bool kHasMin, bool kTwo, int kNt>
+void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, int h, float* y,
+          int64_t ldy, bool accumulate) {
+  constexpr int kBits = kKind == 0 ? 4 : 8;
+  const int64_t nb = w.num_blocks(), cb = w.chunk_bytes();
+  const __m256 negoff = _mm256_set1_ps(-w.offset());
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i flip = _mm256_set1_epi8(char(0x80));
+  __m256 acc[kNt];
+  for (int t = 0; t < kNt; ++t) acc[t] = _mm256_setzero_ps();
+  const uint8_t* c = w.chunk(g, 0);
+  const int64_t i0 = a.Index(t0, 0);
+  const int8_t* xq = a.qs.data() + i0 * kQBlock;
+  const int8_t* xq2 = kTwo ? a.qs2.data() + i0 * kQBlock : nullptr;
+  const float* xd = a.d.data() + i0;
+  const float* xd2 = kTwo ? a.d2.data() + i0 : nullptr;
+  const float* xsd = a.sd.data() + i0;
+  const int32_t* xs = a.s.data() + i0;
+  const int32_t* xs2 = kTwo ? a.s2.data() + i0 : nullptr;
+  constexpr int64_t kStep = kActTile * kQBlock;
+  for (int64_t b = 0; b < nb; ++b, c += cb) {
+    __m256i wq[8];
+    if constexpr (kKind == 0) {
+      for (int j = 0; j < 4; ++j) {
+        const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j + 32 * h));
+        wq[j] = _mm256_and_si256(p, low4);
+        wq[4 + j] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low4);
+      }
+    } else {
+      for (int j = 0; j < 8; ++j) {
+        wq[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j + 32 * h));
+        if constexpr (kKind == 2) wq[j] = _mm256_xor_si256(wq[j], flip);  // back to s8
+      }
+    }
+    const uint8_t* sc = c + kBits * 64 + 16 * h;
+    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+    __m256 mv;
+    if constexpr (kHasMin) {
+      mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 32)));
+    } else {
+      mv = _mm256_mul_ps(dv, negoff);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < kNt; ++t) {
+      const int64_t k = b * kActTile + t;
+      const int64_t off = b * kStep + t * kQBlock;
+      const __m256 ddx = _mm256_mul_ps(dv, _mm256_set1_ps(xd[k]));
+      const __m256 t1 = _mm256_mul_ps(mv, _mm256_set1_ps(xsd[k]));
+      const __m256 isum = _mm256_cvtepi32_ps(BlockDot<kKind>(wq, xq + off, xs[k]));
+      __m256 dot = _mm256_fmadd_ps(isum, ddx, t1);
+      if constexpr (kTwo) {
+        const __m256 isum2 = _mm256_cvtepi32_ps(BlockDot<kKind>(wq, xq2 + off, xs2[k]));
+        dot = _mm256_fmadd_ps(isum2, _mm256_mul_ps(dv, _mm256_set1_ps(xd2[k])), dot);
+      }
+      acc[t] = _mm256_add_ps(acc[t], dot);
+    }
+  }
+  const int64_t r0 = g * kGroupRows + 8 * h;
+  const int64_t valid = std::min<int64_t>(8, w.rows() - r0);
+  for (int t = 0; t < kNt; ++t) {
+    float* out = y + (t0 + t) * ldy + r0;
+    alignas(32) float v[8];
+    _mm256_store_ps(v, acc[t]);
+    for (int64_t i = 0; i < valid; ++i) out[i] = accumulate ? out[i] + v[i] : v[i];
+  }
+}
+
+template <int kKind, bool kHasMin, bool kTwo>
+void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
+           int64_t ldy, bool accumulate) {
+  for (int64_t g = g0; g < g1; ++g) {
+    for (int h = 0; h < 2 && g * kGroupRows + 8 * h < w.rows(); ++h) {
+      int64_t t = 0;
+      for (; t + kTile <= a.n; t += kTile) {
+        Tile<kKind, kHasMin, kTwo, kTile>(w, a, g, t, h, y, ldy, accumulate);
+      }
+      switch (a.n - t) {
+        case 3: Tile<kKind, kHasMin, kTwo, 3>(w, a, g, t, h, y, ldy, accumulate); break;
+        case 2: Tile<kKind, kHasMin, kTwo, 2>(w, a, g, t, h, y, ldy, accumulate); break;
+        case 1: Tile<kKind, kHasMin, kTwo, 1>(w, a, g, t, h, y, ldy, accumulate); break;
+        default: break;
+      }
+    }
+  }
+}
+
+template <bool kTwo>
+void GemmL(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
+           int64_t ldy, bool accumulate) {
+  if (w.bits() == 4) {
+    (w.has_min() ? GemmT<0, true, kTwo> : GemmT<0, false, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
+  } else if (w.has_min()) {
+    GemmT<1, true, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+  } else if (w.offset() == 128.f) {
+    GemmT<2, false, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+  } else {
+    GemmT<1, false, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+  }
+}
+
+void Gemm(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
+          int64_t ldy, bool accumulate) {
+  (a.levels == 2 ? GemmL<true> : GemmL<false>)(w, a, g0, g1, y, ldy, accumulate);
+}
+
+const QGemmImpl kImpl = {"avx2", Gemm, nullptr, nullptr};
+
+}  // namespace
+
+const QGemmImpl* Avx2Impl() { return &kImpl; }
+
+}  // namespace tandem::kernels::cpu
+
+#else
+
+namespace tandem::kernels::cpu {
+const QGemmImpl* Avx2Impl() { return nullptr; }
+}  // namespace tandem::kernels::cpu
+
+#endif

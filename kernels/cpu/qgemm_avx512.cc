@@ -1,0 +1,233 @@
+// AVX-512 VNNI QGemm: one zmm lane per row of a 16-row group, vpdpbusd over
+// 4 quants per lane (kernels/qgemm.h has the layout and the determinism
+// rule). Up to kTile tokens share each unpacked weight register (register
+// blocking); for every (token, row) the f32 sequence is the one of
+// ref::QGemm, so the tile width never changes a result.
+//
+// Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c
+// (kernels/CMakeLists.txt); only called when CPUID reports them.
+#include "kernels/cpu/qgemm_impl.h"
+
+#if defined(__x86_64__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// GCC 12 false positive inside its own AVX-512 headers (see simd.h).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace tandem::kernels::cpu {
+namespace {
+
+constexpr int kTile = 8;
+
+inline __m512i Bcast(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// sum over the block of w (16 rows x 32, unsigned) times x (32, signed).
+inline __m512i BlockDot(const __m512i* wq, const int8_t* x) {
+  __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[0], Bcast(x));
+  __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[1], Bcast(x + 4));
+  s0 = _mm512_dpbusd_epi32(s0, wq[2], Bcast(x + 8));
+  s1 = _mm512_dpbusd_epi32(s1, wq[3], Bcast(x + 12));
+  s0 = _mm512_dpbusd_epi32(s0, wq[4], Bcast(x + 16));
+  s1 = _mm512_dpbusd_epi32(s1, wq[5], Bcast(x + 20));
+  s0 = _mm512_dpbusd_epi32(s0, wq[6], Bcast(x + 24));
+  s1 = _mm512_dpbusd_epi32(s1, wq[7], Bcast(x + 28));
+  return _mm512_add_epi32(s0, s1);
+}
+
+template <int kBits, bool kHasMin, bool kTwo, int kNt>
+void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, float* y,
+          int64_t ldy, bool accumulate) {
+  const int64_t nb = w.num_blocks(), cb = w.chunk_bytes();
+  const __m512 negoff = _mm512_set1_ps(-w.offset());
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[kNt];
+#pragma GCC unroll 8
+  for (int t = 0; t < kNt; ++t) acc[t] = _mm512_setzero_ps();
+  const uint8_t* c = w.chunk(g, 0);
+  // Token t of the tile, block b: quants at xq + t * 32, scales at xd[t].
+  const int64_t i0 = a.Index(t0, 0);
+  const int8_t* xq = a.qs.data() + i0 * kQBlock;
+  const int8_t* xq2 = kTwo ? a.qs2.data() + i0 * kQBlock : nullptr;
+  const float* xd = a.d.data() + i0;
+  const float* xd2 = kTwo ? a.d2.data() + i0 : nullptr;
+  const float* xsd = a.sd.data() + i0;
+  constexpr int64_t kStep = kActTile * kQBlock;
+  for (int64_t b = 0; b < nb; ++b, c += cb) {
+    __m512i wq[8];
+    if constexpr (kBits == 4) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m512i p = _mm512_loadu_si512(c + 64 * j);
+        wq[j] = _mm512_and_si512(p, low4);
+        wq[4 + j] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) wq[j] = _mm512_loadu_si512(c + 64 * j);
+    }
+    const uint8_t* sc = c + kBits * 64;
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
+    __m512 mv;
+    if constexpr (kHasMin) {
+      mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
+    } else {
+      mv = _mm512_mul_ps(dv, negoff);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < kNt; ++t) {
+      const int64_t k = b * kActTile + t;
+      const __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(xd[k]));
+      const __m512 t1 = _mm512_mul_ps(mv, _mm512_set1_ps(xsd[k]));
+      const __m512 isum = _mm512_cvtepi32_ps(BlockDot(wq, xq + b * kStep + t * kQBlock));
+      __m512 dot = _mm512_fmadd_ps(isum, ddx, t1);
+      if constexpr (kTwo) {
+        const __m512 isum2 = _mm512_cvtepi32_ps(BlockDot(wq, xq2 + b * kStep + t * kQBlock));
+        dot = _mm512_fmadd_ps(isum2, _mm512_mul_ps(dv, _mm512_set1_ps(xd2[k])), dot);
+      }
+      acc[t] = _mm512_add_ps(acc[t], dot);
+    }
+  }
+  const int64_t valid = std::min<int64_t>(kGroupRows, w.rows() - g * kGroupRows);
+  const __mmask16 m = static_cast<__mmask16>((1u << valid) - 1u);
+  for (int t = 0; t < kNt; ++t) {
+    float* out = y + (t0 + t) * ldy + g * kGroupRows;
+    __m512 v = acc[t];
+    if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, out), v);
+    _mm512_mask_storeu_ps(out, m, v);
+  }
+}
+
+template <int kBits, bool kHasMin, bool kTwo>
+void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
+           int64_t ldy, bool accumulate) {
+  for (int64_t g = g0; g < g1; ++g) {
+    int64_t t = 0;
+    for (; t + kTile <= a.n; t += kTile) {
+      Tile<kBits, kHasMin, kTwo, kTile>(w, a, g, t, y, ldy, accumulate);
+    }
+    switch (a.n - t) {
+      case 7: Tile<kBits, kHasMin, kTwo, 7>(w, a, g, t, y, ldy, accumulate); break;
+      case 6: Tile<kBits, kHasMin, kTwo, 6>(w, a, g, t, y, ldy, accumulate); break;
+      case 5: Tile<kBits, kHasMin, kTwo, 5>(w, a, g, t, y, ldy, accumulate); break;
+      case 4: Tile<kBits, kHasMin, kTwo, 4>(w, a, g, t, y, ldy, accumulate); break;
+      case 3: Tile<kBits, kHasMin, kTwo, 3>(w, a, g, t, y, ldy, accumulate); break;
+      case 2: Tile<kBits, kHasMin, kTwo, 2>(w, a, g, t, y, ldy, accumulate); break;
+      case 1: Tile<kBits, kHasMin, kTwo, 1>(w, a, g, t, y, ldy, accumulate); break;
+      default: break;
+    }
+  }
+}
+
+template <bool kTwo>
+void GemmL(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
+           int64_t ldy, bool accumulate) {
+  if (w.bits() == 4) {
+    (w.has_min() ? GemmT<4, true, kTwo> : GemmT<4, false, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
+  } else {
+    (w.has_min() ? GemmT<8, true, kTwo> : GemmT<8, false, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
+  }
+}
+
+void Gemm(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
+          int64_t ldy, bool accumulate) {
+  (a.levels == 2 ? GemmL<true> : GemmL<false>)(w, a, g0, g1, y, ldy, accumulate);
+}
+
+// One level of QuantizeBlockRef on 2 x 16 lanes: max is exact in any
+// order, the rest is lane-wise, so the quants are bit-identical.
+inline int32_t QuantizeBlock(__m512 x0, __m512 x1, int8_t* q, float* dx_out, __m512* q0f,
+                             __m512* q1f) {
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512 lim = _mm512_set1_ps(127.f), nlim = _mm512_set1_ps(-127.f);
+  const __m512 mx = _mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask));
+  const float amax = _mm512_reduce_max_ps(mx);
+  const float dx = amax / 127.f;
+  const float id = dx != 0.f ? 1.f / dx : 0.f;
+  const __m512 iv = _mm512_set1_ps(id);
+  auto quant = [&](__m512 v) {
+    v = _mm512_roundscale_ps(_mm512_mul_ps(v, iv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_min_ps(lim, _mm512_max_ps(nlim, v));
+  };
+  *q0f = quant(x0);
+  *q1f = quant(x1);
+  const __m512i q0 = _mm512_cvtps_epi32(*q0f), q1 = _mm512_cvtps_epi32(*q1f);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
+  *dx_out = dx;
+  return _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+}
+
+void QuantizeRow(const float* x, int64_t cols, const ActRow& o) {
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const int64_t k = b * kActTile;
+    const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
+    __m512 q0f, q1f;
+    float dx;
+    const int32_t sum = QuantizeBlock(x0, x1, o.q + k * kQBlock, &dx, &q0f, &q1f);
+    o.d[k] = dx;
+    o.s[k] = sum;
+    o.sd[k] = dx * float(sum);
+    if (o.q2 == nullptr) continue;
+    const __m512 ndx = _mm512_set1_ps(-dx);
+    const __m512 r0 = _mm512_fmadd_ps(ndx, q0f, x0), r1 = _mm512_fmadd_ps(ndx, q1f, x1);
+    float dx2;
+    const int32_t sum2 = QuantizeBlock(r0, r1, o.q2 + k * kQBlock, &dx2, &q0f, &q1f);
+    o.d2[k] = dx2;
+    o.s2[k] = sum2;
+    o.sd[k] = std::fma(dx2, float(sum2), dx * float(sum));
+  }
+}
+
+// exp(x) to about 2 ulp (Cephes polynomial, 2^n by scalef).
+inline __m512 Exp(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
+  int64_t i = 0;
+  const __m512 one = _mm512_set1_ps(1.f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 g = _mm512_loadu_ps(gate + i);
+    const __m512 e = Exp(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, e));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(s, _mm512_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+}
+
+const QGemmImpl kImpl = {"avx512vnni", Gemm, QuantizeRow, SiluMul};
+
+}  // namespace
+
+const QGemmImpl* Avx512VnniImpl() { return &kImpl; }
+
+}  // namespace tandem::kernels::cpu
+
+#else
+
+namespace tandem::kernels::cpu {
+const QGemmImpl* Avx512VnniImpl() { return nullptr; }
+}  // namespace tandem::kernels::cpu
+
+#endif

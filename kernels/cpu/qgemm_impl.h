@@ -1,0 +1,53 @@
+// Per-ISA entry points behind kernels/qgemm.h (internal). Each ISA lives in
+// its own translation unit compiled with that ISA's target flags
+// (kernels/CMakeLists.txt), so the default and -DTANDEM_NATIVE=OFF builds
+// both carry every path; qgemm.cc picks one at run time from CPUID.
+#ifndef TANDEM_KERNELS_CPU_QGEMM_IMPL_H_
+#define TANDEM_KERNELS_CPU_QGEMM_IMPL_H_
+
+#include <cstdint>
+
+#include "kernels/qgemm.h"
+
+namespace tandem::kernels::cpu {
+
+// Where one token's quantized row goes: pointers at its block 0; block b is
+// at q + b * kActTile * 32 and d / sd / s [b * kActTile] (the QuantizedActs
+// tile layout). q2 == nullptr: one level.
+struct ActRow {
+  int8_t* q;
+  float* d;
+  float* sd;
+  int32_t* s;
+  int8_t* q2;
+  float* d2;
+  int32_t* s2;
+};
+
+inline ActRow RowOf(QuantizedActs* a, int64_t t) {
+  const int64_t i = a->Index(t, 0);
+  const bool two = a->levels == 2;
+  return {a->qs.data() + i * kQBlock, a->d.data() + i,  a->sd.data() + i, a->s.data() + i,
+          two ? a->qs2.data() + i * kQBlock : nullptr, two ? a->d2.data() + i : nullptr,
+          two ? a->s2.data() + i : nullptr};
+}
+
+struct QGemmImpl {
+  const char* name;
+  // Row groups [g0, g1) for all tokens of `acts` (see QGemm).
+  void (*gemm)(const PackedWeight& w, const QuantizedActs& acts, int64_t g0, int64_t g1, float* y,
+               int64_t ldy, bool accumulate);
+  // One row of `cols` floats -> per 32-block quants, scales and sums.
+  void (*quantize_row)(const float* x, int64_t cols, const ActRow& out);
+  // out[i] = silu(gate[i]) * up[i] for n floats.
+  void (*silu_mul)(const float* gate, const float* up, int64_t n, float* out);
+};
+
+// Null when the TU was built without the ISA (non-x86 hosts).
+const QGemmImpl* Avx512VnniImpl();
+const QGemmImpl* Avx2Impl();
+const QGemmImpl* ScalarImpl();
+
+}  // namespace tandem::kernels::cpu
+
+#endif  // TANDEM_KERNELS_CPU_QGEMM_IMPL_H_

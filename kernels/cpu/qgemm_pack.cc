@@ -1,0 +1,253 @@
+// PackedWeight::Pack (ggml blocks -> interleaved row groups) and the scalar
+// references of activation quantization and QGemm (see kernels/qgemm.h).
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/status.h"
+#include "common/thread_pool.h"
+#include "kernels/cpu/qgemm_impl.h"
+#include "kernels/qgemm.h"
+#include "kernels/quant.h"
+
+namespace tandem::kernels {
+namespace {
+
+using gguf::TensorType;
+
+struct Format {
+  int bits;
+  bool has_min;
+  float offset;
+};
+
+Format FormatOf(TensorType t) {
+  switch (t) {
+    case TensorType::kQ4_0: return {4, false, 8.f};
+    case TensorType::kQ4_1: return {4, true, 0.f};
+    case TensorType::kQ5_0: return {8, false, 16.f};
+    case TensorType::kQ5_1: return {8, true, 0.f};
+    case TensorType::kQ8_0: return {8, false, 128.f};
+    default: return {0, false, 0.f};
+  }
+}
+
+// One ggml block as unsigned quants q[32] and f16 bits of d and m.
+void DecodeBlock(TensorType t, const uint8_t* b, uint8_t* q, uint16_t* d, uint16_t* m) {
+  std::memcpy(d, b, 2);
+  *m = 0;
+  switch (t) {
+    case TensorType::kQ4_0:
+    case TensorType::kQ4_1: {
+      const uint8_t* qs = b + (t == TensorType::kQ4_1 ? 4 : 2);
+      if (t == TensorType::kQ4_1) std::memcpy(m, b + 2, 2);
+      for (int j = 0; j < 16; ++j) {
+        q[j] = qs[j] & 0x0F;
+        q[j + 16] = qs[j] >> 4;
+      }
+      return;
+    }
+    case TensorType::kQ5_0:
+    case TensorType::kQ5_1: {
+      const int off = t == TensorType::kQ5_1 ? 4 : 2;
+      if (t == TensorType::kQ5_1) std::memcpy(m, b + 2, 2);
+      uint32_t qh;
+      std::memcpy(&qh, b + off, 4);
+      const uint8_t* qs = b + off + 4;
+      for (int j = 0; j < 16; ++j) {
+        q[j] = uint8_t((qs[j] & 0x0F) | (((qh >> j) & 1) << 4));
+        q[j + 16] = uint8_t((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+      }
+      return;
+    }
+    case TensorType::kQ8_0:
+      for (int j = 0; j < 32; ++j) q[j] = uint8_t(int(int8_t(b[2 + j])) + 128);
+      return;
+    default:
+      TANDEM_CHECK(false);
+  }
+}
+
+// Unsigned quant k (0..31) of row r (0..15) in a packed chunk.
+int QuantAt(const uint8_t* chunk, int bits, int r, int k) {
+  if (bits == 8) return chunk[(k / 4) * 64 + r * 4 + k % 4];
+  const int kk = k % 16;
+  const uint8_t byte = chunk[(kk / 4) * 64 + r * 4 + kk % 4];
+  return k < 16 ? (byte & 0x0F) : (byte >> 4);
+}
+
+// One level: qx = round(x / dx) clamped to [-127, 127], dx = max|x| / 127.
+// Returns sum(qx); writes the quants as floats to qf for the residual.
+int32_t QuantizeBlockRef(const float* x, int8_t* q, float* dx_out, float* qf) {
+  float amax = 0.f;
+  for (int i = 0; i < kQBlock; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  const float dx = amax / 127.f;
+  const float id = dx != 0.f ? 1.f / dx : 0.f;
+  int32_t sum = 0;
+  for (int i = 0; i < kQBlock; ++i) {
+    float v = std::nearbyint(x[i] * id);
+    v = std::fmin(127.f, std::fmax(-127.f, v));
+    q[i] = int8_t(v);
+    qf[i] = v;
+    sum += int8_t(v);
+  }
+  *dx_out = dx;
+  return sum;
+}
+
+void QuantizeRowRef(const float* x, int64_t cols, const cpu::ActRow& o) {
+  float qf[kQBlock], r[kQBlock];
+  for (int64_t b = 0; b < cols / kQBlock; ++b) {
+    const int64_t k = b * kActTile;
+    float dx;
+    const int32_t sum = QuantizeBlockRef(x + b * kQBlock, o.q + k * kQBlock, &dx, qf);
+    o.d[k] = dx;
+    o.s[k] = sum;
+    o.sd[k] = dx * float(sum);
+    if (o.q2 == nullptr) continue;
+    for (int i = 0; i < kQBlock; ++i) r[i] = std::fma(-dx, qf[i], x[b * kQBlock + i]);
+    float dx2;
+    const int32_t sum2 = QuantizeBlockRef(r, o.q2 + k * kQBlock, &dx2, qf);
+    o.d2[k] = dx2;
+    o.s2[k] = sum2;
+    o.sd[k] = std::fma(dx2, float(sum2), dx * float(sum));
+  }
+}
+
+void GemmGroupsRef(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
+                   int64_t ldy, bool accumulate) {
+  const int64_t nb = w.num_blocks();
+  for (int64_t r = g0 * kGroupRows; r < std::min(w.rows(), g1 * kGroupRows); ++r) {
+    const int64_t g = r / kGroupRows;
+    const int rr = int(r % kGroupRows);
+    for (int64_t t = 0; t < a.n; ++t) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* c = w.chunk(g, b);
+        int32_t isum = 0, isum2 = 0;
+        const int8_t* xq = a.q(t, b);
+        for (int k = 0; k < 32; ++k) isum += QuantAt(c, w.bits(), rr, k) * xq[k];
+        if (a.levels == 2) {
+          const int8_t* xq2 = a.q2(t, b);
+          for (int k = 0; k < 32; ++k) isum2 += QuantAt(c, w.bits(), rr, k) * xq2[k];
+        }
+        uint16_t hd, hm;
+        std::memcpy(&hd, c + w.bits() * 64 + rr * 2, 2);
+        const float d = Fp16ToFp32(hd);
+        float m;
+        if (w.has_min()) {
+          std::memcpy(&hm, c + w.bits() * 64 + 32 + rr * 2, 2);
+          m = Fp16ToFp32(hm);
+        } else {
+          m = d * -w.offset();
+        }
+        const float ddx = d * a.d[a.Index(t, b)];
+        const float t1 = m * a.sd[a.Index(t, b)];
+        float dot = std::fma(float(isum), ddx, t1);
+        if (a.levels == 2) dot = std::fma(float(isum2), d * a.d2[a.Index(t, b)], dot);
+        acc = acc + dot;
+      }
+      float* out = y + t * ldy + r;
+      *out = accumulate ? *out + acc : acc;
+    }
+  }
+}
+
+void SiluMulRef(const float* gate, const float* up, int64_t n, float* out) {
+  ref::SiluMul(gate, up, n, out);
+}
+
+const cpu::QGemmImpl kScalarImpl = {"scalar", GemmGroupsRef, QuantizeRowRef, SiluMulRef};
+
+}  // namespace
+
+bool IsPackable(TensorType type) { return FormatOf(type).bits != 0; }
+
+void PackedWeight::Free::operator()(uint8_t* p) const { std::free(p); }
+
+PackedWeight PackedWeight::Pack(const WeightView* views, int num_views, ThreadPool* pool) {
+  TANDEM_CHECK(num_views > 0);
+  PackedWeight p;
+  p.type_ = views[0].type;
+  p.cols_ = views[0].cols;
+  const Format f = FormatOf(p.type_);
+  TANDEM_CHECK(f.bits != 0 && p.cols_ % kQBlock == 0);
+  std::vector<std::pair<const WeightView*, int64_t>> row_src;  // global row -> (view, row)
+  for (int v = 0; v < num_views; ++v) {
+    TANDEM_CHECK(views[v].type == p.type_ && views[v].cols == p.cols_);
+    for (int64_t r = 0; r < views[v].rows; ++r) row_src.push_back({&views[v], r});
+  }
+  p.rows_ = int64_t(row_src.size());
+  p.bits_ = f.bits;
+  p.has_min_ = f.has_min;
+  p.offset_ = f.offset;
+  p.chunk_bytes_ = f.bits * 64 + 32 + (f.has_min ? 32 : 0);
+  const size_t total = size_t(p.bytes());
+  p.data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (total + 63) / 64 * 64)));
+  TANDEM_CHECK(p.data_ != nullptr);
+  std::memset(p.data_.get(), 0, total);
+  const int64_t nb = p.num_blocks();
+  ThreadPool::Run(pool, p.num_groups(), [&](int64_t g0, int64_t g1) {
+    uint8_t q[32];
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t rr = 0; rr < kGroupRows && g * kGroupRows + rr < p.rows_; ++rr) {
+        const auto& [view, r] = row_src[g * kGroupRows + rr];
+        const int64_t src_block_bytes = view->row_bytes / nb;
+        for (int64_t b = 0; b < nb; ++b) {
+          uint8_t* c = p.data_.get() + (g * nb + b) * p.chunk_bytes_;
+          uint16_t d, m;
+          DecodeBlock(p.type_, view->row(r) + b * src_block_bytes, q, &d, &m);
+          for (int k = 0; k < 32; ++k) {
+            if (f.bits == 8) {
+              c[(k / 4) * 64 + rr * 4 + k % 4] = q[k];
+            } else {
+              const int kk = k % 16;
+              c[(kk / 4) * 64 + rr * 4 + kk % 4] |= uint8_t(k < 16 ? q[k] : q[k] << 4);
+            }
+          }
+          std::memcpy(c + f.bits * 64 + rr * 2, &d, 2);
+          if (f.has_min) std::memcpy(c + f.bits * 64 + 32 + rr * 2, &m, 2);
+        }
+      }
+    }
+  });
+  return p;
+}
+
+void QuantizedActs::Resize(int64_t num_tokens, int64_t num_cols, int num_levels) {
+  n = num_tokens;
+  cols = num_cols;
+  levels = num_levels;
+  const int64_t slots = (n + kActTile - 1) / kActTile * kActTile * (num_cols / kQBlock);
+  if (int64_t(qs.size()) < slots * kQBlock) qs.resize(slots * kQBlock);
+  if (int64_t(d.size()) < slots) {
+    d.resize(slots);
+    sd.resize(slots);
+    s.resize(slots);
+  }
+  if (levels == 2 && int64_t(d2.size()) < slots) {
+    qs2.resize(slots * kQBlock);
+    d2.resize(slots);
+    s2.resize(slots);
+  }
+}
+
+namespace ref {
+
+void QuantizeActs(const float* x, int64_t n, int64_t cols, QuantizedActs* out, int levels) {
+  TANDEM_CHECK(cols % kQBlock == 0 && (levels == 1 || levels == 2));
+  out->Resize(n, cols, levels);
+  for (int64_t t = 0; t < n; ++t) QuantizeRowRef(x + t * cols, cols, cpu::RowOf(out, t));
+}
+
+void QGemm(const PackedWeight& w, const QuantizedActs& a, float* y, int64_t ldy, bool accumulate) {
+  TANDEM_CHECK(a.cols == w.cols());
+  cpu::ScalarImpl()->gemm(w, a, 0, w.num_groups(), y, ldy, accumulate);
+}
+
+}  // namespace ref
+
+const cpu::QGemmImpl* cpu::ScalarImpl() { return &kScalarImpl; }
+
+}  // namespace tandem::kernels

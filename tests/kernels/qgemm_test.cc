@@ -1,0 +1,198 @@
+// Quantized kernels (kernels/qgemm.h): every ISA path bit-identical to the
+// scalar reference on awkward sizes, the reference close to the exact f32
+// MatMul, and results independent of batch size, composition and threads.
+#include "kernels/qgemm.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "gtest/gtest.h"
+#include "kernels/quant.h"
+
+namespace tandem::kernels {
+namespace {
+
+using gguf::TensorType;
+
+std::vector<float> Random(int64_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+struct QuantMatrix {
+  std::string bytes;
+  WeightView view;
+};
+
+QuantMatrix MakeMatrix(TensorType type, int64_t rows, int64_t cols, uint32_t seed) {
+  QuantMatrix m;
+  const int64_t row_bytes = static_cast<int64_t>(*gguf::RowBytes(type, cols));
+  m.bytes.resize(rows * row_bytes);
+  const std::vector<float> v = Random(rows * cols, seed);
+  for (int64_t r = 0; r < rows; ++r) {
+    QuantizeRow(type, v.data() + r * cols, m.bytes.data() + r * row_bytes, cols);
+  }
+  m.view = WeightView{type, m.bytes.data(), rows, cols, row_bytes};
+  return m;
+}
+
+std::vector<std::string> Isas() {
+  std::vector<std::string> out;
+  for (const char* isa : {"avx512vnni", "avx2", "scalar"}) {
+    if (SetQGemmIsaForTesting(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+class IsaGuard {
+ public:
+  IsaGuard() : saved_(QGemmIsa()) {}
+  ~IsaGuard() { SetQGemmIsaForTesting(saved_); }
+
+ private:
+  std::string saved_;
+};
+
+bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class QGemmTest : public ::testing::TestWithParam<TensorType> {};
+
+// Both activation precisions on every check.
+constexpr int kLevels[] = {1, 2};
+
+TEST_P(QGemmTest, EveryIsaMatchesScalarReferenceBitForBit) {
+  IsaGuard guard;
+  ThreadPool pool(3);
+  for (int64_t rows : {1, 15, 16, 17, 45, 100}) {
+    for (int64_t cols : {32, 96, 576}) {
+      const QuantMatrix m = MakeMatrix(GetParam(), rows, cols, uint32_t(rows * 7 + cols));
+      const PackedWeight p = PackedWeight::Pack(m.view, &pool);
+      for (int64_t n : {1, 2, 3, 5, 8, 9, 17, 37}) {
+       for (int levels : kLevels) {
+        const std::vector<float> x = Random(n * cols, uint32_t(n + rows), 3.f);
+        QuantizedActs ref_acts, acts;
+        ref::QuantizeActs(x.data(), n, cols, &ref_acts, levels);
+        std::vector<float> want(n * rows), base = Random(n * rows, 5);
+        ref::QGemm(p, ref_acts, want.data(), rows, false);
+        std::vector<float> want_acc = base;
+        ref::QGemm(p, ref_acts, want_acc.data(), rows, true);
+        for (const std::string& isa : Isas()) {
+          ASSERT_TRUE(SetQGemmIsaForTesting(isa));
+          QuantizeActs(x.data(), n, cols, &acts, levels);
+          ASSERT_EQ(acts.qs, ref_acts.qs) << isa;
+          ASSERT_EQ(acts.qs2, ref_acts.qs2) << isa;
+          ASSERT_EQ(acts.sd, ref_acts.sd) << isa;
+          std::vector<float> got(n * rows, -1.f), got_acc = base;
+          QGemm(p, acts, got.data(), rows, false, &pool);
+          QGemm(p, acts, got_acc.data(), rows, true, &pool);
+          ASSERT_TRUE(BitEqual(got, want)) << isa << " rows " << rows << " cols " << cols << " n "
+                                           << n;
+          ASSERT_TRUE(BitEqual(got_acc, want_acc)) << isa << " accumulate";
+        }
+       }
+      }
+    }
+  }
+}
+
+TEST_P(QGemmTest, CloseToExactF32MatMul) {
+ for (int levels : kLevels) {
+  const int64_t rows = 37, cols = 256, n = 5;
+  const QuantMatrix m = MakeMatrix(GetParam(), rows, cols, 11);
+  const PackedWeight p = PackedWeight::Pack(m.view, nullptr);
+  const std::vector<float> x = Random(n * cols, 12);
+  std::vector<float> want(n * rows), got(n * rows);
+  ref::MatMul(m.view, x.data(), n, want.data());
+  QuantizedActs acts;
+  QuantizeActs(x.data(), n, cols, &acts, levels);
+  QGemm(p, acts, got.data(), rows, false, nullptr);
+  double err = 0, norm = 0;
+  for (int64_t i = 0; i < n * rows; ++i) {
+    err += (got[i] - want[i]) * double(got[i] - want[i]);
+    norm += want[i] * double(want[i]);
+  }
+  // int8 activations: relative error of a dot about 1/127 / sqrt(block);
+  // two levels: about 1/127 of that.
+  EXPECT_LT(std::sqrt(err / norm), levels == 1 ? 0.01 : 2e-4) << levels;
+ }
+}
+
+TEST_P(QGemmTest, BatchInvariantAndThreadInvariant) {
+  const int64_t rows = 70, cols = 192;
+  const QuantMatrix m = MakeMatrix(GetParam(), rows, cols, 3);
+  const PackedWeight p = PackedWeight::Pack(m.view, nullptr);
+  const std::vector<float> x = Random(37 * cols, 4);
+  ThreadPool one(1), two(2);
+  QuantizedActs all, single;
+  QuantizeActs(x.data(), 37, cols, &all, kDefaultActLevels);
+  std::vector<float> batched(37 * rows), batched2(37 * rows);
+  QGemm(p, all, batched.data(), rows, false, &one);
+  QGemm(p, all, batched2.data(), rows, false, &two);
+  EXPECT_TRUE(BitEqual(batched, batched2));
+  for (int64_t t : {0, 7, 36}) {
+    QuantizeActs(x.data() + t * cols, 1, cols, &single, kDefaultActLevels);
+    std::vector<float> alone(rows);
+    QGemm(p, single, alone.data(), rows, false, &two);
+    EXPECT_EQ(std::memcmp(alone.data(), batched.data() + t * rows, rows * 4), 0) << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, QGemmTest,
+                         ::testing::Values(TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ5_0,
+                                           TensorType::kQ5_1, TensorType::kQ8_0));
+
+TEST(QGemmStackTest, StackedViewsEqualSeparate) {
+  const QuantMatrix a = MakeMatrix(TensorType::kQ4_1, 20, 64, 1);
+  const QuantMatrix b = MakeMatrix(TensorType::kQ4_1, 9, 64, 2);
+  const WeightView views[2] = {a.view, b.view};
+  const PackedWeight ab = PackedWeight::Pack(views, 2, nullptr);
+  const PackedWeight pa = PackedWeight::Pack(a.view, nullptr), pb = PackedWeight::Pack(b.view, nullptr);
+  ASSERT_EQ(ab.rows(), 29);
+  const std::vector<float> x = Random(3 * 64, 9);
+  QuantizedActs acts;
+  QuantizeActs(x.data(), 3, 64, &acts);
+  std::vector<float> y(3 * 29), ya(3 * 20), yb(3 * 9);
+  QGemm(ab, acts, y.data(), 29, false, nullptr);
+  QGemm(pa, acts, ya.data(), 20, false, nullptr);
+  QGemm(pb, acts, yb.data(), 9, false, nullptr);
+  for (int t = 0; t < 3; ++t) {
+    EXPECT_EQ(std::memcmp(y.data() + t * 29, ya.data() + t * 20, 20 * 4), 0);
+    EXPECT_EQ(std::memcmp(y.data() + t * 29 + 20, yb.data() + t * 9, 9 * 4), 0);
+  }
+}
+
+TEST(FusedOpsTest, RmsNormAndSiluQuantizeMatchUnfused) {
+  const int64_t n = 5, dim = 96;
+  const std::vector<float> x = Random(n * dim, 1, 4.f), w = Random(dim, 2);
+  std::vector<float> normed(n * dim);
+  RmsNorm(x.data(), w.data(), n, dim, 1e-5f, normed.data());
+  QuantizedActs fused, unfused;
+  RmsNormQuantize(x.data(), w.data(), n, dim, 1e-5f, &fused);
+  QuantizeActs(normed.data(), n, dim, &unfused);
+  EXPECT_EQ(fused.qs, unfused.qs);
+  const std::vector<float> gu = Random(n * 2 * dim, 3, 6.f);
+  std::vector<float> h(n * dim);
+  for (int64_t t = 0; t < n; ++t) {
+    ref::SiluMul(gu.data() + t * 2 * dim, gu.data() + t * 2 * dim + dim, dim, h.data() + t * dim);
+  }
+  SiluMulQuantize(gu.data(), n, dim, &fused);
+  QuantizeActs(h.data(), n, dim, &unfused);
+  int diffs = 0;  // the SIMD exp may move a value across a rounding edge
+  for (int64_t i = 0; i < n * dim; ++i) {
+    EXPECT_LE(std::abs(fused.qs[i] - unfused.qs[i]), 1);
+    diffs += fused.qs[i] != unfused.qs[i];
+  }
+  EXPECT_LE(diffs, 3);
+}
+
+}  // namespace
+}  // namespace tandem::kernels
