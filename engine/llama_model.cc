@@ -31,6 +31,8 @@ struct LlamaModel::Scratch {
 bool ParseKernelMode(const std::string& s, KernelMode* mode) {
   if (s == "fast") {
     *mode = KernelMode::kFast;
+  } else if (s == "fast-int8") {
+    *mode = KernelMode::kFastInt8;
   } else if (s == "reference") {
     *mode = KernelMode::kReference;
   } else {
@@ -44,7 +46,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFil
   TANDEM_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromGguf(file));
   TANDEM_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::Load(file, config));
   if (options.prefault) file.Prefault(options.progress);
-  if (options.kernels == KernelMode::kFast) weights.Pack(options.pool);
+  if (options.kernels != KernelMode::kReference) weights.Pack(options.pool);
   return std::unique_ptr<LlamaModel>(
       new LlamaModel(std::move(config), std::move(weights), options.pool, options.kernels));
 }
@@ -77,8 +79,9 @@ std::string LlamaModel::Summary() const {
       c.KvBytesPerToken(sizeof(float)),
       mode_ == KernelMode::kReference
           ? std::string("reference (exact f32)")
-          : absl::StrFormat("fast (%s), %d/%d layers packed%s, %.1f MB repacked weights",
-                            kernels::QGemmIsa(), weights_.num_packed_layers(), c.num_layers,
+          : absl::StrFormat("%s (%s, %s activations), %d/%d layers packed%s, %.1f MB repacked weights",
+                            mode_ == KernelMode::kFast ? "fast" : "fast-int8", kernels::QGemmIsa(),
+                            act_levels() == 2 ? "int8x2" : "int8", weights_.num_packed_layers(), c.num_layers,
                             weights_.lm_head_p.empty() ? "" : " + LM head",
                             weights_.packed_bytes() / 1e6));
 }
@@ -199,7 +202,9 @@ void LlamaModel::RunPackedLayer(int64_t layer, const ForwardBatch& b,
   const LayerWeights& w = weights_.layers[layer];
   const int64_t T = b.num_tokens(), qd = c.q_dim(), kvd = c.kv_dim();
   const int64_t width = qd + 2 * kvd;
-  kernels::RmsNormQuantize(s.x.data(), w.attn_norm.data(), T, c.hidden_size, c.rms_eps, &s.acts);
+  const int levels = act_levels();
+  kernels::RmsNormQuantize(s.x.data(), w.attn_norm.data(), T, c.hidden_size, c.rms_eps, &s.acts,
+                           levels);
   kernels::QGemm(w.qkv, s.acts, s.qkv.data(), width, false, pool_);
   for (int64_t t = 0; t < T; ++t) {
     const float* row = s.qkv.data() + t * width;
@@ -213,23 +218,13 @@ void LlamaModel::RunPackedLayer(int64_t layer, const ForwardBatch& b,
     }
   }
   Attend(layer, b, args, cache, s);
-  if (getenv("EXP_WOREF")) {
-    kernels::MatMul(w.wo, s.attn.data(), T, s.h.data(), pool_);
-    kernels::Add(s.x.data(), s.h.data(), T * c.hidden_size, s.x.data());
-  } else {
-  kernels::QuantizeActs(s.attn.data(), T, qd, &s.acts);
+  kernels::QuantizeActs(s.attn.data(), T, qd, &s.acts, levels);
   kernels::QGemm(w.wo_p, s.acts, s.x.data(), c.hidden_size, true, pool_);
-  }
 
-  kernels::RmsNormQuantize(s.x.data(), w.ffn_norm.data(), T, c.hidden_size, c.rms_eps, &s.acts);
+  kernels::RmsNormQuantize(s.x.data(), w.ffn_norm.data(), T, c.hidden_size, c.rms_eps, &s.acts,
+                           levels);
   kernels::QGemm(w.gate_up, s.acts, s.gu.data(), 2 * c.ffn_size, false, pool_);
-  if (getenv("EXP_DOWNREF")) {
-    for (int64_t t = 0; t < T; ++t) kernels::SiluMul(s.gu.data() + t * 2 * c.ffn_size, s.gu.data() + t * 2 * c.ffn_size + c.ffn_size, c.ffn_size, s.gate.data() + t * c.ffn_size);
-    kernels::MatMul(w.w_down, s.gate.data(), T, s.h.data(), pool_);
-    kernels::Add(s.x.data(), s.h.data(), T * c.hidden_size, s.x.data());
-    return;
-  }
-  kernels::SiluMulQuantize(s.gu.data(), T, c.ffn_size, &s.acts);
+  kernels::SiluMulQuantize(s.gu.data(), T, c.ffn_size, &s.acts, levels);
   kernels::QGemm(w.down_p, s.acts, s.x.data(), c.hidden_size, true, pool_);
 }
 
@@ -241,9 +236,9 @@ void LlamaModel::LmHead(const ForwardBatch& b, Scratch& s, float* logits) const 
     std::copy_n(s.x.data() + b.logits_indices[i] * c.hidden_size, c.hidden_size,
                 last.data() + i * c.hidden_size);
   }
-  if (mode_ == KernelMode::kFast && !weights_.lm_head_p.empty() && !getenv("EXP_LMREF")) {
+  if (mode_ != KernelMode::kReference && !weights_.lm_head_p.empty()) {
     kernels::RmsNormQuantize(last.data(), weights_.output_norm.data(), L, c.hidden_size,
-                             c.rms_eps, &s.acts);
+                             c.rms_eps, &s.acts, act_levels());
     kernels::QGemm(weights_.lm_head_p, s.acts, logits, c.vocab_size, false, pool_);
     return;
   }
@@ -287,7 +282,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b, KvCacheStorage* cache,
   s.attn.resize(T * c.q_dim());
   s.gate.resize(T * c.ffn_size);
   s.up.resize(T * c.ffn_size);
-  const bool fast = mode_ == KernelMode::kFast;
+  const bool fast = mode_ != KernelMode::kReference;
   if (fast) {
     s.qkv.resize(T * (c.q_dim() + 2 * c.kv_dim()));
     s.gu.resize(T * 2 * c.ffn_size);
