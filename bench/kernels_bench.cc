@@ -59,14 +59,14 @@ void Counters(benchmark::State& state, int64_t bytes, int64_t macs) {
       benchmark::Counter(2.0 * double(macs) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// args: type, rows, cols, tokens
+// args: type, rows, cols, tokens, activation levels
 void BM_QGemm(benchmark::State& state) {
   const TensorType type = TensorType(state.range(0));
   const int64_t rows = state.range(1), cols = state.range(2), n = state.range(3);
   const Matrix m = Make(type, rows, cols);
   const std::vector<float> x = Random(n * cols, 2);
   QuantizedActs acts;
-  QuantizeActs(x.data(), n, cols, &acts);
+  QuantizeActs(x.data(), n, cols, &acts, int(state.range(4)));
   std::vector<float> y(n * rows);
   for (auto _ : state) {
     QGemm(m.packed, acts, y.data(), rows, false, Pool());
@@ -130,16 +130,18 @@ constexpr int64_t kQ41 = int64_t(TensorType::kQ4_1), kQ80 = int64_t(TensorType::
                   kQ40 = int64_t(TensorType::kQ4_0);
 
 BENCHMARK(BM_QGemm)
-    ->ArgNames({"type", "rows", "cols", "n"})
-    ->Args({kQ41, 960, 576, 1})      // Q|K|V decode
-    ->Args({kQ41, 3072, 576, 1})     // gate|up decode
-    ->Args({kQ41, 576, 1536, 1})     // down decode
-    ->Args({kQ40, 3072, 576, 1})
-    ->Args({kQ80, 49152, 576, 1})    // LM head decode
-    ->Args({kQ41, 3072, 576, 32})    // batched decode
-    ->Args({kQ80, 49152, 576, 32})
-    ->Args({kQ41, 3072, 576, 512})   // prefill
-    ->Args({kQ41, 576, 1536, 512})
+    ->ArgNames({"type", "rows", "cols", "n", "levels"})
+    ->Args({kQ41, 960, 576, 1, 2})      // Q|K|V decode
+    ->Args({kQ41, 3072, 576, 1, 1})     // gate|up decode
+    ->Args({kQ41, 3072, 576, 1, 2})
+    ->Args({kQ41, 576, 1536, 1, 2})     // down decode
+    ->Args({kQ40, 3072, 576, 1, 2})
+    ->Args({kQ80, 49152, 576, 1, 2})    // LM head decode (out of cache)
+    ->Args({kQ41, 3072, 576, 32, 2})    // batched decode
+    ->Args({kQ80, 49152, 576, 32, 2})
+    ->Args({kQ41, 3072, 576, 512, 1})   // prefill
+    ->Args({kQ41, 3072, 576, 512, 2})
+    ->Args({kQ41, 576, 1536, 512, 2})
     ->UseRealTime();
 BENCHMARK(BM_MatMulF32Path)
     ->ArgNames({"type", "rows", "cols", "n"})

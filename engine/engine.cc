@@ -24,6 +24,9 @@ struct Engine::ActiveRequest {
   bool scheduled = false;
   std::optional<RequestFinishReason> finish;  // decided by the OutputProcessor
   Usage usage;
+  bool export_kv = false;
+  std::shared_ptr<const KvExport> import_kv;  // until admitted
+  std::shared_ptr<const KvExport> kv_export;  // set when exported
 };
 
 namespace {
@@ -127,12 +130,39 @@ Engine::~Engine() { Shutdown(ShutdownMode::kCancel); }
 
 absl::Status Engine::ValidateRequest(const EngineRequest& request) const {
   const ModelConfig& mc = model_->config();
-  const int64_t n = static_cast<int64_t>(request.prompt_token_ids.size());
-  if (n == 0) return absl::InvalidArgumentError("empty prompt");
+  const int64_t num_prompt = static_cast<int64_t>(request.prompt_token_ids.size());
+  if (num_prompt == 0) return absl::InvalidArgumentError("empty prompt");
   for (int32_t id : request.prompt_token_ids) {
     if (id < 0 || id >= mc.vocab_size) {
       return absl::InvalidArgumentError(
           absl::StrCat("prompt token id ", id, " outside [0, ", mc.vocab_size, ")"));
+    }
+  }
+  for (int32_t id : request.prefix_output_token_ids) {
+    if (id < 0 || id >= mc.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prefix_output_token_ids: id ", id,
+                                                     " outside [0, ", mc.vocab_size, ")"));
+    }
+  }
+  const int64_t n = num_prompt + static_cast<int64_t>(request.prefix_output_token_ids.size());
+  if (request.import_kv != nullptr) {
+    const KvExport& kv = *request.import_kv;
+    TANDEM_RETURN_IF_ERROR(kv.Validate());
+    if (kv.num_layers != mc.num_layers || kv.num_kv_heads != mc.num_kv_heads ||
+        kv.head_dim != mc.head_dim) {
+      return absl::InvalidArgumentError("import_kv: geometry does not match the model");
+    }
+    if (kv.num_tokens() < 1 || kv.num_tokens() >= n) {
+      return absl::InvalidArgumentError(absl::StrCat("import_kv: ", kv.num_tokens(),
+                                                     " tokens; must be in [1, ", n, ")"));
+    }
+    for (int64_t i = 0; i < kv.num_tokens(); ++i) {
+      const int32_t expected = i < num_prompt ? request.prompt_token_ids[i]
+                                              : request.prefix_output_token_ids[i - num_prompt];
+      if (kv.token_ids[i] != expected) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("import_kv: token_ids[", i, "] differs from the request's tokens"));
+      }
     }
   }
   TANDEM_RETURN_IF_ERROR(request.params.Validate(mc.vocab_size));
@@ -149,7 +179,8 @@ absl::Status Engine::ValidateRequest(const EngineRequest& request) const {
 
 absl::StatusOr<RequestHandle> Engine::Submit(EngineRequest request) {
   TANDEM_RETURN_IF_ERROR(ValidateRequest(request));
-  const int64_t n = static_cast<int64_t>(request.prompt_token_ids.size());
+  const int64_t n = static_cast<int64_t>(request.prompt_token_ids.size() +
+                                         request.prefix_output_token_ids.size());
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::FailedPreconditionError("engine is shut down");
   const SchedulerConfig& sc = config_.scheduler;
@@ -161,9 +192,13 @@ absl::StatusOr<RequestHandle> Engine::Submit(EngineRequest request) {
   const int64_t id = next_id_++;
   auto stream = std::make_shared<RequestStream>(id, std::move(request.request_id),
                                                 std::move(request.on_event));
-  inbox_.push_back(Pending{std::make_unique<Sequence>(id, std::move(request.prompt_token_ids),
-                                                      std::move(request.params), request.extra_key),
-                           stream, absl::Now()});
+  auto seq = std::make_unique<Sequence>(id, std::move(request.prompt_token_ids),
+                                        std::move(request.params), request.extra_key);
+  for (int32_t t : request.prefix_output_token_ids) seq->AppendToken(t);
+  if (request.import_kv != nullptr) seq->set_num_imported_tokens(request.import_kv->num_tokens());
+  inbox_.push_back(Pending{std::move(seq), stream, absl::Now(), request.export_kv,
+                           std::move(request.import_kv),
+                           static_cast<int64_t>(request.prefix_output_token_ids.size())});
   ++num_waiting_;
   num_waiting_tokens_ += n;
   wake_.Signal();
@@ -246,7 +281,19 @@ void Engine::Admit(std::vector<Pending> submits) {
     const int64_t room = model_->config().context_length - p.seq->num_prompt_tokens();
     active->output = std::make_unique<OutputProcessor>(tokenizer_, p.seq->sampling_params().stop,
                                                        eos_token_ids_, room);
-    absl::Status st = scheduler_->AddRequest(std::move(p.seq));
+    active->export_kv = p.export_kv;
+    active->import_kv = std::move(p.import_kv);
+    absl::Status st;
+    // Replay delivered output through the detokenizer / stop checker, silently.
+    absl::Span<const int32_t> prefix = p.seq->output_token_ids();
+    for (size_t i = 0; i < prefix.size(); ++i) {
+      if (active->output->Process(prefix[i]).finish.has_value()) {
+        st = absl::InvalidArgumentError(absl::StrCat("prefix_output_token_ids[", i,
+                                                     "] already finishes the request"));
+        break;
+      }
+    }
+    if (st.ok()) st = scheduler_->AddRequest(std::move(p.seq));
     if (!st.ok()) {
       FinishEvent finish;
       finish.reason = RequestFinishReason::kError;
@@ -286,6 +333,7 @@ void Engine::FinishRequest(int64_t id, const Sequence* seq, RequestFinishReason 
   finish.reason = reason;
   finish.status = std::move(status);
   finish.usage = std::move(a.usage);
+  finish.kv_export = std::move(a.kv_export);
   if (seq != nullptr) {
     finish.usage.num_completion_tokens = seq->num_output_tokens();
     finish.usage.num_preemptions = seq->num_preemptions();
@@ -315,6 +363,12 @@ void Engine::Step() {
     a.usage.queue_time_s = Seconds(now - a.submit_time);
     a.usage.num_cached_tokens = scheduler_->Find(s.seq_id)->num_cached_tokens();
   }
+  for (const KvImport& imp : out.kv_imports) {
+    ActiveRequest& a = *active_.at(imp.seq_id);
+    TANDEM_CHECK(a.import_kv != nullptr);
+    ImportKv(*a.import_kv, imp.begin, imp.end, *kv_, imp.seq_id, cache_.get());
+    a.import_kv.reset();  // written; a preempted sequence recomputes
+  }
   absl::StatusOr<std::vector<SampledToken>> sampled = runner_->Execute(out, *scheduler_, *kv_);
   if (!sampled.ok()) {
     for (const ScheduledSequence& s : out.scheduled) {
@@ -341,6 +395,13 @@ void Engine::Step() {
     SequenceResult r;
     r.seq_id = t.seq_id;
     r.token_id = token_id;
+    if (!outcome.finish.has_value() && a.export_kv) {
+      // Prefill-only: copy the computed K/V out before Update frees the blocks.
+      const Sequence* seq = scheduler_->Find(t.seq_id);
+      a.kv_export = std::make_shared<const KvExport>(
+          ExportKv(*cache_, *kv_, t.seq_id, seq->token_ids()));
+      outcome.finish = RequestFinishReason::kLength;
+    }
     if (outcome.finish.has_value()) {
       a.finish = outcome.finish;
       r.finish = ToSchedulerReason(*outcome.finish);

@@ -137,6 +137,9 @@ class Engine {
     std::unique_ptr<Sequence> seq;
     RequestHandle stream;
     absl::Time submit_time;
+    bool export_kv = false;
+    std::shared_ptr<const KvExport> import_kv;
+    int64_t num_prefix_output_tokens = 0;
   };
 
   Engine(const EngineConfig& config, const LlamaModel* model,

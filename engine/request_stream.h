@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "engine/kv_export.h"
 #include "engine/sampler.h"
 #include "engine/sampling_params.h"
 
@@ -67,6 +68,13 @@ struct FinishEvent {
   absl::Status status;  // non-OK only for kError
   std::string text;     // held-back text released at the end (cancel), usually empty
   Usage usage;
+  // EngineRequest::export_kv only: the K/V of every computed token (the
+  // prompt, plus prefix_output_token_ids) taken before the blocks were freed,
+  // when the request ends after its first token only because it was
+  // exported; then `reason` is kLength and means "continues elsewhere". Null
+  // when the first token already finished the request (EOS / stop /
+  // max_tokens == 1: reason is the real one), on cancel and on error.
+  std::shared_ptr<const KvExport> kv_export;
 };
 
 using EngineEvent = std::variant<TokenEvent, FinishEvent>;
@@ -78,6 +86,24 @@ struct EngineRequest {
   SamplingParams params;   // includes params.stop
   uint64_t extra_key = 0;  // prefix-cache namespace (cache salt)
   EventCallback on_event;  // optional: events go here instead of Next()
+
+  // Disaggregation (prefill / decode workers, migration).
+  //
+  // Prefill-only: run the prompt, sample one token, emit it, finish; the
+  // FinishEvent carries the K/V (FinishEvent::kv_export).
+  bool export_kv = false;
+  // K/V of the leading tokens of prompt + prefix_output_token_ids (its
+  // token_ids must equal them; fewer than all of them, so at least one token
+  // is computed here to produce logits). The engine writes it into freshly
+  // allocated blocks at admission instead of computing those tokens; a cache
+  // prefix hit is used where it covers more. Geometry must match the model.
+  std::shared_ptr<const KvExport> import_kv;
+  // Output tokens already generated and delivered elsewhere (the prefill
+  // worker's first token; the tokens before a migration). They count as
+  // output for positions, the RNG, penalties, stop checks, max_tokens and the
+  // detokenizer state, but are not emitted as events. They must not finish
+  // the request themselves (InvalidArgument).
+  std::vector<int32_t> prefix_output_token_ids;
 };
 
 // One request's event stream (the handle Submit returns).

@@ -117,17 +117,24 @@ void Scheduler::ScheduleWaiting(SchedulerOutput* out, int64_t* budget) {
   while (!waiting_.empty() && *budget > 0 && num_running() < config_.max_num_seqs) {
     Sequence* seq = waiting_.front();
     const int64_t cached = kv_->FindCachedPrefix(seq->token_ids(), seq->extra_key());
-    const int64_t n = TokensToRun(*seq, cached, *budget);
+    // Imported K/V costs blocks but no compute budget.
+    const int64_t start = std::max(cached, seq->num_imported_tokens());
+    const int64_t n = TokensToRun(*seq, start, *budget);
     if (n == 0) break;
-    if (!kv_->AllocateNew(seq->id(), seq->token_ids(), seq->extra_key(), cached, n)) break;
+    if (!kv_->AllocateNew(seq->id(), seq->token_ids(), seq->extra_key(), cached,
+                          start - cached + n)) {
+      break;
+    }
     waiting_.pop_front();
     num_waiting_tokens_ -= seq->num_tokens();
-    seq->set_num_computed_tokens(cached);
+    if (start > cached) out->kv_imports.push_back(KvImport{seq->id(), cached, start});
+    seq->set_num_imported_tokens(0);
+    seq->set_num_computed_tokens(start);
     seq->set_num_cached_tokens(cached);
     seq->set_status(SequenceStatus::kRunning);
     running_.push_back(seq);
     out->scheduled.push_back(
-        ScheduledSequence{seq->id(), cached, n, cached + n == seq->num_tokens()});
+        ScheduledSequence{seq->id(), start, n, start + n == seq->num_tokens()});
     *budget -= n;
   }
 }

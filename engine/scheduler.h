@@ -64,11 +64,22 @@ struct ScheduledSequence {
   bool operator==(const ScheduledSequence&) const = default;
 };
 
+// K/V the caller writes for positions [begin, end) of a sequence admitted
+// this step (from Sequence::num_imported_tokens; positions below begin came
+// from the prefix cache). Perform before running the step.
+struct KvImport {
+  SeqId seq_id = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+  bool operator==(const KvImport&) const = default;
+};
+
 struct SchedulerOutput {
   std::vector<ScheduledSequence> scheduled;  // running first, then admitted
   std::vector<SeqId> preempted;              // in preemption order (newest first)
   // Perform in KvCacheStorage, in order, before running the step.
   std::vector<BlockCopy> block_copies;
+  std::vector<KvImport> kv_imports;
   int64_t num_batched_tokens = 0;  // sum of scheduled[i].num_tokens
 
   bool empty() const { return scheduled.empty(); }

@@ -74,6 +74,12 @@ class Sequence {
   // Admission order (set by the Scheduler): lower arrived earlier.
   int64_t arrival() const { return arrival_; }
   int64_t num_preemptions() const { return num_preemptions_; }
+  // Leading tokens whose K/V the caller supplies at admission instead of
+  // computing them (a KV handoff); the scheduler reports them as a KvImport
+  // when it admits the sequence and clears this (a preempted sequence
+  // recomputes). < num_tokens().
+  int64_t num_imported_tokens() const { return num_imported_tokens_; }
+  void set_num_imported_tokens(int64_t n) { num_imported_tokens_ = n; }
 
   // Mutators used by the Scheduler.
   void AppendToken(int32_t token_id) { token_ids_.push_back(token_id); }
@@ -94,6 +100,7 @@ class Sequence {
   SequenceStatus status_ = SequenceStatus::kWaiting;
   int64_t arrival_ = 0;
   int64_t num_preemptions_ = 0;
+  int64_t num_imported_tokens_ = 0;
 };
 
 }  // namespace tandem::engine

@@ -15,11 +15,12 @@
 // block sum kept, so one block's dot product is
 //   dot_b = float(sum_i q_i qx_i) * (d * dx) + m * (dx * sum_i qx_i)
 // computed exactly in integers up to that one f32 expression. With two
-// levels (the default for the model), the residual x - dx * qx is quantized
-// again the same way (dx2, qx2), giving about 15-bit activations for twice
-// the integer work and no extra weight bytes:
-//   dot_b = float(isum2) * (d * dx2) + (float(isum) * (d * dx) + m * sd)
-// with sd = dx * sum(qx) + dx2 * sum(qx2).
+// levels (the default for the model), the residual r = x - dx * qx is
+// quantized again on the grid e = dx / 256 (qx2 = round(r / e), |qx2| <=
+// 127), so x ~ e * (256 qx + qx2): about 16-bit activations for twice the
+// integer work, no extra weight bytes and the same f32 steps, with
+//   isum = (sum_i q_i qx_i) * 256 + sum_i q_i qx2_i   (exact int32)
+//   d_x = e, sd = e * (256 sum(qx) + sum(qx2)).
 //
 // Determinism: y[t, r] = sum over blocks b in increasing order of dot_b,
 // accumulated in f32 (acc = acc + dot_b), the same instruction sequence for
@@ -95,11 +96,9 @@ struct QuantizedActs {
   int levels = 1;           // 1 (int8) or 2 (int8 + int8 residual)
   std::vector<int8_t> qs;   // level 1 quants
   std::vector<int8_t> qs2;  // level 2 quants (levels == 2)
-  std::vector<float> d;     // dx
-  std::vector<float> d2;    // dx2 (levels == 2)
-  std::vector<float> sd;    // dx * sum(qx) [+ dx2 * sum(qx2)]
-  std::vector<int32_t> s;   // sum(qx)
-  std::vector<int32_t> s2;  // sum(qx2) (levels == 2)
+  std::vector<float> d;     // dx (one level) or e = dx / 256 (two levels)
+  std::vector<float> sd;    // d * s
+  std::vector<int32_t> s;   // sum(qx) or 256 sum(qx) + sum(qx2)
 
   void Resize(int64_t num_tokens, int64_t num_cols, int num_levels);
   int64_t num_blocks() const { return cols / kQBlock; }

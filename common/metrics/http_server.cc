@@ -192,6 +192,7 @@ void MetricsHttpServer::ServeConnection(Connection* conn) const {
   bool respond = false;
   char chunk[4096];
   bool line_checked = false;
+  size_t scanned = 0;  // bytes of buf already searched for the terminator
   while (true) {
     // Answer garbage as soon as its first line is complete.
     if (!line_checked && buf.find("\r\n") != std::string::npos) {
@@ -203,9 +204,9 @@ void MetricsHttpServer::ServeConnection(Connection* conn) const {
         break;
       }
     }
-    // Only the tail can complete a terminator that was not there before.
-    size_t from = buf.size() > 3 ? buf.size() - 3 : 0;
-    size_t end = buf.find("\r\n\r\n", from);
+    // A terminator not seen before must end in the newly read bytes.
+    size_t end = buf.find("\r\n\r\n", scanned > 3 ? scanned - 3 : 0);
+    scanned = buf.size();
     if (end != std::string::npos) {
       response = Handle(std::string_view(buf).substr(0, end + 4));
       respond = true;

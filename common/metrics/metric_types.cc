@@ -31,8 +31,7 @@ double Gauge::Value() const {
   return value_.load(std::memory_order_relaxed);
 }
 
-void Gauge::AppendSamples(std::string_view name, std::string_view labels,
-                          std::string* out) const {
+void Gauge::AppendSamples(std::string_view name, std::string_view labels, std::string* out) const {
   AppendSample(name, labels, "", Value(), out);
 }
 

@@ -169,9 +169,10 @@ absl::StatusOr<GaugeFamily*> MetricsRegistry::AddGauge(std::string_view name, st
   return static_cast<GaugeFamily*>(*f);
 }
 
-absl::StatusOr<HistogramFamily*> MetricsRegistry::AddHistogram(
-    std::string_view name, std::string_view help, std::vector<std::string> label_names,
-    absl::Span<const double> bounds) {
+absl::StatusOr<HistogramFamily*> MetricsRegistry::AddHistogram(std::string_view name,
+                                                               std::string_view help,
+                                                               std::vector<std::string> label_names,
+                                                               absl::Span<const double> bounds) {
   absl::StatusOr<FamilyBase*> f =
       Add(name, help, MetricType::kHistogram, std::move(label_names), bounds);
   if (!f.ok()) return f.status();
@@ -186,7 +187,8 @@ absl::StatusOr<FamilyBase*> MetricsRegistry::Add(std::string_view name, std::str
     return absl::InvalidArgumentError(absl::StrCat("invalid metric name \"", Sv(name), "\""));
   }
   if (type == MetricType::kCounter && !name.ends_with("_total")) {
-    return absl::InvalidArgumentError(absl::StrCat("counter \"", Sv(name), "\" must end in _total"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("counter \"", Sv(name), "\" must end in _total"));
   }
   if (!IsValidUtf8(help)) {
     return absl::InvalidArgumentError(absl::StrCat(Sv(name), ": help is not valid UTF-8"));
@@ -200,7 +202,8 @@ absl::StatusOr<FamilyBase*> MetricsRegistry::Add(std::string_view name, std::str
       return absl::InvalidArgumentError(absl::StrCat(Sv(name), ": label name \"le\" is reserved"));
     }
     if (std::find(label_names.begin(), label_names.begin() + i, l) != label_names.begin() + i) {
-      return absl::InvalidArgumentError(absl::StrCat(Sv(name), ": duplicate label name \"", l, "\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat(Sv(name), ": duplicate label name \"", l, "\""));
     }
   }
   std::vector<double> b(bounds.begin(), bounds.end());
@@ -222,9 +225,9 @@ absl::StatusOr<FamilyBase*> MetricsRegistry::Add(std::string_view name, std::str
       same = *static_cast<const HistogramFamily*>(f)->bounds_ == b;
     }
     if (!same) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "metric \"", Sv(name), "\" conflicts with the registered ", Sv(MetricTypeName(f->type())),
-          " \"", f->name(), "\""));
+      return absl::AlreadyExistsError(
+          absl::StrCat("metric \"", Sv(name), "\" conflicts with the registered ",
+                       Sv(MetricTypeName(f->type())), " \"", f->name(), "\""));
     }
     return existing->second;
   }

@@ -74,8 +74,7 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
   TANDEM_ASSIGN_OR_RETURN(
       m->request_decode_time,
       hist("tandem_request_decode_time_seconds",
-           "Time from a request's first token to its last token, in seconds.",
-           kE2eSecondsBuckets));
+           "Time from a request's first token to its last token, in seconds.", kE2eSecondsBuckets));
   TANDEM_ASSIGN_OR_RETURN(
       m->kv_transfer_time,
       hist("tandem_kv_transfer_seconds",
@@ -90,9 +89,8 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
       hist("tandem_batch_size", "Sequences scheduled in one engine step.", kBatchSizeBuckets));
 
   // Counters.
-  TANDEM_ASSIGN_OR_RETURN(
-      m->kv_transfer_bytes,
-      counter("tandem_kv_transfer_bytes_total", "KV cache bytes moved between workers."));
+  TANDEM_ASSIGN_OR_RETURN(m->kv_transfer_bytes, counter("tandem_kv_transfer_bytes_total",
+                                                        "KV cache bytes moved between workers."));
   TANDEM_ASSIGN_OR_RETURN(
       m->kv_transfer_failures,
       counter("tandem_kv_transfer_failures_total",
@@ -107,8 +105,7 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
               "Sequences preempted (blocks freed, recomputed later) because KV blocks ran out."));
   TANDEM_ASSIGN_OR_RETURN(
       m->prefix_cache_queries,
-      counter("tandem_prefix_cache_queries_total",
-              "Prompt tokens looked up in the prefix cache."));
+      counter("tandem_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."));
   TANDEM_ASSIGN_OR_RETURN(
       m->prefix_cache_hits,
       counter("tandem_prefix_cache_hits_total",
@@ -131,19 +128,16 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
   TANDEM_ASSIGN_OR_RETURN(
       m->kv_cache_usage_ratio,
       gauge("tandem_kv_cache_usage_ratio", "Fraction of KV cache blocks in use, 0 to 1."));
-  TANDEM_ASSIGN_OR_RETURN(
-      m->num_requests_running,
-      gauge("tandem_num_requests_running", "Requests in the running batch."));
-  TANDEM_ASSIGN_OR_RETURN(
-      m->num_requests_waiting,
-      gauge("tandem_num_requests_waiting", "Requests waiting to be scheduled."));
-  TANDEM_ASSIGN_OR_RETURN(
-      m->num_kv_leases,
-      gauge("tandem_num_kv_leases", "KV handoffs received and held under a lease, not yet "
-                                    "adopted by a decode request."));
-  TANDEM_ASSIGN_OR_RETURN(
-      m->num_leased_blocks,
-      gauge("tandem_num_leased_blocks", "KV blocks held by unexpired leases."));
+  TANDEM_ASSIGN_OR_RETURN(m->num_requests_running,
+                          gauge("tandem_num_requests_running", "Requests in the running batch."));
+  TANDEM_ASSIGN_OR_RETURN(m->num_requests_waiting, gauge("tandem_num_requests_waiting",
+                                                         "Requests waiting to be scheduled."));
+  TANDEM_ASSIGN_OR_RETURN(m->num_kv_leases,
+                          gauge("tandem_num_kv_leases",
+                                "KV handoffs received and held under a lease, not yet "
+                                "adopted by a decode request."));
+  TANDEM_ASSIGN_OR_RETURN(m->num_leased_blocks,
+                          gauge("tandem_num_leased_blocks", "KV blocks held by unexpired leases."));
   return m;
 }
 

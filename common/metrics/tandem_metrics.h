@@ -40,19 +40,19 @@ inline constexpr double kTtftSecondsBuckets[] = {
     1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 // Inter-token latency (TPOT): 1 ms (small model on a GPU) .. 80 s.
 inline constexpr double kInterTokenSecondsBuckets[] = {
-    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2, 0.3,
     0.4,   0.5,    0.75,  1.0,    2.5,  5.0,   7.5,  10.0,  20.0, 40.0, 80.0};
 // End-to-end and decode time: 10 ms .. 7680 s.
 inline constexpr double kE2eSecondsBuckets[] = {
-    0.01, 0.025, 0.05, 0.1,  0.3,  0.5,  0.8,  1.0,   1.5,   2.0,   2.5,   5.0,  10.0,
+    0.01, 0.025, 0.05, 0.1,  0.3,  0.5,  0.8,   1.0,   1.5,   2.0,   2.5,    5.0,   10.0,
     15.0, 20.0,  30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 // KV transfer of one request: 100 us (NVLink) .. 60 s (host transport, long prompt).
-inline constexpr double kTransferSecondsBuckets[] = {
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-    0.1,    0.25,    0.5,    1.0,   2.5,    5.0,   10.0, 30.0,  60.0};
+inline constexpr double kTransferSecondsBuckets[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                                     0.01,   0.025,   0.05,   0.1,   0.25,   0.5,
+                                                     1.0,    2.5,     5.0,    10.0,  30.0,   60.0};
 // Tokens scheduled per engine step: powers of 2, 1 .. 16384.
-inline constexpr double kIterationTokensBuckets[] = {1,   2,    4,    8,    16,   32,   64,   128,
-                                                     256, 512,  1024, 2048, 4096, 8192, 16384};
+inline constexpr double kIterationTokensBuckets[] = {1,   2,   4,    8,    16,   32,   64,   128,
+                                                     256, 512, 1024, 2048, 4096, 8192, 16384};
 // Sequences per engine step: powers of 2, 1 .. 1024.
 inline constexpr double kBatchSizeBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
 
@@ -104,8 +104,8 @@ struct TandemMetrics {
   Counter* prompt_tokens = nullptr;
   Counter* generation_tokens = nullptr;
   Counter* num_preemptions = nullptr;
-  Counter* prefix_cache_queries = nullptr;  // in tokens, as vLLM
-  Counter* prefix_cache_hits = nullptr;     // in tokens
+  Counter* prefix_cache_queries = nullptr;          // in tokens, as vLLM
+  Counter* prefix_cache_hits = nullptr;             // in tokens
   CounterFamily* request_success_family = nullptr;  // {phase, model, finish_reason}
   CounterFamily* request_errors_family = nullptr;   // {phase, model, code}
 
@@ -113,7 +113,7 @@ struct TandemMetrics {
   Gauge* kv_cache_usage_ratio = nullptr;  // 0..1
   Gauge* num_requests_running = nullptr;
   Gauge* num_requests_waiting = nullptr;
-  Gauge* num_kv_leases = nullptr;     // decode: KV handoffs held, not yet adopted
+  Gauge* num_kv_leases = nullptr;      // decode: KV handoffs held, not yet adopted
   Gauge* num_leased_blocks = nullptr;  // decode: blocks held by those leases
 
  private:

@@ -1,8 +1,12 @@
 // Dispatched paged attention and KV write.
 //
-// Work items are (token, query head) pairs split over the pool; each item is
-// computed entirely by one thread: scores in position order, max, exp-sum in
-// position order, then V accumulated in position order. Nothing depends on the
+// Work items are (token, KV head) pairs split over the pool: one item
+// computes all query heads of the KV head's GQA group, reading each K and V
+// row once for the whole group (AVX-512, head_dim 64: queries and outputs
+// stay in registers; other shapes: one head at a time as before). Each
+// output is computed entirely by one thread: scores in position order
+// (DotF32 order), max, exp (Exp16) and a sum whose order depends only on the
+// context length, then V accumulated in position order. Nothing depends on
 // other items, so outputs are bit-identical for any batch or thread count.
 #include <cmath>
 #include <cstring>
@@ -48,6 +52,74 @@ void AttendOne(const PagedAttentionArgs& a, const int32_t* table, int64_t len, c
   }
 }
 
+#if TANDEM_KERNELS_AVX512
+constexpr int kMaxGroup = 8;
+constexpr int64_t kFastHeadDim = 64;
+
+// All `group` heads of one KV head, head_dim 64. p: [group, len] scratch.
+void AttendGroup64(const PagedAttentionArgs& a, const int32_t* table, int64_t len, const float* q,
+                   int group, int64_t kvh, const float* k_cache, const float* v_cache,
+                   std::vector<float>& p, float* out) {
+  const PagedKvLayout& L = a.layout;
+  const int64_t width = L.num_kv_heads * kFastHeadDim;
+  const int64_t stride = (len + 15) / 16 * 16;
+  p.resize(group * stride);
+  __m512 qv[kMaxGroup][4];
+  for (int g = 0; g < group; ++g) {
+    for (int c = 0; c < 4; ++c) qv[g][c] = _mm512_loadu_ps(q + g * kFastHeadDim + 16 * c);
+  }
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t slot = int64_t(table[j / L.block_size]) * L.block_size + j % L.block_size;
+    const float* kr = k_cache + slot * width + kvh * kFastHeadDim;
+    const __m512 k0 = _mm512_loadu_ps(kr), k1 = _mm512_loadu_ps(kr + 16);
+    const __m512 k2 = _mm512_loadu_ps(kr + 32), k3 = _mm512_loadu_ps(kr + 48);
+    for (int g = 0; g < group; ++g) {
+      // DotF32's order: chunk c into accumulator c % 2.
+      __m512 e = _mm512_fmadd_ps(qv[g][0], k0, _mm512_setzero_ps());
+      __m512 o = _mm512_fmadd_ps(qv[g][1], k1, _mm512_setzero_ps());
+      e = _mm512_fmadd_ps(qv[g][2], k2, e);
+      o = _mm512_fmadd_ps(qv[g][3], k3, o);
+      p[g * stride + j] = cpu::Reduce16(_mm512_add_ps(e, o)) * a.scale;
+    }
+  }
+  float inv[kMaxGroup];
+  for (int g = 0; g < group; ++g) {
+    float* pg = p.data() + g * stride;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < len; ++j) mx = std::fmax(mx, pg[j]);
+    const __m512 mv = _mm512_set1_ps(mx);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < len; j += 16) {
+      const __mmask16 m = len - j >= 16 ? __mmask16(0xffff) : cpu::TailMask(len - j);
+      const __m512 e = cpu::Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, pg + j), mv));
+      _mm512_mask_storeu_ps(pg + j, m, e);
+      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
+    }
+    inv[g] = 1.f / cpu::Reduce16(sum);
+  }
+  __m512 acc[kMaxGroup][4];
+  for (int g = 0; g < group; ++g) {
+    for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
+  }
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t slot = int64_t(table[j / L.block_size]) * L.block_size + j % L.block_size;
+    const float* vr = v_cache + slot * width + kvh * kFastHeadDim;
+    const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16);
+    const __m512 v2 = _mm512_loadu_ps(vr + 32), v3 = _mm512_loadu_ps(vr + 48);
+    for (int g = 0; g < group; ++g) {
+      const __m512 w = _mm512_set1_ps(p[g * stride + j] * inv[g]);
+      acc[g][0] = _mm512_fmadd_ps(w, v0, acc[g][0]);
+      acc[g][1] = _mm512_fmadd_ps(w, v1, acc[g][1]);
+      acc[g][2] = _mm512_fmadd_ps(w, v2, acc[g][2]);
+      acc[g][3] = _mm512_fmadd_ps(w, v3, acc[g][3]);
+    }
+  }
+  for (int g = 0; g < group; ++g) {
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(out + g * kFastHeadDim + 16 * c, acc[g][c]);
+  }
+}
+#endif
+
 }  // namespace
 
 void PagedAttention(const PagedAttentionArgs& a, const float* q, const float* k_cache,
@@ -60,6 +132,22 @@ void PagedAttention(const PagedAttentionArgs& a, const float* q, const float* k_
   }
   const int64_t hd = a.layout.head_dim;
   const int64_t group = a.num_heads / a.layout.num_kv_heads;
+#if TANDEM_KERNELS_AVX512
+  if (hd == kFastHeadDim && group <= kMaxGroup) {
+    const int64_t kvh = a.layout.num_kv_heads;
+    ThreadPool::Run(pool, num_tokens * kvh, [&](int64_t begin, int64_t end) {
+      std::vector<float> p;
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t t = item / kvh, h = item % kvh;
+        const int32_t* table = a.block_tables + seq_of[t] * a.max_blocks_per_seq;
+        const int64_t off = (t * a.num_heads + h * group) * hd;
+        AttendGroup64(a, table, int64_t(a.positions[t]) + 1, q + off, int(group), h, k_cache,
+                      v_cache, p, out + off);
+      }
+    });
+    return;
+  }
+#endif
   ThreadPool::Run(pool, num_tokens * a.num_heads, [&](int64_t begin, int64_t end) {
     std::vector<float> p;
     for (int64_t item = begin; item < end; ++item) {

@@ -27,10 +27,10 @@ inline __m256i Bcast(const int8_t* p) {
 }
 
 // kKind: 0 = 4-bit, 1 = 8-bit with small quants (Q5_x), 2 = Q8_0 (offset 128).
-// Exact sum over the block of w (8 rows x 32, unsigned) times x (32, s8);
-// xsum = sum(x), needed by the Q8_0 sign trick.
+// Exact sum over the block of w (8 rows x 32; unsigned, or for kKind 2 the
+// signed w - 128) times x (32, s8).
 template <int kKind>
-inline __m256i BlockDot(const __m256i* wq, const int8_t* x, int32_t xsum) {
+inline __m256i BlockDot(const __m256i* wq, const int8_t* x) {
   const __m256i ones = _mm256_set1_epi16(1);
   if constexpr (kKind == 0) {
     // 8 products of <= 2 * 15 * 127 each: the i16 sum cannot overflow.
@@ -53,8 +53,7 @@ inline __m256i BlockDot(const __m256i* wq, const int8_t* x, int32_t xsum) {
       isum = _mm256_add_epi32(
           isum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wq[j]), xs), ones));
     }
-    // sum (u - 128) x  ->  sum u x
-    return _mm256_add_epi32(isum, _mm256_set1_epi32(128 * xsum));
+    return isum;
   }
 }
 
@@ -73,10 +72,8 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
   const int8_t* xq = a.qs.data() + i0 * kQBlock;
   const int8_t* xq2 = kTwo ? a.qs2.data() + i0 * kQBlock : nullptr;
   const float* xd = a.d.data() + i0;
-  const float* xd2 = kTwo ? a.d2.data() + i0 : nullptr;
   const float* xsd = a.sd.data() + i0;
   const int32_t* xs = a.s.data() + i0;
-  const int32_t* xs2 = kTwo ? a.s2.data() + i0 : nullptr;
   constexpr int64_t kStep = kActTile * kQBlock;
   for (int64_t b = 0; b < nb; ++b, c += cb) {
     __m256i wq[8];
@@ -106,13 +103,13 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
       const int64_t off = b * kStep + t * kQBlock;
       const __m256 ddx = _mm256_mul_ps(dv, _mm256_set1_ps(xd[k]));
       const __m256 t1 = _mm256_mul_ps(mv, _mm256_set1_ps(xsd[k]));
-      const __m256 isum = _mm256_cvtepi32_ps(BlockDot<kKind>(wq, xq + off, xs[k]));
-      __m256 dot = _mm256_fmadd_ps(isum, ddx, t1);
+      __m256i is = BlockDot<kKind>(wq, xq + off);
       if constexpr (kTwo) {
-        const __m256 isum2 = _mm256_cvtepi32_ps(BlockDot<kKind>(wq, xq2 + off, xs2[k]));
-        dot = _mm256_fmadd_ps(isum2, _mm256_mul_ps(dv, _mm256_set1_ps(xd2[k])), dot);
+        is = _mm256_add_epi32(_mm256_slli_epi32(is, 8), BlockDot<kKind>(wq, xq2 + off));
       }
-      acc[t] = _mm256_add_ps(acc[t], dot);
+      // Q8_0: sum (u - 128) x  ->  sum u x (s is the matching integer sum).
+      if constexpr (kKind == 2) is = _mm256_add_epi32(is, _mm256_set1_epi32(128 * xs[k]));
+      acc[t] = _mm256_add_ps(acc[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), ddx, t1));
     }
   }
   const int64_t r0 = g * kGroupRows + 8 * h;

@@ -30,9 +30,9 @@ inline __m512i Bcast(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// sum over the block of w (16 rows x 32, unsigned) times x (32, signed).
-inline __m512i BlockDot(const __m512i* wq, const int8_t* x) {
-  __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[0], Bcast(x));
+// init + sum over the block of w (16 rows x 32, unsigned) times x (32, s8).
+inline __m512i BlockDot(const __m512i* wq, const int8_t* x, __m512i init) {
+  __m512i s0 = _mm512_dpbusd_epi32(init, wq[0], Bcast(x));
   __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[1], Bcast(x + 4));
   s0 = _mm512_dpbusd_epi32(s0, wq[2], Bcast(x + 8));
   s1 = _mm512_dpbusd_epi32(s1, wq[3], Bcast(x + 12));
@@ -58,7 +58,6 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
   const int8_t* xq = a.qs.data() + i0 * kQBlock;
   const int8_t* xq2 = kTwo ? a.qs2.data() + i0 * kQBlock : nullptr;
   const float* xd = a.d.data() + i0;
-  const float* xd2 = kTwo ? a.d2.data() + i0 : nullptr;
   const float* xsd = a.sd.data() + i0;
   constexpr int64_t kStep = kActTile * kQBlock;
   for (int64_t b = 0; b < nb; ++b, c += cb) {
@@ -87,13 +86,10 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
       const int64_t k = b * kActTile + t;
       const __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(xd[k]));
       const __m512 t1 = _mm512_mul_ps(mv, _mm512_set1_ps(xsd[k]));
-      const __m512 isum = _mm512_cvtepi32_ps(BlockDot(wq, xq + b * kStep + t * kQBlock));
-      __m512 dot = _mm512_fmadd_ps(isum, ddx, t1);
-      if constexpr (kTwo) {
-        const __m512 isum2 = _mm512_cvtepi32_ps(BlockDot(wq, xq2 + b * kStep + t * kQBlock));
-        dot = _mm512_fmadd_ps(isum2, _mm512_mul_ps(dv, _mm512_set1_ps(xd2[k])), dot);
-      }
-      acc[t] = _mm512_add_ps(acc[t], dot);
+      const int64_t off = b * kStep + t * kQBlock;
+      __m512i is = BlockDot(wq, xq + off, _mm512_setzero_si512());
+      if constexpr (kTwo) is = BlockDot(wq, xq2 + off, _mm512_slli_epi32(is, 8));
+      acc[t] = _mm512_add_ps(acc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), ddx, t1));
     }
   }
   const int64_t valid = std::min<int64_t>(kGroupRows, w.rows() - g * kGroupRows);
@@ -142,16 +138,11 @@ void Gemm(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1,
   (a.levels == 2 ? GemmL<true> : GemmL<false>)(w, a, g0, g1, y, ldy, accumulate);
 }
 
-// One level of QuantizeBlockRef on 2 x 16 lanes: max is exact in any
-// order, the rest is lane-wise, so the quants are bit-identical.
-inline int32_t QuantizeBlock(__m512 x0, __m512 x1, int8_t* q, float* dx_out, __m512* q0f,
+// QuantizeBlockRef on 2 x 16 lanes: lane-wise, so the quants are
+// bit-identical to the reference.
+inline int32_t QuantizeBlock(__m512 x0, __m512 x1, float id, int8_t* q, __m512* q0f,
                              __m512* q1f) {
-  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const __m512 lim = _mm512_set1_ps(127.f), nlim = _mm512_set1_ps(-127.f);
-  const __m512 mx = _mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask));
-  const float amax = _mm512_reduce_max_ps(mx);
-  const float dx = amax / 127.f;
-  const float id = dx != 0.f ? 1.f / dx : 0.f;
   const __m512 iv = _mm512_set1_ps(id);
   auto quant = [&](__m512 v) {
     v = _mm512_roundscale_ps(_mm512_mul_ps(v, iv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -162,28 +153,31 @@ inline int32_t QuantizeBlock(__m512 x0, __m512 x1, int8_t* q, float* dx_out, __m
   const __m512i q0 = _mm512_cvtps_epi32(*q0f), q1 = _mm512_cvtps_epi32(*q1f);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
-  *dx_out = dx;
   return _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
 }
 
 void QuantizeRow(const float* x, int64_t cols, const ActRow& o) {
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int64_t b = 0; b < cols / 32; ++b) {
     const int64_t k = b * kActTile;
     const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
+    // max is exact in any order.
+    const float amax = _mm512_reduce_max_ps(
+        _mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
+    const float dx = amax / 127.f;
+    const float id = dx != 0.f ? 1.f / dx : 0.f;
     __m512 q0f, q1f;
-    float dx;
-    const int32_t sum = QuantizeBlock(x0, x1, o.q + k * kQBlock, &dx, &q0f, &q1f);
-    o.d[k] = dx;
+    int32_t sum = QuantizeBlock(x0, x1, id, o.q + k * kQBlock, &q0f, &q1f);
+    float d = dx;
+    if (o.q2 != nullptr) {
+      const __m512 ndx = _mm512_set1_ps(-dx);
+      const __m512 r0 = _mm512_fmadd_ps(ndx, q0f, x0), r1 = _mm512_fmadd_ps(ndx, q1f, x1);
+      sum = sum * 256 + QuantizeBlock(r0, r1, id * 256.f, o.q2 + k * kQBlock, &q0f, &q1f);
+      d = dx * (1.f / 256.f);
+    }
+    o.d[k] = d;
     o.s[k] = sum;
-    o.sd[k] = dx * float(sum);
-    if (o.q2 == nullptr) continue;
-    const __m512 ndx = _mm512_set1_ps(-dx);
-    const __m512 r0 = _mm512_fmadd_ps(ndx, q0f, x0), r1 = _mm512_fmadd_ps(ndx, q1f, x1);
-    float dx2;
-    const int32_t sum2 = QuantizeBlock(r0, r1, o.q2 + k * kQBlock, &dx2, &q0f, &q1f);
-    o.d2[k] = dx2;
-    o.s2[k] = sum2;
-    o.sd[k] = std::fma(dx2, float(sum2), dx * float(sum));
+    o.sd[k] = d * float(sum);
   }
 }
 

@@ -20,16 +20,13 @@ struct ActRow {
   float* sd;
   int32_t* s;
   int8_t* q2;
-  float* d2;
-  int32_t* s2;
 };
 
 inline ActRow RowOf(QuantizedActs* a, int64_t t) {
   const int64_t i = a->Index(t, 0);
   const bool two = a->levels == 2;
-  return {a->qs.data() + i * kQBlock, a->d.data() + i,  a->sd.data() + i, a->s.data() + i,
-          two ? a->qs2.data() + i * kQBlock : nullptr, two ? a->d2.data() + i : nullptr,
-          two ? a->s2.data() + i : nullptr};
+  return {a->qs.data() + i * kQBlock, a->d.data() + i, a->sd.data() + i, a->s.data() + i,
+          two ? a->qs2.data() + i * kQBlock : nullptr};
 }
 
 struct QGemmImpl {

@@ -77,13 +77,9 @@ int QuantAt(const uint8_t* chunk, int bits, int r, int k) {
   return k < 16 ? (byte & 0x0F) : (byte >> 4);
 }
 
-// One level: qx = round(x / dx) clamped to [-127, 127], dx = max|x| / 127.
-// Returns sum(qx); writes the quants as floats to qf for the residual.
-int32_t QuantizeBlockRef(const float* x, int8_t* q, float* dx_out, float* qf) {
-  float amax = 0.f;
-  for (int i = 0; i < kQBlock; ++i) amax = std::fmax(amax, std::fabs(x[i]));
-  const float dx = amax / 127.f;
-  const float id = dx != 0.f ? 1.f / dx : 0.f;
+// q = round(x * id) clamped to [-127, 127]; returns sum(q), quants as
+// floats in qf.
+int32_t QuantizeBlockRef(const float* x, float id, int8_t* q, float* qf) {
   int32_t sum = 0;
   for (int i = 0; i < kQBlock; ++i) {
     float v = std::nearbyint(x[i] * id);
@@ -92,7 +88,6 @@ int32_t QuantizeBlockRef(const float* x, int8_t* q, float* dx_out, float* qf) {
     qf[i] = v;
     sum += int8_t(v);
   }
-  *dx_out = dx;
   return sum;
 }
 
@@ -100,18 +95,21 @@ void QuantizeRowRef(const float* x, int64_t cols, const cpu::ActRow& o) {
   float qf[kQBlock], r[kQBlock];
   for (int64_t b = 0; b < cols / kQBlock; ++b) {
     const int64_t k = b * kActTile;
-    float dx;
-    const int32_t sum = QuantizeBlockRef(x + b * kQBlock, o.q + k * kQBlock, &dx, qf);
-    o.d[k] = dx;
+    const float* xb = x + b * kQBlock;
+    float amax = 0.f;
+    for (int i = 0; i < kQBlock; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
+    const float dx = amax / 127.f;
+    const float id = dx != 0.f ? 1.f / dx : 0.f;
+    int32_t sum = QuantizeBlockRef(xb, id, o.q + k * kQBlock, qf);
+    float d = dx;
+    if (o.q2 != nullptr) {
+      for (int i = 0; i < kQBlock; ++i) r[i] = std::fma(-dx, qf[i], xb[i]);
+      sum = sum * 256 + QuantizeBlockRef(r, id * 256.f, o.q2 + k * kQBlock, qf);
+      d = dx * (1.f / 256.f);
+    }
+    o.d[k] = d;
     o.s[k] = sum;
-    o.sd[k] = dx * float(sum);
-    if (o.q2 == nullptr) continue;
-    for (int i = 0; i < kQBlock; ++i) r[i] = std::fma(-dx, qf[i], x[b * kQBlock + i]);
-    float dx2;
-    const int32_t sum2 = QuantizeBlockRef(r, o.q2 + k * kQBlock, &dx2, qf);
-    o.d2[k] = dx2;
-    o.s2[k] = sum2;
-    o.sd[k] = std::fma(dx2, float(sum2), dx * float(sum));
+    o.sd[k] = d * float(sum);
   }
 }
 
@@ -131,6 +129,7 @@ void GemmGroupsRef(const PackedWeight& w, const QuantizedActs& a, int64_t g0, in
         if (a.levels == 2) {
           const int8_t* xq2 = a.q2(t, b);
           for (int k = 0; k < 32; ++k) isum2 += QuantAt(c, w.bits(), rr, k) * xq2[k];
+          isum = isum * 256 + isum2;
         }
         uint16_t hd, hm;
         std::memcpy(&hd, c + w.bits() * 64 + rr * 2, 2);
@@ -144,9 +143,7 @@ void GemmGroupsRef(const PackedWeight& w, const QuantizedActs& a, int64_t g0, in
         }
         const float ddx = d * a.d[a.Index(t, b)];
         const float t1 = m * a.sd[a.Index(t, b)];
-        float dot = std::fma(float(isum), ddx, t1);
-        if (a.levels == 2) dot = std::fma(float(isum2), d * a.d2[a.Index(t, b)], dot);
-        acc = acc + dot;
+        acc = acc + std::fma(float(isum), ddx, t1);
       }
       float* out = y + t * ldy + r;
       *out = accumulate ? *out + acc : acc;
@@ -226,11 +223,7 @@ void QuantizedActs::Resize(int64_t num_tokens, int64_t num_cols, int num_levels)
     sd.resize(slots);
     s.resize(slots);
   }
-  if (levels == 2 && int64_t(d2.size()) < slots) {
-    qs2.resize(slots * kQBlock);
-    d2.resize(slots);
-    s2.resize(slots);
-  }
+  if (levels == 2 && int64_t(qs2.size()) < slots * kQBlock) qs2.resize(slots * kQBlock);
 }
 
 namespace ref {

@@ -15,6 +15,11 @@ int RunGenerate(int argc, char** argv);
 int RunPlan(int argc, char** argv);
 int RunVersion(int argc, char** argv);
 int RunTokenize(int argc, char** argv);
+int RunRouter(int argc, char** argv);   // router_cmd.cc
+int RunPrefill(int argc, char** argv);  // workers.cc
+int RunDecode(int argc, char** argv);   // workers.cc
+int RunServe(int argc, char** argv);    // serve.cc
+int RunClient(int argc, char** argv);   // client.cc
 
 }  // namespace tandem::cli
 

@@ -11,6 +11,11 @@ constexpr char kUsage[] =
     "usage: tandem <command> [flags]\n"
     "\n"
     "commands:\n"
+    "  serve      start a router plus prefill and decode workers on loopback\n"
+    "  router     run the router (public gRPC API) alone\n"
+    "  prefill    run a prefill worker\n"
+    "  decode     run a decode worker\n"
+    "  client     call a running server's Generate API\n"
     "  generate   generate text from a prompt with a local model\n"
     "  plan       capacity estimate: memory, batch, throughput, $/token, worker ratio\n"
     "  tokenize   print the token ids of a text\n"
@@ -27,6 +32,11 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   if (command == "generate") return tandem::cli::RunGenerate(argc, argv);
+  if (command == "serve") return tandem::cli::RunServe(argc, argv);
+  if (command == "router") return tandem::cli::RunRouter(argc, argv);
+  if (command == "prefill") return tandem::cli::RunPrefill(argc, argv);
+  if (command == "decode") return tandem::cli::RunDecode(argc, argv);
+  if (command == "client") return tandem::cli::RunClient(argc, argv);
   if (command == "plan") return tandem::cli::RunPlan(argc, argv);
   if (command == "tokenize") return tandem::cli::RunTokenize(argc, argv);
   if (command == "version" || command == "--version") return tandem::cli::RunVersion(argc, argv);

@@ -83,8 +83,8 @@ std::string BodyOf(const std::string& response) {
 class HttpServerTest : public testing::Test {
  protected:
   void SetUp() override {
-    Counter* c = *(*registry_.AddCounter("hits_total", "Hits.", {"path"}))
-                      ->WithLabelValues({"a\"b"});
+    Counter* c =
+        *(*registry_.AddCounter("hits_total", "Hits.", {"path"}))->WithLabelValues({"a\"b"});
     c->Inc(3);
   }
   std::unique_ptr<MetricsHttpServer> StartServer(MetricsHttpServer::Options options = {}) {
@@ -207,7 +207,9 @@ TEST_F(HttpServerTest, ConnectionLimitAnswers503) {
 }
 
 TEST_F(HttpServerTest, ManyConcurrentClients) {
-  auto server = StartServer(MetricsHttpServer::Options{.max_connections = 64});
+  MetricsHttpServer::Options options;
+  options.max_connections = 64;
+  auto server = StartServer(options);
   std::vector<std::thread> clients;
   std::atomic<int> ok{0};
   for (int t = 0; t < 8; ++t) {
@@ -229,7 +231,9 @@ TEST_F(HttpServerTest, LifecycleErrors) {
   taken.port = server->port();
   MetricsHttpServer clash(&registry_, taken);
   EXPECT_EQ(clash.Start().code(), absl::StatusCode::kUnavailable);
-  MetricsHttpServer bad(&registry_, MetricsHttpServer::Options{.port = 70000});
+  MetricsHttpServer::Options bad_port;
+  bad_port.port = 70000;
+  MetricsHttpServer bad(&registry_, bad_port);
   EXPECT_EQ(bad.Start().code(), absl::StatusCode::kInvalidArgument);
   MetricsHttpServer::Options bad_host;
   bad_host.host = "not a host name";

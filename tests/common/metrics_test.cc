@@ -169,8 +169,7 @@ TEST(MetricsTest, NameValidation) {
   EXPECT_EQ(r.AddCounter("no_suffix", "h").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r.AddGauge("g", "h", {"a:b"}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r.AddGauge("g", "h", {"__x"}).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.AddGauge("g", "h", {"a", "a"}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.AddGauge("g", "h", {"a", "a"}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r.AddGauge("g", "bad \xff help").status().code(), absl::StatusCode::kInvalidArgument);
   const double b[] = {1, 2};
   EXPECT_EQ(r.AddHistogram("h", "h", {"le"}, b).status().code(),
@@ -210,8 +209,7 @@ TEST(MetricsTest, LabelErrors) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(f->Labels({{"a", "x"}, {"a", "y"}}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(f->WithLabelValues({"x", "\xc3"}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f->WithLabelValues({"x", "\xc3"}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(f->WithLabelValues({"1", ""}).ok());
   EXPECT_TRUE(f->WithLabelValues({"2", ""}).ok());
   EXPECT_TRUE(f->WithLabelValues({"3", ""}).ok());

@@ -1,0 +1,59 @@
+// The K/V of a run of tokens, copied out of the paged cache into one host
+// buffer: what a prefill worker hands to a decode worker (and, later, what a
+// migration replays).
+//
+// Layout of `bytes` (f32, little-endian host order), token-major so that a
+// receiver can write each token's row straight into its cache slot:
+//   [num_tokens][num_layers][K|V][num_kv_heads * head_dim]
+// i.e. token t, layer l, K at float offset
+//   ((t * num_layers + l) * 2 + 0) * row_floats, V at (... + 1) * row_floats,
+// with row_floats = num_kv_heads * head_dim, and
+// bytes_per_token = 2 * num_layers * row_floats * 4.
+//
+// Thread safety: an immutable value once built; shared as shared_ptr<const>.
+#ifndef TANDEM_ENGINE_KV_EXPORT_H_
+#define TANDEM_ENGINE_KV_EXPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "engine/kv_cache.h"
+#include "engine/kv_cache_manager.h"
+
+namespace tandem::engine {
+
+struct KvExport {
+  std::vector<int32_t> token_ids;  // [num_tokens] the tokens the K/V belong to
+  int64_t num_layers = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t bytes_per_token = 0;  // 2 * num_layers * num_kv_heads * head_dim * 4
+  std::string bytes;            // [num_tokens * bytes_per_token], layout above
+
+  int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+  // bytes_per_token for the geometry (f32).
+  static int64_t BytesPerToken(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim) {
+    return 2 * num_layers * num_kv_heads * head_dim * static_cast<int64_t>(sizeof(float));
+  }
+  // InvalidArgument naming the field when the geometry, bytes_per_token or
+  // the buffer size disagree with each other.
+  absl::Status Validate() const;
+};
+
+// Copies positions [0, num_tokens) of `seq` (its K/V must be computed) out of
+// `cache`. REQUIRES: the block table of seq covers num_tokens tokens.
+KvExport ExportKv(const KvCacheStorage& cache, const KvCacheManager& kv, SeqId seq,
+                  absl::Span<const int32_t> token_ids);
+
+// Writes positions [begin, end) of `src` into the slots of `seq`.
+// REQUIRES: src geometry matches cache, end <= src.num_tokens(), the block
+// table of seq covers end tokens.
+void ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvCacheManager& kv,
+              SeqId seq, KvCacheStorage* cache);
+
+}  // namespace tandem::engine
+
+#endif  // TANDEM_ENGINE_KV_EXPORT_H_

@@ -1,0 +1,129 @@
+#include "services/cli/router_setup.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+#include "engine/memory_size.h"
+#include "engine/model_config.h"
+
+namespace tandem::cli {
+
+RunningRouter::~RunningRouter() {
+  if (server != nullptr) server->Shutdown();
+  server.reset();
+  if (engine != nullptr) engine->Shutdown();
+}
+
+std::vector<std::string> SplitList(const std::string& list) {
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    out.emplace_back(part);
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& flags) {
+  auto r = std::make_unique<RunningRouter>();
+  TANDEM_ASSIGN_OR_RETURN(std::string path, ResolveModelPath(flags.model));
+  router::RouterServer::Options o;
+  if (flags.colocated) {
+    const int threads = flags.threads > 0
+                            ? static_cast<int>(flags.threads)
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    r->pool = std::make_unique<ThreadPool>(threads);
+    TANDEM_ASSIGN_OR_RETURN(r->loaded, LoadModel(path, r->pool.get(), /*verbose=*/true));
+    auto kv_bytes = engine::ParseMemorySize(flags.kv_cache_memory);
+    if (!kv_bytes.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--kv-cache-memory: %s", kv_bytes.status().message()));
+    }
+    engine::EngineConfig config;
+    config.kv_cache_memory_bytes = *kv_bytes;
+    config.scheduler.max_num_seqs = flags.max_num_seqs;
+    config.scheduler.max_num_batched_tokens = flags.max_num_batched_tokens;
+    TANDEM_ASSIGN_OR_RETURN(r->engine, engine::Engine::Create(config, r->loaded.model.get(),
+                                                              r->loaded.tokenizer.get()));
+    std::fprintf(stderr, "[engine] %s\n", r->engine->kv_cache_description().c_str());
+    o.local_engine = r->engine.get();
+    o.kv_bytes_per_token = r->engine->kv_bytes_per_token();
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(r->loaded, LoadTokenizer(path));
+    o.static_prefill = SplitList(flags.prefill);
+    o.static_decode = SplitList(flags.decode);
+  }
+  TANDEM_ASSIGN_OR_RETURN(engine::ModelConfig config, engine::ModelConfig::FromGguf(*r->loaded.file));
+  o.host = flags.host;
+  o.port = static_cast<int>(flags.port);
+  o.metrics_port = static_cast<int>(flags.metrics_port);
+  o.tokenizer = r->loaded.tokenizer.get();
+  o.limits.context_length = static_cast<int32_t>(config.context_length);
+  o.limits.vocab_size = static_cast<int32_t>(config.vocab_size);
+  o.limits.max_tokens_limit = static_cast<int32_t>(config.context_length - 1);
+  o.model_shape = {config.num_layers, config.num_kv_heads, config.head_dim};
+  if (o.kv_bytes_per_token == 0) o.kv_bytes_per_token = config.KvBytesPerToken(4);
+  o.model_name = config.name.empty() ? path.substr(path.find_last_of('/') + 1) : config.name;
+  o.architecture = config.architecture;
+  o.max_inflight = static_cast<int>(flags.max_inflight);
+  TANDEM_ASSIGN_OR_RETURN(r->server, router::RouterServer::Start(std::move(o)));
+  return r;
+}
+
+void BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int WaitStopSignal(absl::Duration timeout) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  const timespec ts = absl::ToTimespec(timeout);
+  const int sig = sigtimedwait(&set, nullptr, &ts);
+  return sig > 0 ? sig : 0;
+}
+
+namespace {
+// The port bound on 127.0.0.1 (`port` 0: an ephemeral one), or 0.
+int TryBind(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  socklen_t len = sizeof(addr);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  close(fd);
+  return ok ? ntohs(addr.sin_port) : 0;
+}
+}  // namespace
+
+absl::StatusOr<int> FindFreePort(int start, const std::vector<int>& taken) {
+  auto is_taken = [&](int p) { return std::find(taken.begin(), taken.end(), p) != taken.end(); };
+  for (int i = 0; i < 2000; ++i) {
+    const int want = start == 0 ? 0 : start + i;
+    if (want > 65535) break;
+    if (want != 0 && is_taken(want)) continue;
+    const int got = TryBind(want);
+    if (got != 0 && !is_taken(got)) return got;
+  }
+  return absl::UnavailableError(absl::StrFormat("no free port from %d", start));
+}
+
+}  // namespace tandem::cli

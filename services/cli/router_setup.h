@@ -1,0 +1,61 @@
+// What `tandem router` and `tandem serve` share: starting a RouterServer from
+// flags (the tokenizer only, or the whole model with --colocated), waiting
+// for SIGINT / SIGTERM, and picking free loopback ports.
+#ifndef TANDEM_SERVICES_CLI_ROUTER_SETUP_H_
+#define TANDEM_SERVICES_CLI_ROUTER_SETUP_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/thread_pool.h"
+#include "engine/engine.h"
+#include "services/cli/model_loader.h"
+#include "services/router/router_server.h"
+
+namespace tandem::cli {
+
+struct RouterFlags {
+  std::string host = "0.0.0.0";
+  int64_t port = 50051;
+  int64_t metrics_port = 9090;  // -1 = off
+  std::string model;
+  std::string prefill;  // comma-separated static addresses
+  std::string decode;
+  int64_t max_inflight = 256;
+  bool colocated = false;
+  // Colocated engine.
+  std::string kv_cache_memory = "1GiB";
+  int64_t max_num_seqs = 64;
+  int64_t max_num_batched_tokens = 512;
+  int64_t threads = 0;
+};
+
+// A running router and what it keeps alive.
+struct RunningRouter {
+  LoadedModel loaded;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<engine::Engine> engine;
+  std::unique_ptr<router::RouterServer> server;
+  ~RunningRouter();  // server first, then the engine
+};
+
+absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& flags);
+
+// Blocks SIGINT / SIGTERM in this thread (call before starting threads, so
+// every thread inherits the mask) ...
+void BlockStopSignals();
+// ... then waits for one of them up to `timeout`; returns the signal or 0.
+int WaitStopSignal(absl::Duration timeout);
+
+// The first port >= `start` (start == 0: any) that can be bound on 127.0.0.1,
+// skipping `taken`.
+absl::StatusOr<int> FindFreePort(int start, const std::vector<int>& taken);
+
+std::vector<std::string> SplitList(const std::string& list);
+
+}  // namespace tandem::cli
+
+#endif  // TANDEM_SERVICES_CLI_ROUTER_SETUP_H_

@@ -1,0 +1,282 @@
+// `tandem serve`: a whole cluster on one machine. The router runs in this
+// process; --prefill-workers N and --decode-workers M child processes
+// (`tandem prefill|decode --router 127.0.0.1:PORT`) register with it on
+// loopback. Prints the endpoint and an example client call, then "ready"
+// once every worker is registered and healthy. SIGINT / SIGTERM stop the
+// whole cluster: children get SIGTERM (SIGKILL after 10 s) and are reaped,
+// and the exit code is 0. --colocated runs only the router, with an
+// in-process engine.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/json.h"
+#include "services/cli/args.h"
+#include "services/cli/commands.h"
+#include "services/cli/router_setup.h"
+
+namespace tandem::cli {
+namespace {
+
+struct ServeFlags {
+  int64_t port = 50051;
+  int64_t metrics_port = 9090;
+  int64_t prefill_workers = 1;
+  int64_t decode_workers = 1;
+  bool colocated = false;
+  std::string model;
+  std::string endpoints_file;
+  std::string kv_cache_memory = "1GiB";
+  int64_t kv_lease_seconds = 30;
+  int64_t max_inflight = 256;
+  int64_t threads = 0;
+  int64_t ready_timeout_seconds = 300;
+};
+
+struct Child {
+  std::string role;
+  pid_t pid = -1;
+  std::string grpc_address;
+  std::string metrics_address;
+  bool running = false;
+};
+
+std::string SelfExe(const char* argv0) {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return argv0;
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+pid_t Spawn(const std::vector<std::string>& argv) {
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  // Child: signals were blocked for sigtimedwait in the parent; exec keeps
+  // the mask, so unblock them. Die with the parent.
+  sigset_t set;
+  sigemptyset(&set);
+  sigprocmask(SIG_SETMASK, &set, nullptr);
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent) _exit(1);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  _exit(127);
+}
+
+// Reaps exited children; returns false if any worker died.
+bool ReapChildren(std::vector<Child>& children) {
+  bool all_alive = true;
+  for (Child& c : children) {
+    if (!c.running) continue;
+    int status = 0;
+    if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+      c.running = false;
+      all_alive = false;
+      std::fprintf(stderr, "[serve] %s worker pid %d exited (%s %d)\n", c.role.c_str(), c.pid,
+                   WIFSIGNALED(status) ? "signal" : "code",
+                   WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    }
+  }
+  return all_alive;
+}
+
+void StopChildren(std::vector<Child>& children) {
+  for (Child& c : children) {
+    if (c.running) kill(c.pid, SIGTERM);
+  }
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < give_up) {
+    ReapChildren(children);
+    bool any = false;
+    for (const Child& c : children) any |= c.running;
+    if (!any) return;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (Child& c : children) {
+    if (!c.running) continue;
+    kill(c.pid, SIGKILL);
+    waitpid(c.pid, nullptr, 0);
+    c.running = false;
+  }
+}
+
+absl::Status WriteEndpoints(const std::string& path, const std::vector<Child>& all) {
+  std::string out = "[\n";
+  for (size_t i = 0; i < all.size(); ++i) {
+    out += absl::StrFormat(
+        "  {\"role\": %s, \"pid\": %d, \"grpc_address\": %s, \"metrics_address\": %s}%s\n",
+        json::Quote(all[i].role), all[i].pid, json::Quote(all[i].grpc_address),
+        json::Quote(all[i].metrics_address), i + 1 < all.size() ? "," : "");
+  }
+  out += "]\n";
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << out;
+    if (!f.good()) return absl::UnavailableError(absl::StrFormat("cannot write %s", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrFormat("cannot rename %s to %s", tmp, path));
+  }
+  return absl::OkStatus();
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "tandem serve: %s\n", message.c_str());
+  return kExitFailure;
+}
+
+}  // namespace
+
+int RunServe(int argc, char** argv) {
+  ServeFlags f;
+  ArgParser p("serve", "Starts a router plus prefill and decode worker processes on loopback.");
+  p.AddInt("port", &f.port, 1, 65535, "router gRPC port");
+  p.AddInt("metrics-port", &f.metrics_port, 1, 65535,
+           "router /metrics port; workers take the next free ports");
+  p.AddInt("prefill-workers", &f.prefill_workers, 1, 64, "prefill worker processes");
+  p.AddInt("decode-workers", &f.decode_workers, 1, 64, "decode worker processes");
+  p.AddBool("colocated", &f.colocated, "one in-process engine for both phases, no workers");
+  p.AddString("model", &f.model, "GGUF model (default: the bundled SmolLM2)");
+  p.AddString("endpoints-file", &f.endpoints_file,
+              "write [{role, pid, grpc_address, metrics_address}] as JSON once ready");
+  p.AddString("kv-cache-memory", &f.kv_cache_memory, "KV cache budget per engine (1GiB, 0.25)");
+  p.AddInt("kv-lease-seconds", &f.kv_lease_seconds, 1, 3600,
+           "decode workers free received KV not claimed within this time");
+  p.AddInt("max-inflight", &f.max_inflight, 1, 100000, "router: Generate calls at once");
+  p.AddInt("threads", &f.threads, 0, 1024, "compute threads per engine, 0 = all cores");
+  p.AddInt("ready-timeout-seconds", &f.ready_timeout_seconds, 1, 3600,
+           "give up when the workers are not healthy by then");
+  if (absl::Status s = p.Parse(argc, argv, 2); !s.ok()) {
+    std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+  if (p.help_requested()) {
+    std::fputs(p.Help().c_str(), stdout);
+    return kExitOk;
+  }
+  auto model_path = ResolveModelPath(f.model);
+  if (!model_path.ok()) {
+    std::fprintf(stderr, "tandem serve: %s\n", std::string(model_path.status().message()).c_str());
+    return kExitUsage;
+  }
+  BlockStopSignals();
+
+  RouterFlags rf;
+  rf.host = "127.0.0.1";
+  rf.port = f.port;
+  rf.metrics_port = f.metrics_port;
+  rf.model = *model_path;
+  rf.max_inflight = f.max_inflight;
+  rf.colocated = f.colocated;
+  rf.kv_cache_memory = f.kv_cache_memory;
+  rf.threads = f.threads;
+  auto router = StartRouter(rf);
+  if (!router.ok()) return Fail(std::string(router.status().message()));
+  const std::string router_address = absl::StrFormat("127.0.0.1:%d", (*router)->server->port());
+  std::vector<Child> all = {{"router", getpid(), router_address,
+                             absl::StrFormat("127.0.0.1:%d", (*router)->server->metrics_port()),
+                             false}};
+  std::vector<Child> children;
+  std::vector<int> taken = {static_cast<int>(f.port), static_cast<int>(f.metrics_port)};
+  const std::string self = SelfExe(argv[0]);
+  int next_grpc = static_cast<int>(f.port) + 1;
+  int next_metrics = static_cast<int>(f.metrics_port) + 1;
+  for (int64_t i = 0; !f.colocated && i < f.prefill_workers + f.decode_workers; ++i) {
+    const std::string role = i < f.prefill_workers ? "prefill" : "decode";
+    auto gp = FindFreePort(next_grpc, taken);
+    if (gp.ok()) taken.push_back(*gp);
+    auto mp = FindFreePort(next_metrics, taken);
+    if (!gp.ok() || !mp.ok()) {
+      StopChildren(children);
+      return Fail("no free ports for the workers");
+    }
+    taken.push_back(*mp);
+    next_grpc = *gp + 1;
+    next_metrics = *mp + 1;
+    std::vector<std::string> args = {self,
+                                     role,
+                                     "--host",
+                                     "127.0.0.1",
+                                     "--port",
+                                     std::to_string(*gp),
+                                     "--metrics-port",
+                                     std::to_string(*mp),
+                                     "--router",
+                                     router_address,
+                                     "--model",
+                                     *model_path,
+                                     "--kv-cache-memory",
+                                     f.kv_cache_memory,
+                                     "--threads",
+                                     std::to_string(f.threads)};
+    if (role == "decode") {
+      args.push_back("--kv-lease-seconds");
+      args.push_back(std::to_string(f.kv_lease_seconds));
+    }
+    Child c{role, Spawn(args), absl::StrFormat("127.0.0.1:%d", *gp),
+            absl::StrFormat("127.0.0.1:%d", *mp), true};
+    if (c.pid < 0) {
+      StopChildren(children);
+      return Fail("fork failed");
+    }
+    children.push_back(c);
+    all.push_back(c);
+  }
+
+  // Ready: every worker registered and answering its health poll.
+  router::WorkerPool* pool = (*router)->server->pool();
+  const absl::Time give_up = absl::Now() + absl::Seconds(f.ready_timeout_seconds);
+  while (pool != nullptr && (pool->NumHealthy("prefill") < f.prefill_workers ||
+                             pool->NumHealthy("decode") < f.decode_workers)) {
+    if (WaitStopSignal(absl::Milliseconds(100)) != 0) {
+      StopChildren(children);
+      return kExitOk;
+    }
+    if (!ReapChildren(children)) {
+      StopChildren(children);
+      return Fail("a worker exited before the cluster was ready");
+    }
+    if (absl::Now() > give_up) {
+      StopChildren(children);
+      return Fail(absl::StrFormat("the workers were not healthy within %d s",
+                                  f.ready_timeout_seconds));
+    }
+  }
+  if (!f.endpoints_file.empty()) {
+    if (absl::Status s = WriteEndpoints(f.endpoints_file, all); !s.ok()) {
+      StopChildren(children);
+      return Fail(std::string(s.message()));
+    }
+  }
+  std::printf("Tandem %s: gRPC %s (tandem.v1.Generation), metrics http://%s/metrics\n",
+              f.colocated ? "colocated" : "cluster", router_address.c_str(),
+              all[0].metrics_address.c_str());
+  for (const Child& c : children) {
+    std::printf("  %-7s pid %d  gRPC %s  metrics %s\n", c.role.c_str(), c.pid,
+                c.grpc_address.c_str(), c.metrics_address.c_str());
+  }
+  std::printf("try: tandem client --server %s --prompt \"The capital of France is\" "
+              "--max-tokens 32 --stream\n",
+              router_address.c_str());
+  std::printf("ready\n");
+  std::fflush(stdout);
+
+  while (WaitStopSignal(absl::Milliseconds(200)) == 0) ReapChildren(children);
+  std::fprintf(stderr, "[serve] stopping\n");
+  StopChildren(children);
+  router->reset();
+  return kExitOk;
+}
+
+}  // namespace tandem::cli

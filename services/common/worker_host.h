@@ -1,0 +1,64 @@
+// WorkerHost: the gRPC server around one worker service, shared by the
+// prefill and decode servers: listen (port 0 allowed), health
+// (grpc.health.v1.Health with the service's name SERVING), reflection, a
+// bounded sync thread pool, periodic WorkerRegistry.Register with the router
+// (heartbeat), and a metrics refresher.
+//
+// Thread safety: Shutdown may be called from any thread; idempotent.
+#ifndef TANDEM_SERVICES_COMMON_WORKER_HOST_H_
+#define TANDEM_SERVICES_COMMON_WORKER_HOST_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/server.h"
+#include "services/common/worker_runtime.h"
+#include "tandem/v1/worker.pb.h"
+
+namespace tandem::services {
+
+class WorkerHost {
+ public:
+  // service: not owned, outlives the host. role: "prefill" | "decode".
+  // stats_fn: refreshed metrics every 250 ms (runs on the host's thread).
+  static absl::StatusOr<std::unique_ptr<WorkerHost>> Start(const WorkerServerConfig& config,
+                                                           const std::string& role,
+                                                           const std::string& service_name,
+                                                           grpc::Service* service,
+                                                           WorkerRuntime* runtime,
+                                                           std::function<void()> stats_fn);
+  ~WorkerHost();
+
+  int port() const { return port_; }
+  // The address announced to the router (advertise_address or host:port).
+  const std::string& address() const { return address_; }
+  // Health NOT_SERVING, stop heartbeats, then stop the server (in-flight
+  // calls are cancelled after `grace`).
+  void Shutdown(absl::Duration grace = absl::Seconds(1));
+
+ private:
+  WorkerHost() = default;
+  void Loop();
+
+  WorkerServerConfig config_;
+  std::string role_;
+  std::string service_name_;
+  WorkerRuntime* runtime_ = nullptr;
+  std::function<void()> stats_fn_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string address_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar cv_;
+  std::thread thread_;
+};
+
+}  // namespace tandem::services
+
+#endif  // TANDEM_SERVICES_COMMON_WORKER_HOST_H_

@@ -1,0 +1,221 @@
+#include "services/decode/decode_server.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "services/common/convert.h"
+#include "services/common/grpc_status.h"
+#include "services/transfer/kv_transport.h"
+
+namespace tandem::decode {
+namespace {
+
+constexpr absl::Duration kPoll = absl::Milliseconds(20);
+
+// Free KV capacity in bytes (engine blocks not in use).
+int64_t FreeKvBytes(engine::Engine& engine, int32_t block_size) {
+  const engine::EngineStats s = engine.Stats();
+  return (s.num_blocks_total - s.num_blocks_used) * block_size * engine.kv_bytes_per_token();
+}
+
+grpc::Status EndedStatus(grpc::ServerContext* context) {
+  if (context->deadline() <= std::chrono::system_clock::now()) {
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded mid-decode");
+  }
+  return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+}
+
+}  // namespace
+
+DecodeServiceImpl::DecodeServiceImpl(services::WorkerRuntime* runtime, absl::Duration kv_lease)
+    : runtime_(runtime), leases_(kv_lease, runtime->compat().block_size()) {}
+
+grpc::Status DecodeServiceImpl::PushKv(grpc::ServerContext* context,
+                                       grpc::ServerReader<tandem::v1::KvChunk>* reader,
+                                       tandem::v1::PushKvResponse* response) {
+  engine::Engine& engine = runtime_->engine();
+  const engine::ModelConfig& mc = engine.model().config();
+  tandem::v1::KvChunk chunk;
+  if (!reader->Read(&chunk)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "PushKv: empty stream");
+  }
+  if (!chunk.has_header()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "PushKv: the first message must be the header");
+  }
+  const tandem::v1::KvTransferHeader header = chunk.header();
+  // Everything is checked before any payload byte is read or memory taken.
+  absl::Status st = transfer::ValidateKvHeader(header, runtime_->compat(),
+                                               engine.kv_bytes_per_token(), mc.context_length - 1,
+                                               mc.vocab_size);
+  if (!st.ok()) return services::ToGrpcStatus(st);
+  if (draining_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining");
+  st = leases_.Reserve(header.kv_handle(), header.total_bytes(),
+                       FreeKvBytes(engine, runtime_->compat().block_size()));
+  if (!st.ok()) return services::ToGrpcStatus(st, context);
+
+  const absl::Time start = absl::Now();
+  auto kv = std::make_shared<engine::KvExport>();
+  kv->token_ids.assign(header.token_ids().begin(), header.token_ids().end());
+  kv->num_layers = mc.num_layers;
+  kv->num_kv_heads = mc.num_kv_heads;
+  kv->head_dim = mc.head_dim;
+  kv->bytes_per_token = header.bytes_per_token();
+  kv->bytes.resize(header.total_bytes());  // declared and bounded above
+  int64_t received = 0;
+  while (reader->Read(&chunk)) {
+    if (chunk.part_case() != tandem::v1::KvChunk::kData) {
+      leases_.Abort(header.kv_handle());
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "PushKv: a second header");
+    }
+    const std::string& data = chunk.data();
+    if (static_cast<int64_t>(data.size()) > transfer::kMaxChunkBytes ||
+        received + static_cast<int64_t>(data.size()) > header.total_bytes()) {
+      leases_.Abort(header.kv_handle());
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("PushKv: data exceeds total_bytes ", header.total_bytes(),
+                                       " or a chunk exceeds 4 MiB"));
+    }
+    std::memcpy(kv->bytes.data() + received, data.data(), data.size());
+    received += static_cast<int64_t>(data.size());
+  }
+  if (context->IsCancelled()) {
+    leases_.Abort(header.kv_handle());
+    return grpc::Status(grpc::StatusCode::CANCELLED, "PushKv cancelled");
+  }
+  if (received != header.total_bytes()) {
+    leases_.Abort(header.kv_handle());
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("PushKv: got ", received, " of total_bytes ",
+                                     header.total_bytes()));
+  }
+  leases_.Commit(header.kv_handle(), std::move(kv));
+  runtime_->metrics().kv_transfer_bytes->Inc(static_cast<double>(received));
+  runtime_->metrics().kv_transfer_time->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  response->set_bytes_received(received);
+  response->set_lease_seconds(absl::ToDoubleSeconds(leases_.lease()));
+  return grpc::Status::OK;
+}
+
+grpc::Status DecodeServiceImpl::Decode(grpc::ServerContext* context,
+                                       const tandem::v1::DecodeRequest* request,
+                                       grpc::ServerWriter<tandem::v1::DecodeResponse>* writer) {
+  engine::Engine& engine = runtime_->engine();
+  if (draining_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining");
+  absl::StatusOr<engine::SamplingParams> params =
+      services::FromProto(request->params(), engine.model().config().vocab_size);
+  if (!params.ok()) return services::ToGrpcStatus(params.status());
+  engine::EngineRequest req;
+  req.request_id = request->request_id();
+  req.prompt_token_ids.assign(request->prompt_token_ids().begin(),
+                              request->prompt_token_ids().end());
+  req.params = *std::move(params);
+  req.extra_key = request->params().cache_key();
+  if (request->first_token_id() >= 0) req.prefix_output_token_ids = {request->first_token_id()};
+  if (!request->kv_handle().empty()) {
+    absl::StatusOr<std::shared_ptr<const engine::KvExport>> kv =
+        leases_.Claim(request->kv_handle());
+    if (!kv.ok()) return services::ToGrpcStatus(kv.status());
+    req.import_kv = *std::move(kv);
+  }
+  absl::StatusOr<engine::RequestHandle> handle = engine.Submit(std::move(req));
+  if (!handle.ok()) return services::ToGrpcStatus(handle.status(), context);
+
+  bool cancelled = false;
+  while (true) {
+    if (!cancelled && context->IsCancelled()) {
+      engine.Cancel(*handle);
+      cancelled = true;
+    }
+    std::optional<engine::EngineEvent> ev = (*handle)->Next(kPoll);
+    if (!ev.has_value()) {
+      if ((*handle)->finished() && !(*handle)->Next(absl::ZeroDuration()).has_value()) break;
+      continue;
+    }
+    tandem::v1::DecodeResponse out;
+    if (auto* tok = std::get_if<engine::TokenEvent>(&*ev)) {
+      out.add_token_ids(tok->token_id);
+      out.set_text(tok->text);
+      if (tok->logprobs.has_value()) services::ToProto(*tok->logprobs, out.add_logprobs());
+      if (!cancelled && !writer->Write(out)) {
+        engine.Cancel(*handle);
+        cancelled = true;
+      }
+      continue;
+    }
+    const engine::FinishEvent& finish = std::get<engine::FinishEvent>(*ev);
+    runtime_->metrics().RequestSuccess(engine::RequestFinishReasonName(finish.reason))->Inc();
+    runtime_->metrics().request_queue_time->Observe(finish.usage.queue_time_s);
+    if (cancelled) return EndedStatus(context);
+    if (finish.reason == engine::RequestFinishReason::kError) {
+      return services::ToGrpcStatus(finish.status);
+    }
+    out.set_text(finish.text);
+    out.set_finish_reason(services::ToProto(finish.reason));
+    out.set_num_cached_tokens(static_cast<int32_t>(finish.usage.num_cached_tokens));
+    out.set_queue_seconds(finish.usage.queue_time_s);
+    writer->Write(out);
+    return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::INTERNAL, "engine stream ended without a finish");
+}
+
+grpc::Status DecodeServiceImpl::ReleaseKv(grpc::ServerContext* context,
+                                          const tandem::v1::ReleaseKvRequest* request,
+                                          tandem::v1::ReleaseKvResponse* response) {
+  response->set_released(leases_.Release(request->kv_handle()));
+  return grpc::Status::OK;
+}
+
+grpc::Status DecodeServiceImpl::GetStats(grpc::ServerContext* context,
+                                         const tandem::v1::WorkerStatsRequest* request,
+                                         tandem::v1::WorkerStats* response) {
+  const engine::EngineStats s = runtime_->engine().Stats();
+  const transfer::KvLeaseStats l = leases_.Stats();
+  response->set_role("decode");
+  response->set_num_running(static_cast<int32_t>(s.num_running));
+  response->set_num_waiting(static_cast<int32_t>(s.num_waiting));
+  response->set_num_blocks_used(s.num_blocks_used);
+  response->set_num_blocks_total(s.num_blocks_total);
+  response->set_num_leases(static_cast<int32_t>(l.num_leases));
+  response->set_num_leased_blocks(leases_.num_leased_blocks());
+  response->set_prefix_cache_query_tokens(s.num_prefix_cache_query_tokens);
+  response->set_prefix_cache_hit_tokens(s.num_prefix_cache_hit_tokens);
+  response->set_num_preemptions(s.num_preemptions);
+  *response->mutable_compat() = runtime_->compat();
+  response->set_draining(draining_.load());
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(
+    const services::WorkerServerConfig& config) {
+  std::unique_ptr<DecodeServer> s(new DecodeServer());
+  TANDEM_ASSIGN_OR_RETURN(s->runtime_, services::WorkerRuntime::Create(config, "decode"));
+  s->service_ = std::make_unique<DecodeServiceImpl>(s->runtime_.get(), config.kv_lease);
+  s->service_->leases().StartReaper(std::min(absl::Seconds(1), config.kv_lease / 4));
+  services::WorkerRuntime* rt = s->runtime_.get();
+  DecodeServiceImpl* svc = s->service_.get();
+  TANDEM_ASSIGN_OR_RETURN(
+      s->host_, services::WorkerHost::Start(config, "decode", "tandem.v1.DecodeWorker", svc, rt,
+                                            [rt, svc] {
+                                              rt->UpdateEngineMetrics();
+                                              rt->metrics().num_kv_leases->Set(
+                                                  static_cast<double>(svc->leases().Stats().num_leases));
+                                              rt->metrics().num_leased_blocks->Set(
+                                                  static_cast<double>(svc->leases().num_leased_blocks()));
+                                            }));
+  return s;
+}
+
+DecodeServer::~DecodeServer() { Shutdown(); }
+
+void DecodeServer::Shutdown() {
+  if (service_ != nullptr) service_->set_draining(true);
+  if (host_ != nullptr) host_->Shutdown();
+  if (runtime_ != nullptr) runtime_->Shutdown();
+}
+
+}  // namespace tandem::decode

@@ -1,0 +1,79 @@
+// The decode worker: DecodeWorker service (PushKv: receive a KV handoff and
+// hold it under a lease; Decode: adopt it and stream tokens; ReleaseKv;
+// GetStats) on its own engine, plus health, reflection, /metrics and router
+// registration (services/common/worker_host.h).
+//
+//   WorkerServerConfig config;            // listen_address "127.0.0.1:0", model_path, ...
+//   auto server = DecodeServer::Start(config);
+//   (*server)->port();                    // bound port
+//   (*server)->Shutdown();
+//
+// Decode semantics: kv_handle set -> Claim the lease (NOT_FOUND when
+// unknown / expired / claimed), import it, first_token_id is output already
+// delivered (not streamed again). kv_handle empty -> the whole request runs
+// here (colocated fallback); first_token_id >= 0 is then also treated as
+// delivered output. Client cancel / deadline cancels the engine request
+// (blocks freed) and the RPC ends CANCELLED / DEADLINE_EXCEEDED.
+//
+// Thread safety: all methods thread-safe.
+#ifndef TANDEM_SERVICES_DECODE_DECODE_SERVER_H_
+#define TANDEM_SERVICES_DECODE_DECODE_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "services/common/worker_host.h"
+#include "services/common/worker_runtime.h"
+#include "services/transfer/kv_lease_table.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::decode {
+
+class DecodeServiceImpl final : public tandem::v1::DecodeWorker::Service {
+ public:
+  // runtime: not owned.
+  DecodeServiceImpl(services::WorkerRuntime* runtime, absl::Duration kv_lease);
+
+  grpc::Status PushKv(grpc::ServerContext* context, grpc::ServerReader<tandem::v1::KvChunk>* reader,
+                      tandem::v1::PushKvResponse* response) override;
+  grpc::Status Decode(grpc::ServerContext* context, const tandem::v1::DecodeRequest* request,
+                      grpc::ServerWriter<tandem::v1::DecodeResponse>* writer) override;
+  grpc::Status ReleaseKv(grpc::ServerContext* context, const tandem::v1::ReleaseKvRequest* request,
+                         tandem::v1::ReleaseKvResponse* response) override;
+  grpc::Status GetStats(grpc::ServerContext* context, const tandem::v1::WorkerStatsRequest* request,
+                        tandem::v1::WorkerStats* response) override;
+
+  transfer::KvLeaseTable& leases() { return leases_; }
+  void set_draining(bool draining) { draining_.store(draining); }
+
+ private:
+  services::WorkerRuntime* runtime_;
+  transfer::KvLeaseTable leases_;
+  std::atomic<bool> draining_{false};
+};
+
+class DecodeServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<DecodeServer>> Start(
+      const services::WorkerServerConfig& config);
+  ~DecodeServer();  // Shutdown()
+
+  int port() const { return host_->port(); }
+  const std::string& address() const { return host_->address(); }
+  int metrics_port() const { return runtime_->metrics_port(); }
+  engine::Engine& engine() { return runtime_->engine(); }
+  DecodeServiceImpl& service() { return *service_; }
+  // Health NOT_SERVING, stop the server, then the engine. Idempotent.
+  void Shutdown();
+
+ private:
+  DecodeServer() = default;
+  std::unique_ptr<services::WorkerRuntime> runtime_;
+  std::unique_ptr<DecodeServiceImpl> service_;
+  std::unique_ptr<services::WorkerHost> host_;
+};
+
+}  // namespace tandem::decode
+
+#endif  // TANDEM_SERVICES_DECODE_DECODE_SERVER_H_

@@ -1,0 +1,73 @@
+// The prefill worker: PrefillWorker service on its own engine (prefill-only:
+// EngineRequest::export_kv), plus health, reflection, /metrics and router
+// registration (services/common/worker_host.h).
+//
+//   WorkerServerConfig config;            // listen_address "127.0.0.1:0", model_path, ...
+//   auto server = PrefillServer::Start(config);
+//   (*server)->port();
+//   (*server)->Shutdown();
+//
+// Prefill(request): runs the prompt (chunked prefill, prefix cache), samples
+// the first token, pushes the K/V to request.decode_address under
+// request.kv_handle through the KvTransport (skipped when decode_address is
+// empty or when the first token already ends the request: finish_reason is
+// then set), and returns the first token. The RPC deadline bounds the whole
+// call (engine wait and transfer); cancel / deadline cancel the engine
+// request. Errors: INVALID_ARGUMENT (params / prompt), RESOURCE_EXHAUSTED
+// (+ retry-after-ms trailer), the decode worker's PushKv status on transfer
+// failure, CANCELLED / DEADLINE_EXCEEDED.
+//
+// Thread safety: all methods thread-safe.
+#ifndef TANDEM_SERVICES_PREFILL_PREFILL_SERVER_H_
+#define TANDEM_SERVICES_PREFILL_PREFILL_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "services/common/worker_host.h"
+#include "services/common/worker_runtime.h"
+#include "services/transfer/kv_transport.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::prefill {
+
+class PrefillServiceImpl final : public tandem::v1::PrefillWorker::Service {
+ public:
+  // runtime, transport: not owned.
+  PrefillServiceImpl(services::WorkerRuntime* runtime, transfer::KvTransport* transport);
+
+  grpc::Status Prefill(grpc::ServerContext* context, const tandem::v1::PrefillRequest* request,
+                       tandem::v1::PrefillResponse* response) override;
+  grpc::Status GetStats(grpc::ServerContext* context, const tandem::v1::WorkerStatsRequest* request,
+                        tandem::v1::WorkerStats* response) override;
+
+ private:
+  services::WorkerRuntime* runtime_;
+  transfer::KvTransport* transport_;
+};
+
+class PrefillServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<PrefillServer>> Start(
+      const services::WorkerServerConfig& config);
+  ~PrefillServer();  // Shutdown()
+
+  int port() const { return host_->port(); }
+  const std::string& address() const { return host_->address(); }
+  int metrics_port() const { return runtime_->metrics_port(); }
+  engine::Engine& engine() { return runtime_->engine(); }
+  // Health NOT_SERVING, stop the server, then the engine. Idempotent.
+  void Shutdown();
+
+ private:
+  PrefillServer() = default;
+  std::unique_ptr<services::WorkerRuntime> runtime_;
+  std::unique_ptr<transfer::KvTransport> transport_;
+  std::unique_ptr<PrefillServiceImpl> service_;
+  std::unique_ptr<services::WorkerHost> host_;
+};
+
+}  // namespace tandem::prefill
+
+#endif  // TANDEM_SERVICES_PREFILL_PREFILL_SERVER_H_

@@ -1,0 +1,90 @@
+// Where the router's requests run. Two implementations behind one interface:
+// LocalBackend (an in-process engine::Engine, `tandem serve --colocated`) and
+// DisaggregatedBackend (PrefillWorker.Prefill, then DecodeWorker.Decode).
+//
+// A backend call pushes BackendEvents into a CallQueue: zero or more token
+// events, then exactly one finish event. The router's handler thread pops
+// them and writes the client stream; backends never block on the client.
+//
+// Thread safety: Backend::Start and BackendCall::Cancel are thread-safe;
+// CallQueue is thread-safe.
+#ifndef TANDEM_SERVICES_ROUTER_BACKEND_H_
+#define TANDEM_SERVICES_ROUTER_BACKEND_H_
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "services/router/validate.h"
+#include "tandem/v1/generation.pb.h"
+
+namespace tandem::router {
+
+struct BackendEvent {
+  // Token event.
+  std::vector<int32_t> token_ids;
+  std::string text;  // UTF-8 delta (never a split code point)
+  std::vector<tandem::v1::PositionLogprobs> logprobs;
+  // Finish event (finished = true): reason, or an error status.
+  bool finished = false;
+  tandem::v1::FinishReason finish_reason = tandem::v1::FINISH_REASON_UNSPECIFIED;
+  absl::Status status;
+  int32_t num_cached_tokens = 0;
+  double queue_seconds = 0;  // time the request waited in the workers' queues
+};
+
+class CallQueue {
+ public:
+  void Push(BackendEvent event) {
+    absl::MutexLock lock(&mu_);
+    events_.push_back(std::move(event));
+  }
+  // Waits until `deadline` for an event; nullopt on timeout.
+  std::optional<BackendEvent> Pop(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_.empty(); };
+    mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+    if (events_.empty()) return std::nullopt;
+    BackendEvent e = std::move(events_.front());
+    events_.pop_front();
+    return e;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<BackendEvent> events_ ABSL_GUARDED_BY(mu_);
+};
+
+// One running request. Destroying it cancels it (if still running) and waits
+// for the backend to stop touching the queue.
+class BackendCall {
+ public:
+  virtual ~BackendCall() = default;
+  // Ends the request soon; its finish event follows (CANCELLED). Frees the
+  // workers' KV. Idempotent.
+  virtual void Cancel() = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // Starts `request`; events go to `queue` (shared: the backend may push after
+  // the handler has gone).
+  // Unavailable when no worker can take it; ResourceExhausted when the
+  // backend's own queue is full; InvalidArgument from the engine's checks.
+  virtual absl::StatusOr<std::unique_ptr<BackendCall>> Start(const PreparedRequest& request,
+                                                             std::shared_ptr<CallQueue> queue) = 0;
+  // True when the backend can take requests now (health / readiness).
+  virtual bool Ready() const = 0;
+};
+
+}  // namespace tandem::router
+
+#endif  // TANDEM_SERVICES_ROUTER_BACKEND_H_

@@ -1,0 +1,271 @@
+#include "services/router/generation_service.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_format.h"
+#include "common/utf8.h"
+#include "services/router/grpc_status.h"
+
+namespace tandem::router {
+namespace {
+
+using tandem::v1::FinishReason;
+using tandem::v1::GenerateResponse;
+
+constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
+
+void AppendVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+void AppendBytesField(int field, const std::string& bytes, std::string* out) {
+  AppendVarint(static_cast<uint64_t>(field) << 3 | 2, out);
+  AppendVarint(bytes.size(), out);
+  out->append(bytes);
+}
+
+std::string FinishReasonLabel(FinishReason reason) {
+  switch (reason) {
+    case tandem::v1::FINISH_REASON_EOS:
+      return "eos";
+    case tandem::v1::FINISH_REASON_STOP:
+      return "stop";
+    case tandem::v1::FINISH_REASON_LENGTH:
+      return "length";
+    case tandem::v1::FINISH_REASON_CANCELLED:
+      return "cancelled";
+    case tandem::v1::FINISH_REASON_DEADLINE:
+      return "deadline";
+    default:
+      return "unspecified";
+  }
+}
+
+}  // namespace
+
+grpc::Status ResourceExhaustedWithRetry(const std::string& message, absl::Duration retry_after) {
+  // google.rpc.Status{code, message, details: [Any{RetryInfo{retry_delay}}]},
+  // encoded by hand (the google.rpc protos are not part of this build).
+  std::string duration;
+  const int64_t secs = absl::IDivDuration(retry_after, absl::Seconds(1), &retry_after);
+  const int64_t nanos = absl::ToInt64Nanoseconds(retry_after);
+  if (secs > 0) {
+    AppendVarint(0x08, &duration);
+    AppendVarint(static_cast<uint64_t>(secs), &duration);
+  }
+  if (nanos > 0) {
+    AppendVarint(0x10, &duration);
+    AppendVarint(static_cast<uint64_t>(nanos), &duration);
+  }
+  std::string retry_info;
+  AppendBytesField(1, duration, &retry_info);
+  std::string any;
+  AppendBytesField(1, "type.googleapis.com/google.rpc.RetryInfo", &any);
+  AppendBytesField(2, retry_info, &any);
+  std::string status;
+  AppendVarint(0x08, &status);
+  AppendVarint(static_cast<uint64_t>(grpc::StatusCode::RESOURCE_EXHAUSTED), &status);
+  AppendBytesField(2, message, &status);
+  AppendBytesField(3, any, &status);
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, message, status);
+}
+
+std::string SanitizeUtf8(std::string_view s) {
+  std::string out;
+  for (size_t pos = 0; pos < s.size();) {
+    const size_t n = utf8::ValidUtf8Len(s, pos);
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";
+      ++pos;
+    } else {
+      out.append(s.substr(pos, n));
+      pos += n;
+    }
+  }
+  return out;
+}
+
+GenerationServiceImpl::GenerationServiceImpl(Options options) : options_(std::move(options)) {}
+
+grpc::Status GenerationServiceImpl::Fail(const absl::Status& status) {
+  if (options_.metrics != nullptr) options_.metrics->RequestErrors(status.code())->Inc();
+  return ToGrpc(status);
+}
+
+grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
+                                             const tandem::v1::GenerateRequest* request,
+                                             grpc::ServerWriter<GenerateResponse>* writer) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<PreparedRequest> prepared =
+      PrepareRequest(*request, options_.limits, options_.tokenizer);
+  if (!prepared.ok()) return Fail(prepared.status());
+  if (inflight_.fetch_add(1) >= options_.max_inflight) {
+    inflight_.fetch_sub(1);
+    if (options_.metrics != nullptr) {
+      options_.metrics->RequestErrors(absl::StatusCode::kResourceExhausted)->Inc();
+    }
+    return ResourceExhaustedWithRetry(
+        absl::StrFormat("the router has %d requests in flight (its limit); retry after %s",
+                        options_.max_inflight, absl::FormatDuration(options_.retry_after)),
+        options_.retry_after);
+  }
+  grpc::Status s = Run(context, *prepared, start, writer);
+  inflight_.fetch_sub(1);
+  return s;
+}
+
+grpc::Status GenerationServiceImpl::Run(grpc::ServerContext* context,
+                                        const PreparedRequest& request, absl::Time start,
+                                        grpc::ServerWriter<GenerateResponse>* writer) {
+  if (!options_.backend->Ready()) {
+    return Fail(absl::UnavailableError("no live workers can take the request; retry later"));
+  }
+  auto queue = std::make_shared<CallQueue>();
+  absl::StatusOr<std::unique_ptr<BackendCall>> call = options_.backend->Start(request, queue);
+  if (!call.ok()) return Fail(call.status());
+
+  // Finish cleanly (DEADLINE) a little before the client's deadline fires.
+  absl::Time finish_by = absl::InfiniteFuture();
+  const auto chrono_deadline = context->deadline();
+  if (chrono_deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    const absl::Time deadline = absl::FromChrono(chrono_deadline);
+    const absl::Duration margin =
+        std::clamp((deadline - start) / 10, absl::Milliseconds(20), absl::Milliseconds(200));
+    finish_by = deadline - margin;
+  }
+
+  metrics::TandemMetrics* m = options_.metrics;
+  const int64_t num_prompt = static_cast<int64_t>(request.prompt_token_ids.size());
+  int64_t num_tokens = 0;
+  absl::Time first_token_time, last_token_time;
+  auto final_message = [&](FinishReason reason, const std::string& tail, int32_t cached,
+                           double backend_queue_s) {
+    GenerateResponse resp;
+    resp.set_request_id(request.request_id);
+    resp.set_text(tail);
+    resp.set_finish_reason(reason);
+    resp.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(num_prompt));
+    resp.mutable_usage()->set_cached_tokens(cached);
+    resp.mutable_usage()->set_completion_tokens(static_cast<int32_t>(num_tokens));
+    const absl::Time now = absl::Now();
+    auto* t = resp.mutable_timings();
+    t->set_queue_seconds(backend_queue_s);
+    t->set_ttft_seconds(num_tokens > 0 ? absl::ToDoubleSeconds(first_token_time - start) : 0);
+    t->set_mean_tpot_seconds(
+        num_tokens > 1 ? absl::ToDoubleSeconds(last_token_time - first_token_time) / (num_tokens - 1)
+                       : 0);
+    t->set_e2e_seconds(absl::ToDoubleSeconds(now - start));
+    if (m != nullptr) {
+      m->RequestSuccess(FinishReasonLabel(reason))->Inc();
+      m->e2e_request_latency->Observe(t->e2e_seconds());
+      m->request_queue_time->Observe(backend_queue_s);
+      m->prompt_tokens->Inc(static_cast<double>(num_prompt));
+    }
+    writer->WriteLast(resp, grpc::WriteOptions());
+  };
+
+  while (true) {
+    const absl::Time now = absl::Now();
+    std::optional<BackendEvent> ev = queue->Pop(std::min(now + kPollInterval, finish_by));
+    if (!ev.has_value()) {
+      if (context->IsCancelled()) {
+        (*call)->Cancel();
+        if (m != nullptr) m->RequestErrors(absl::StatusCode::kCancelled)->Inc();
+        return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+      }
+      if (absl::Now() >= finish_by) {
+        (*call)->Cancel();
+        final_message(tandem::v1::FINISH_REASON_DEADLINE, "", 0, 0);
+        return grpc::Status::OK;
+      }
+      continue;
+    }
+    if (ev->finished) {
+      if (!ev->status.ok()) return Fail(ev->status);
+      final_message(ev->finish_reason, ev->text, ev->num_cached_tokens, ev->queue_seconds);
+      return grpc::Status::OK;
+    }
+    const absl::Time t = absl::Now();
+    const int64_t n = static_cast<int64_t>(ev->token_ids.size());
+    if (n > 0) {
+      if (num_tokens == 0) {
+        first_token_time = t;
+        if (m != nullptr) m->time_to_first_token->Observe(absl::ToDoubleSeconds(t - start));
+        if (m != nullptr && n > 1) {
+          for (int64_t i = 1; i < n; ++i) m->inter_token_latency->Observe(0);
+        }
+      } else if (m != nullptr) {
+        const double gap = absl::ToDoubleSeconds(t - last_token_time) / static_cast<double>(n);
+        for (int64_t i = 0; i < n; ++i) m->inter_token_latency->Observe(gap);
+      }
+      last_token_time = t;
+      num_tokens += n;
+      if (m != nullptr) m->generation_tokens->Inc(static_cast<double>(n));
+    }
+    GenerateResponse resp;
+    resp.set_request_id(request.request_id);
+    resp.mutable_token_ids()->Add(ev->token_ids.begin(), ev->token_ids.end());
+    resp.set_text(std::move(ev->text));
+    for (auto& lp : ev->logprobs) *resp.add_logprobs() = std::move(lp);
+    if (!writer->Write(resp)) {  // the client went away
+      (*call)->Cancel();
+      if (m != nullptr) m->RequestErrors(absl::StatusCode::kCancelled)->Inc();
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the client stream closed");
+    }
+  }
+}
+
+grpc::Status GenerationServiceImpl::Tokenize(grpc::ServerContext* context,
+                                             const tandem::v1::TokenizeRequest* request,
+                                             tandem::v1::TokenizeResponse* response) {
+  if (absl::Status s = CheckNoUnknownFields(*request, ""); !s.ok()) return ToGrpc(s);
+  const tokenizer::Tokenizer& tok = *options_.tokenizer;
+  std::vector<int32_t> ids;
+  switch (request->input_case()) {
+    case tandem::v1::TokenizeRequest::kText: {
+      if (request->text().size() > kMaxPromptBytes) {
+        return ToGrpc(absl::InvalidArgumentError(
+            absl::StrFormat("text: %d bytes, at most %d", request->text().size(), kMaxPromptBytes)));
+      }
+      ids = tok.Encode(request->text(), request->add_special(), /*parse_special=*/true);
+      break;
+    }
+    case tandem::v1::TokenizeRequest::kMessages: {
+      auto chat = EncodeChat(request->messages(), tok);
+      if (!chat.ok()) return ToGrpc(chat.status());
+      ids = std::move(chat).value();
+      break;
+    }
+    default:
+      return ToGrpc(absl::InvalidArgumentError("input: set one of text, messages"));
+  }
+  for (int32_t id : ids) {
+    response->add_token_ids(id);
+    response->add_pieces(SanitizeUtf8(tok.TokenToPiece(id)));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status GenerationServiceImpl::GetModelInfo(grpc::ServerContext* context,
+                                                 const tandem::v1::GetModelInfoRequest* request,
+                                                 tandem::v1::ModelInfo* response) {
+  response->set_model_name(options_.model_name);
+  response->set_architecture(options_.architecture);
+  response->set_context_length(options_.limits.context_length);
+  response->set_vocab_size(options_.limits.vocab_size);
+  response->set_max_tokens_limit(options_.limits.max_tokens_limit);
+  response->set_max_prompt_tokens(options_.limits.context_length - 1);
+  response->set_max_stop_strings(static_cast<int32_t>(kMaxStopStrings));
+  response->set_max_top_logprobs(kMaxTopLogprobs);
+  response->set_kv_bytes_per_token(options_.kv_bytes_per_token);
+  for (int32_t id = 0; id < options_.limits.vocab_size; ++id) {
+    if (options_.tokenizer->IsEog(id)) response->add_eos_token_ids(id);
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,76 @@
+// GenerationServiceImpl: the public tandem.v1.Generation service.
+//
+// Generate: validate + tokenize (validate.h) -> admission (in-flight bound:
+// RESOURCE_EXHAUSTED with a RetryInfo detail; backend not ready:
+// UNAVAILABLE) -> Backend::Start -> forward events as they come, then one
+// final message (finish reason, usage, timings).
+//
+// Deadlines: when the client's deadline is near (deadline - margin, margin =
+// 10% of the request's budget clamped to [20 ms, 200 ms]) the request is
+// cancelled on the workers and the stream ends with a final message whose
+// finish_reason is DEADLINE and status OK, so the client sees a clean finish
+// instead of DEADLINE_EXCEEDED. If the client cancels (or goes away), the
+// backend call is cancelled (workers free the KV) and the RPC ends CANCELLED.
+//
+// Threading: the sync API; each Generate holds one server thread (bounded
+// by the server's ResourceQuota, sized from max_inflight) and waits on its
+// CallQueue. The engine / worker threads only push into that queue.
+//
+// Thread safety: thread-safe. Everything passed in Options must outlive it.
+#ifndef TANDEM_SERVICES_ROUTER_GENERATION_SERVICE_H_
+#define TANDEM_SERVICES_ROUTER_GENERATION_SERVICE_H_
+
+#include <atomic>
+#include <string>
+
+#include "common/metrics/tandem_metrics.h"
+#include "common/tokenizer/tokenizer.h"
+#include "services/router/backend.h"
+#include "services/router/validate.h"
+#include "tandem/v1/generation.grpc.pb.h"
+
+namespace tandem::router {
+
+class GenerationServiceImpl final : public tandem::v1::Generation::Service {
+ public:
+  struct Options {
+    const tokenizer::Tokenizer* tokenizer = nullptr;  // required
+    ModelLimits limits;
+    std::string model_name;
+    std::string architecture;
+    int64_t kv_bytes_per_token = 0;
+    Backend* backend = nullptr;                  // required
+    metrics::TandemMetrics* metrics = nullptr;   // optional
+    int max_inflight = 256;                      // Generate calls at once
+    absl::Duration retry_after = absl::Seconds(1);  // hint with RESOURCE_EXHAUSTED
+  };
+  explicit GenerationServiceImpl(Options options);
+
+  grpc::Status Generate(grpc::ServerContext* context, const tandem::v1::GenerateRequest* request,
+                        grpc::ServerWriter<tandem::v1::GenerateResponse>* writer) override;
+  grpc::Status Tokenize(grpc::ServerContext* context, const tandem::v1::TokenizeRequest* request,
+                        tandem::v1::TokenizeResponse* response) override;
+  grpc::Status GetModelInfo(grpc::ServerContext* context,
+                            const tandem::v1::GetModelInfoRequest* request,
+                            tandem::v1::ModelInfo* response) override;
+
+  int num_inflight() const { return inflight_.load(); }
+
+ private:
+  grpc::Status Fail(const absl::Status& status);
+  grpc::Status Run(grpc::ServerContext* context, const PreparedRequest& request, absl::Time start,
+                   grpc::ServerWriter<tandem::v1::GenerateResponse>* writer);
+
+  const Options options_;
+  std::atomic<int> inflight_{0};
+};
+
+// A RESOURCE_EXHAUSTED status carrying a google.rpc.RetryInfo detail.
+grpc::Status ResourceExhaustedWithRetry(const std::string& message, absl::Duration retry_after);
+
+// `s` with every invalid UTF-8 sequence replaced by U+FFFD.
+std::string SanitizeUtf8(std::string_view s);
+
+}  // namespace tandem::router
+
+#endif  // TANDEM_SERVICES_ROUTER_GENERATION_SERVICE_H_

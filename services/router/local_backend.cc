@@ -1,0 +1,86 @@
+#include "services/router/local_backend.h"
+
+#include <utility>
+
+namespace tandem::router {
+namespace {
+
+class LocalCall final : public BackendCall {
+ public:
+  LocalCall(engine::Engine* engine, engine::RequestHandle handle)
+      : engine_(engine), handle_(std::move(handle)) {}
+  // The engine's callback holds the queue, so nothing here needs to wait.
+  ~LocalCall() override { Cancel(); }
+  void Cancel() override {
+    if (!handle_->finished()) engine_->Cancel(handle_);
+  }
+
+ private:
+  engine::Engine* engine_;
+  engine::RequestHandle handle_;
+};
+
+}  // namespace
+
+tandem::v1::PositionLogprobs ToPositionLogprobs(const engine::SampleResult& r) {
+  tandem::v1::PositionLogprobs out;
+  out.mutable_sampled()->set_token_id(r.token_id);
+  out.mutable_sampled()->set_logprob(r.logprob);
+  for (const engine::TokenLogprob& t : r.top_logprobs) {
+    auto* top = out.add_top();
+    top->set_token_id(t.id);
+    top->set_logprob(t.logprob);
+  }
+  return out;
+}
+
+tandem::v1::FinishReason ToFinishReason(engine::RequestFinishReason reason) {
+  switch (reason) {
+    case engine::RequestFinishReason::kEos:
+      return tandem::v1::FINISH_REASON_EOS;
+    case engine::RequestFinishReason::kStop:
+      return tandem::v1::FINISH_REASON_STOP;
+    case engine::RequestFinishReason::kLength:
+      return tandem::v1::FINISH_REASON_LENGTH;
+    case engine::RequestFinishReason::kCancelled:
+      return tandem::v1::FINISH_REASON_CANCELLED;
+    case engine::RequestFinishReason::kError:
+      break;
+  }
+  return tandem::v1::FINISH_REASON_UNSPECIFIED;
+}
+
+absl::StatusOr<std::unique_ptr<BackendCall>> LocalBackend::Start(const PreparedRequest& request,
+                                                                 std::shared_ptr<CallQueue> queue) {
+  engine::EngineRequest req;
+  req.request_id = request.request_id;
+  req.prompt_token_ids = request.prompt_token_ids;
+  req.params = request.params;
+  req.extra_key = request.cache_key;
+  // Runs on the engine thread: convert and enqueue, never block.
+  req.on_event = [queue = std::move(queue)](const engine::EngineEvent& event) {
+    BackendEvent out;
+    if (const auto* token = std::get_if<engine::TokenEvent>(&event)) {
+      out.token_ids.push_back(token->token_id);
+      out.text = token->text;
+      if (token->logprobs.has_value()) out.logprobs.push_back(ToPositionLogprobs(*token->logprobs));
+    } else {
+      const auto& finish = std::get<engine::FinishEvent>(event);
+      out.finished = true;
+      out.text = finish.text;
+      out.finish_reason = ToFinishReason(finish.reason);
+      out.status = finish.status;
+      if (finish.reason == engine::RequestFinishReason::kError && out.status.ok()) {
+        out.status = absl::InternalError("the engine failed the request");
+      }
+      out.num_cached_tokens = static_cast<int32_t>(finish.usage.num_cached_tokens);
+      out.queue_seconds = finish.usage.queue_time_s;
+    }
+    queue->Push(std::move(out));
+  };
+  absl::StatusOr<engine::RequestHandle> handle = engine_->Submit(std::move(req));
+  if (!handle.ok()) return handle.status();
+  return std::make_unique<LocalCall>(engine_, *std::move(handle));
+}
+
+}  // namespace tandem::router

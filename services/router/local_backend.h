@@ -1,0 +1,34 @@
+// LocalBackend: the colocated mode. Requests run on an in-process
+// engine::Engine that does both phases (chunked prefill mixed into decode
+// steps): the baseline disaggregation is measured against.
+//
+// Thread safety: thread-safe. The engine must outlive the backend.
+#ifndef TANDEM_SERVICES_ROUTER_LOCAL_BACKEND_H_
+#define TANDEM_SERVICES_ROUTER_LOCAL_BACKEND_H_
+
+#include <memory>
+
+#include "engine/engine.h"
+#include "services/router/backend.h"
+
+namespace tandem::router {
+
+// engine::SampleResult -> the wire's PositionLogprobs.
+tandem::v1::PositionLogprobs ToPositionLogprobs(const engine::SampleResult& r);
+// engine finish reason -> wire (kError -> UNSPECIFIED; see status).
+tandem::v1::FinishReason ToFinishReason(engine::RequestFinishReason reason);
+
+class LocalBackend final : public Backend {
+ public:
+  explicit LocalBackend(engine::Engine* engine) : engine_(engine) {}
+  absl::StatusOr<std::unique_ptr<BackendCall>> Start(const PreparedRequest& request,
+                                                     std::shared_ptr<CallQueue> queue) override;
+  bool Ready() const override { return true; }
+
+ private:
+  engine::Engine* engine_;
+};
+
+}  // namespace tandem::router
+
+#endif  // TANDEM_SERVICES_ROUTER_LOCAL_BACKEND_H_

@@ -1,0 +1,154 @@
+#include "services/router/router_server.h"
+
+#include "absl/strings/str_format.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "services/router/disaggregated_backend.h"
+#include "services/router/grpc_status.h"
+#include "services/router/local_backend.h"
+
+namespace tandem::router {
+namespace {
+
+constexpr double kHeartbeatSeconds = 5.0;
+
+class RegistryServiceImpl final : public tandem::v1::WorkerRegistry::Service {
+ public:
+  explicit RegistryServiceImpl(WorkerPool* pool) : pool_(pool) {}
+  grpc::Status Register(grpc::ServerContext* context, const tandem::v1::RegisterRequest* request,
+                        tandem::v1::RegisterResponse* response) override {
+    if (pool_ == nullptr) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "this router is colocated: it takes no workers");
+    }
+    if (absl::Status s = pool_->Register(*request); !s.ok()) return ToGrpc(s);
+    response->set_heartbeat_seconds(kHeartbeatSeconds);
+    return grpc::Status::OK;
+  }
+
+ private:
+  WorkerPool* pool_;
+};
+
+}  // namespace
+
+void ApplyServerDefaults(grpc::ServerBuilder* builder, int max_threads) {
+  builder->SetMaxReceiveMessageSize(16 << 20);  // a 1 MiB prompt plus framing, with room
+  builder->SetMaxSendMessageSize(64 << 20);
+  // Long streams: keepalive pings every 60 s; accept client pings down to
+  // every 10 s even without data (vLLM's setting) and never GOAWAY for them.
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  grpc::ResourceQuota quota("tandem");
+  quota.SetMaxThreads(max_threads);
+  builder->SetResourceQuota(quota);
+}
+
+absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options options) {
+  if (options.tokenizer == nullptr) return absl::InvalidArgumentError("router: no tokenizer");
+  if (options.max_inflight < 1 || options.max_inflight > 100000) {
+    return absl::InvalidArgumentError("router: max_inflight must be in [1, 100000]");
+  }
+  std::unique_ptr<RouterServer> r(new RouterServer());
+  r->options_ = options;
+  auto m = metrics::TandemMetrics::Create(&r->registry_, metrics::kPhaseRouter, options.model_name);
+  if (!m.ok()) return m.status();
+  r->metrics_ = std::move(m).value();
+
+  if (options.backend_override != nullptr) {
+    r->backend_ = options.backend_override;
+  } else if (options.local_engine != nullptr) {
+    r->owned_backend_ = std::make_unique<LocalBackend>(options.local_engine);
+  } else {
+    WorkerPool::Options po;
+    po.model = options.model_shape;
+    po.health_interval = options.health_interval;
+    r->pool_ = std::make_unique<WorkerPool>(po);
+    for (const std::string& a : options.static_prefill) {
+      if (absl::Status s = r->pool_->AddStatic("prefill", a); !s.ok()) return s;
+    }
+    for (const std::string& a : options.static_decode) {
+      if (absl::Status s = r->pool_->AddStatic("decode", a); !s.ok()) return s;
+    }
+    r->owned_backend_ = std::make_unique<DisaggregatedBackend>(r->pool_.get());
+  }
+  if (r->owned_backend_ != nullptr) r->backend_ = r->owned_backend_.get();
+
+  GenerationServiceImpl::Options go;
+  go.tokenizer = options.tokenizer;
+  go.limits = options.limits;
+  go.model_name = options.model_name;
+  go.architecture = options.architecture;
+  go.kv_bytes_per_token = options.kv_bytes_per_token;
+  go.backend = r->backend_;
+  go.metrics = r->metrics_.get();
+  go.max_inflight = options.max_inflight;
+  r->generation_ = std::make_unique<GenerationServiceImpl>(go);
+  r->registry_service_ = std::make_unique<RegistryServiceImpl>(r->pool_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string address = absl::StrFormat("%s:%d", options.host, options.port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &r->port_);
+  // Every admitted Generate holds a thread; the rest serve Tokenize,
+  // registry, health and the RESOURCE_EXHAUSTED answers past the bound.
+  ApplyServerDefaults(&builder, options.max_inflight + 32);
+  builder.RegisterService(r->generation_.get());
+  builder.RegisterService(r->registry_service_.get());
+  r->server_ = builder.BuildAndStart();
+  if (r->server_ == nullptr || r->port_ == 0) {
+    return absl::UnavailableError(absl::StrFormat("router: cannot listen on %s", address));
+  }
+  if (options.metrics_port >= 0) {
+    metrics::MetricsHttpServer::Options mo;
+    mo.host = options.metrics_host;
+    mo.port = options.metrics_port;
+    Backend* backend = r->backend_;
+    mo.healthy = [backend] { return backend->Ready(); };
+    r->metrics_server_ = std::make_unique<metrics::MetricsHttpServer>(&r->registry_, mo);
+    if (absl::Status s = r->metrics_server_->Start(); !s.ok()) {
+      r->server_->Shutdown();
+      return absl::Status(s.code(), absl::StrFormat("router /metrics: %s", s.message()));
+    }
+  }
+  if (r->pool_ != nullptr) r->pool_->Start();
+  // Health: SERVING exactly while the backend can take requests.
+  RouterServer* self = r.get();
+  r->health_thread_ = std::thread([self] {
+    absl::MutexLock lock(&self->mu_);
+    while (!self->stopped_) {
+      const bool ready = self->backend_->Ready();
+      self->server_->GetHealthCheckService()->SetServingStatus(ready);
+      self->server_->GetHealthCheckService()->SetServingStatus("tandem.v1.Generation", ready);
+      auto stop = [self]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return self->stopped_; };
+      self->mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(250));
+    }
+  });
+  return r;
+}
+
+void RouterServer::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  if (health_thread_.joinable()) health_thread_.join();
+  if (server_ != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  }
+  if (pool_ != nullptr) pool_->Stop();
+  if (metrics_server_ != nullptr) metrics_server_->Stop();
+}
+
+RouterServer::~RouterServer() { Shutdown(); }
+
+}  // namespace tandem::router

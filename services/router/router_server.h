@@ -1,0 +1,92 @@
+// RouterServer: the router process's servers in one object. A gRPC server
+// with tandem.v1.Generation, tandem.v1.WorkerRegistry, grpc.health.v1.Health
+// (SERVING while the backend is ready) and server reflection; a /metrics
+// HTTP server; and the backend: LocalBackend on an in-process engine
+// (colocated) or DisaggregatedBackend on a WorkerPool (static workers from
+// flags + those that Register).
+//
+//   RouterServer::Options o; o.tokenizer = ...; o.local_engine = engine.get();
+//   auto router = RouterServer::Start(std::move(o));  // binds; port 0 = ephemeral
+//   ... (*router)->port() ...
+//   (*router)->Shutdown();
+//
+// Thread safety: port()/pool()/Shutdown() from any thread; Shutdown is
+// idempotent. The tokenizer and local engine must outlive the server.
+#ifndef TANDEM_SERVICES_ROUTER_ROUTER_SERVER_H_
+#define TANDEM_SERVICES_ROUTER_ROUTER_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/metrics/http_server.h"
+#include "common/metrics/tandem_metrics.h"
+#include "engine/engine.h"
+#include "grpcpp/server.h"
+#include "services/router/backend.h"
+#include "services/router/generation_service.h"
+#include "services/router/worker_pool.h"
+
+namespace tandem::router {
+
+class RouterServer {
+ public:
+  struct Options {
+    std::string host = "0.0.0.0";
+    int port = 50051;         // 0 = ephemeral
+    int metrics_port = -1;    // -1 = no /metrics server; 0 = ephemeral
+    std::string metrics_host = "0.0.0.0";
+    const tokenizer::Tokenizer* tokenizer = nullptr;  // required
+    ModelLimits limits;
+    ExpectedModel model_shape;
+    std::string model_name;
+    std::string architecture;
+    int64_t kv_bytes_per_token = 0;
+    int max_inflight = 256;
+    // Colocated when set; else disaggregated over these + registered workers.
+    engine::Engine* local_engine = nullptr;
+    std::vector<std::string> static_prefill;
+    std::vector<std::string> static_decode;
+    absl::Duration health_interval = absl::Seconds(1);
+    // Tests: use this backend instead (not owned).
+    Backend* backend_override = nullptr;
+  };
+
+  static absl::StatusOr<std::unique_ptr<RouterServer>> Start(Options options);
+  ~RouterServer();  // Shutdown()
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_server_ ? metrics_server_->port() : -1; }
+  WorkerPool* pool() { return pool_.get(); }  // null when colocated
+  bool Ready() const { return backend_->Ready(); }
+  // Health NOT_SERVING, then stops the servers (in-flight streams get up to
+  // `grace` to finish) and the health poll.
+  void Shutdown(absl::Duration grace = absl::Seconds(2));
+
+ private:
+  RouterServer() = default;
+
+  Options options_;
+  metrics::MetricsRegistry registry_;
+  std::unique_ptr<metrics::TandemMetrics> metrics_;
+  std::unique_ptr<metrics::MetricsHttpServer> metrics_server_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<Backend> owned_backend_;
+  Backend* backend_ = nullptr;
+  std::unique_ptr<GenerationServiceImpl> generation_;
+  std::unique_ptr<grpc::Service> registry_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::thread health_thread_;
+  absl::Mutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  int port_ = 0;
+};
+
+// Server-wide gRPC settings shared by every Tandem server: message sizes and
+// keepalive suited to long streams.
+void ApplyServerDefaults(grpc::ServerBuilder* builder, int max_threads);
+
+}  // namespace tandem::router
+
+#endif  // TANDEM_SERVICES_ROUTER_ROUTER_SERVER_H_

@@ -1,0 +1,288 @@
+#include "services/router/worker_pool.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_format.h"
+#include "grpcpp/create_channel.h"
+
+namespace tandem::router {
+namespace {
+
+constexpr int kDefaultBlockSize = 16;
+
+// Chained hashes of the prompt's full blocks (parent hash folded in), so
+// that block i matches only when blocks 0..i all match.
+std::vector<uint64_t> BlockHashes(const std::vector<int32_t>& prompt, uint64_t cache_key,
+                                  int block_size) {
+  std::vector<uint64_t> out;
+  uint64_t h = cache_key ^ 0x9E3779B97F4A7C15ull;
+  for (size_t start = 0; start + block_size <= prompt.size(); start += block_size) {
+    for (int i = 0; i < block_size; ++i) {
+      h ^= static_cast<uint32_t>(prompt[start + i]);
+      h *= 0x100000001B3ull;
+      h ^= h >> 29;
+    }
+    out.push_back(h);
+  }
+  return out;
+}
+
+bool ValidAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return !address.empty() && address.size() <= 256 && colon != std::string::npos && colon > 0 &&
+         colon + 1 < address.size();
+}
+
+}  // namespace
+
+WorkerPool::WorkerPool(Options options) : options_(std::move(options)) {}
+
+WorkerPool::~WorkerPool() { Stop(); }
+
+std::shared_ptr<Worker> WorkerPool::MakeWorker(const std::string& role,
+                                               const std::string& address) {
+  auto w = std::make_shared<Worker>();
+  w->role = role;
+  w->address = address;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  // Each worker gets its own subchannel (not shared with other pools).
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  w->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (role == "prefill") {
+    w->prefill = tandem::v1::PrefillWorker::NewStub(w->channel);
+  } else {
+    w->decode = tandem::v1::DecodeWorker::NewStub(w->channel);
+  }
+  return w;
+}
+
+absl::Status WorkerPool::AddStatic(const std::string& role, const std::string& address) {
+  if (role != "prefill" && role != "decode") {
+    return absl::InvalidArgumentError(absl::StrFormat("role must be prefill or decode: '%s'", role));
+  }
+  if (!ValidAddress(address)) {
+    return absl::InvalidArgumentError(absl::StrFormat("bad %s address '%s' (want host:port)", role, address));
+  }
+  auto w = MakeWorker(role, address);
+  w->is_static = true;
+  absl::MutexLock lock(&mu_);
+  if (static_cast<int>(workers_.size()) >= options_.max_workers) {
+    return absl::ResourceExhaustedError("too many workers");
+  }
+  workers_.push_back(std::move(w));
+  return absl::OkStatus();
+}
+
+absl::Status WorkerPool::CheckCompat(const tandem::v1::KvCompatibility& compat) {
+  const ExpectedModel& m = options_.model;
+  if (compat.num_layers() != m.num_layers || compat.num_kv_heads() != m.num_kv_heads ||
+      compat.head_dim() != m.head_dim) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "KV compatibility: worker serves %d layers x %d KV heads x %d head dim; the router's "
+        "model has %d x %d x %d",
+        compat.num_layers(), compat.num_kv_heads(), compat.head_dim(), m.num_layers,
+        m.num_kv_heads, m.head_dim));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!compat_hash_.has_value()) compat_hash_ = compat.hash();
+  if (*compat_hash_ != compat.hash()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "KV compatibility hash %016x differs from the other workers' %016x (model '%s')",
+        compat.hash(), *compat_hash_, compat.model_name()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerPool::Register(const tandem::v1::RegisterRequest& request) {
+  const std::string& role = request.role();
+  if (role != "prefill" && role != "decode") {
+    return absl::InvalidArgumentError(absl::StrFormat("role must be prefill or decode"));
+  }
+  if (!ValidAddress(request.address())) {
+    return absl::InvalidArgumentError("address must be host:port");
+  }
+  if (request.metrics_address().size() > 256) {
+    return absl::InvalidArgumentError("metrics_address too long");
+  }
+  if (absl::Status s = CheckCompat(request.compat()); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  for (const auto& w : workers_) {
+    if (w->role == role && w->address == request.address()) {
+      w->metrics_address = request.metrics_address();
+      return absl::OkStatus();
+    }
+  }
+  if (static_cast<int>(workers_.size()) >= options_.max_workers) {
+    return absl::ResourceExhaustedError("too many workers registered");
+  }
+  auto w = MakeWorker(role, request.address());
+  w->metrics_address = request.metrics_address();
+  workers_.push_back(w);
+  // Healthy only once a poll has seen it answer.
+  return absl::OkStatus();
+}
+
+void WorkerPool::Start() {
+  absl::MutexLock lock(&mu_);
+  if (thread_.joinable()) return;
+  stopping_ = false;
+  thread_ = std::thread([this] { PollLoop(); });
+}
+
+void WorkerPool::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void WorkerPool::PollLoop() {
+  while (true) {
+    PollOnce();
+    absl::MutexLock lock(&mu_);
+    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+    if (mu_.AwaitWithTimeout(absl::Condition(&stop), options_.health_interval)) return;
+  }
+}
+
+void WorkerPool::Poll(Worker& w) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  tandem::v1::WorkerStatsRequest req;
+  tandem::v1::WorkerStats stats;
+  grpc::Status s = w.prefill ? w.prefill->GetStats(&ctx, req, &stats)
+                             : w.decode->GetStats(&ctx, req, &stats);
+  absl::Status compat = s.ok() ? CheckCompat(stats.compat()) : absl::OkStatus();
+  absl::MutexLock lock(&w.mu);
+  if (s.ok() && compat.ok() && stats.role() == w.role) {
+    w.stats = std::move(stats);
+    w.healthy = !w.stats.draining();
+    w.consecutive_failures = 0;
+  } else if (++w.consecutive_failures >= options_.failure_threshold || !compat.ok()) {
+    w.healthy = false;
+  }
+}
+
+void WorkerPool::PollOnce() {
+  std::vector<std::shared_ptr<Worker>> workers;
+  {
+    absl::MutexLock lock(&mu_);
+    workers = workers_;
+  }
+  for (const auto& w : workers) Poll(*w);
+  // Registered workers that stopped answering are forgotten (they register
+  // again when they come back); static ones stay, marked unhealthy.
+  absl::MutexLock lock(&mu_);
+  workers_.erase(std::remove_if(workers_.begin(), workers_.end(),
+                                [&](const std::shared_ptr<Worker>& w) {
+                                  absl::MutexLock wl(&w->mu);
+                                  return !w->is_static &&
+                                         w->consecutive_failures >= options_.failure_threshold;
+                                }),
+                 workers_.end());
+}
+
+std::shared_ptr<Worker> WorkerPool::PickPrefill(const std::vector<int32_t>& prompt,
+                                                uint64_t cache_key) {
+  std::vector<std::shared_ptr<Worker>> workers;
+  {
+    absl::MutexLock lock(&mu_);
+    workers = workers_;
+  }
+  std::shared_ptr<Worker> best;
+  int64_t best_cost = std::numeric_limits<int64_t>::max();
+  std::vector<uint64_t> hashes;
+  for (const auto& w : workers) {
+    if (w->role != "prefill") continue;
+    absl::MutexLock lock(&w->mu);
+    if (!w->healthy) continue;
+    const int bs = w->stats.compat().block_size() > 0 ? w->stats.compat().block_size()
+                                                       : kDefaultBlockSize;
+    if (hashes.empty()) hashes = BlockHashes(prompt, cache_key, bs);
+    int64_t cached_blocks = 0;
+    while (cached_blocks < static_cast<int64_t>(hashes.size()) &&
+           w->seen_blocks.contains(hashes[cached_blocks])) {
+      ++cached_blocks;
+    }
+    const int64_t cost = static_cast<int64_t>(prompt.size()) - cached_blocks * bs +
+                         w->stats.num_waiting_tokens() + w->inflight_tokens;
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = w;
+    }
+  }
+  if (best == nullptr) return nullptr;
+  absl::MutexLock lock(&best->mu);
+  best->inflight_tokens += static_cast<int64_t>(prompt.size());
+  if (best->seen_blocks.size() + hashes.size() > options_.max_seen_blocks) best->seen_blocks.clear();
+  best->seen_blocks.insert(hashes.begin(), hashes.end());
+  return best;
+}
+
+std::shared_ptr<Worker> WorkerPool::PickDecode() {
+  std::vector<std::shared_ptr<Worker>> workers;
+  {
+    absl::MutexLock lock(&mu_);
+    workers = workers_;
+  }
+  std::shared_ptr<Worker> best;
+  int64_t best_free = std::numeric_limits<int64_t>::min();
+  int64_t best_running = 0;
+  for (const auto& w : workers) {
+    if (w->role != "decode") continue;
+    absl::MutexLock lock(&w->mu);
+    if (!w->healthy) continue;
+    // Requests sent since the last poll are not in its stats yet: count
+    // each as one block so a burst spreads out.
+    const int64_t free = w->stats.num_blocks_total() - w->stats.num_blocks_used() -
+                         w->stats.num_leased_blocks() - w->inflight_requests;
+    const int64_t running = w->stats.num_running() + w->inflight_requests;
+    if (free > best_free || (free == best_free && running < best_running)) {
+      best_free = free;
+      best_running = running;
+      best = w;
+    }
+  }
+  if (best == nullptr) return nullptr;
+  absl::MutexLock lock(&best->mu);
+  ++best->inflight_requests;
+  return best;
+}
+
+void WorkerPool::DonePrefill(Worker& w, int64_t num_tokens) {
+  absl::MutexLock lock(&w.mu);
+  w.inflight_tokens = std::max<int64_t>(0, w.inflight_tokens - num_tokens);
+}
+
+void WorkerPool::DoneDecode(Worker& w) {
+  absl::MutexLock lock(&w.mu);
+  w.inflight_requests = std::max<int64_t>(0, w.inflight_requests - 1);
+}
+
+int WorkerPool::NumHealthy(const std::string& role) const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& w : workers_) {
+    absl::MutexLock wl(&w->mu);
+    n += w->role == role && w->healthy;
+  }
+  return n;
+}
+
+std::vector<WorkerSnapshot> WorkerPool::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<WorkerSnapshot> out;
+  for (const auto& w : workers_) {
+    absl::MutexLock wl(&w->mu);
+    out.push_back({w->role, w->address, w->metrics_address, w->healthy, w->stats});
+  }
+  return out;
+}
+
+}  // namespace tandem::router

@@ -1,0 +1,49 @@
+// HostKvTransport: the client side of DecodeWorker.PushKv. One header
+// message (handle, compat, num_tokens, bytes_per_token, total_bytes, token
+// ids), then the payload (KvExport layout, engine/kv_export.h) in raw chunks
+// of at most kMaxChunkBytes. Channels are cached per address.
+//
+// Thread safety: thread-safe.
+#ifndef TANDEM_SERVICES_TRANSFER_HOST_KV_TRANSPORT_H_
+#define TANDEM_SERVICES_TRANSFER_HOST_KV_TRANSPORT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/channel.h"
+#include "services/transfer/kv_transport.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::transfer {
+
+class HostKvTransport final : public KvTransport {
+ public:
+  explicit HostKvTransport(int64_t chunk_bytes = kMaxChunkBytes) : chunk_bytes_(chunk_bytes) {}
+
+  absl::StatusOr<KvSendResult> Send(const KvTransferTarget& target,
+                                    const tandem::v1::KvCompatibility& compat,
+                                    const engine::KvExport& kv, absl::Time deadline) override;
+
+  // The header Send writes first (exposed for tests).
+  static tandem::v1::KvTransferHeader MakeHeader(const KvTransferTarget& target,
+                                                 const tandem::v1::KvCompatibility& compat,
+                                                 const engine::KvExport& kv);
+
+ private:
+  std::shared_ptr<tandem::v1::DecodeWorker::Stub> StubFor(const std::string& address);
+
+  const int64_t chunk_bytes_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<tandem::v1::DecodeWorker::Stub>> stubs_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// A channel with the limits the workers use (message size > 4 MiB chunks).
+std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address);
+
+}  // namespace tandem::transfer
+
+#endif  // TANDEM_SERVICES_TRANSFER_HOST_KV_TRANSPORT_H_
