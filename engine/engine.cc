@@ -140,8 +140,8 @@ absl::Status Engine::ValidateRequest(const EngineRequest& request) const {
   }
   for (int32_t id : request.prefix_output_token_ids) {
     if (id < 0 || id >= mc.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("prefix_output_token_ids: id ", id,
-                                                     " outside [0, ", mc.vocab_size, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefix_output_token_ids: id ", id, " outside [0, ", mc.vocab_size, ")"));
     }
   }
   const int64_t n = num_prompt + static_cast<int64_t>(request.prefix_output_token_ids.size());
@@ -153,8 +153,8 @@ absl::Status Engine::ValidateRequest(const EngineRequest& request) const {
       return absl::InvalidArgumentError("import_kv: geometry does not match the model");
     }
     if (kv.num_tokens() < 1 || kv.num_tokens() >= n) {
-      return absl::InvalidArgumentError(absl::StrCat("import_kv: ", kv.num_tokens(),
-                                                     " tokens; must be in [1, ", n, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("import_kv: ", kv.num_tokens(), " tokens; must be in [1, ", n, ")"));
     }
     for (int64_t i = 0; i < kv.num_tokens(); ++i) {
       const int32_t expected = i < num_prompt ? request.prompt_token_ids[i]
@@ -288,8 +288,8 @@ void Engine::Admit(std::vector<Pending> submits) {
     absl::Span<const int32_t> prefix = p.seq->output_token_ids();
     for (size_t i = 0; i < prefix.size(); ++i) {
       if (active->output->Process(prefix[i]).finish.has_value()) {
-        st = absl::InvalidArgumentError(absl::StrCat("prefix_output_token_ids[", i,
-                                                     "] already finishes the request"));
+        st = absl::InvalidArgumentError(
+            absl::StrCat("prefix_output_token_ids[", i, "] already finishes the request"));
         break;
       }
     }
@@ -398,8 +398,8 @@ void Engine::Step() {
     if (!outcome.finish.has_value() && a.export_kv) {
       // Prefill-only: copy the computed K/V out before Update frees the blocks.
       const Sequence* seq = scheduler_->Find(t.seq_id);
-      a.kv_export = std::make_shared<const KvExport>(
-          ExportKv(*cache_, *kv_, t.seq_id, seq->token_ids()));
+      a.kv_export =
+          std::make_shared<const KvExport>(ExportKv(*cache_, *kv_, t.seq_id, seq->token_ids()));
       outcome.finish = RequestFinishReason::kLength;
     }
     if (outcome.finish.has_value()) {

@@ -12,8 +12,8 @@ absl::Status KvExport::Validate() const {
   if (num_kv_heads < 1) return absl::InvalidArgumentError("num_kv_heads must be >= 1");
   if (head_dim < 1) return absl::InvalidArgumentError("head_dim must be >= 1");
   if (bytes_per_token != BytesPerToken(num_layers, num_kv_heads, head_dim)) {
-    return absl::InvalidArgumentError(absl::StrCat("bytes_per_token ", bytes_per_token,
-                                                   " does not match the geometry"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bytes_per_token ", bytes_per_token, " does not match the geometry"));
   }
   if (static_cast<int64_t>(bytes.size()) != num_tokens() * bytes_per_token) {
     return absl::InvalidArgumentError(absl::StrCat("kv bytes ", bytes.size(), " != num_tokens ",
@@ -47,10 +47,10 @@ KvExport ExportKv(const KvCacheStorage& cache, const KvCacheManager& kv, SeqId s
   return out;
 }
 
-void ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvCacheManager& kv,
-              SeqId seq, KvCacheStorage* cache) {
-  TANDEM_CHECK(src.num_layers == cache->num_layers() &&
-               src.num_kv_heads == cache->num_kv_heads() && src.head_dim == cache->head_dim());
+void ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvCacheManager& kv, SeqId seq,
+              KvCacheStorage* cache) {
+  TANDEM_CHECK(src.num_layers == cache->num_layers() && src.num_kv_heads == cache->num_kv_heads() &&
+               src.head_dim == cache->head_dim());
   TANDEM_CHECK(0 <= begin && begin <= end && end <= src.num_tokens());
   const int64_t row = cache->num_kv_heads() * cache->head_dim();
   const size_t row_bytes = row * sizeof(float);

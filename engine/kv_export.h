@@ -51,8 +51,8 @@ KvExport ExportKv(const KvCacheStorage& cache, const KvCacheManager& kv, SeqId s
 // Writes positions [begin, end) of `src` into the slots of `seq`.
 // REQUIRES: src geometry matches cache, end <= src.num_tokens(), the block
 // table of seq covers end tokens.
-void ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvCacheManager& kv,
-              SeqId seq, KvCacheStorage* cache);
+void ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvCacheManager& kv, SeqId seq,
+              KvCacheStorage* cache);
 
 }  // namespace tandem::engine
 

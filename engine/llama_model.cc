@@ -186,8 +186,8 @@ void LlamaModel::Attend(int64_t layer, const ForwardBatch& b,
   rope.freq_base = c.rope_freq_base;
   rope.freq_scale = c.rope_freq_scale;
   rope.freq_factors = weights_.rope_freqs.empty() ? nullptr : weights_.rope_freqs.data();
-  kernels::Rope(s.q.data(), b.positions.data(), T, c.num_heads, c.head_dim, rope);
-  kernels::Rope(s.k.data(), b.positions.data(), T, c.num_kv_heads, c.head_dim, rope);
+  kernels::RopeQK(s.q.data(), s.k.data(), b.positions.data(), T, c.num_heads, c.num_kv_heads,
+                  c.head_dim, rope);
   kernels::WriteKv(cache->layout(), s.k.data(), s.v.data(), b.slot_mapping.data(), T,
                    cache->k(layer), cache->v(layer));
   kernels::PagedAttention(args, s.q.data(), cache->k(layer), cache->v(layer), s.attn.data(), pool_);

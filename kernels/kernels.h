@@ -77,6 +77,13 @@ void Rope(float* x,                  // [n, num_heads, head_dim]
           const int32_t* positions,  // [n]
           int64_t n, int64_t num_heads, int64_t head_dim, const RopeParams& params);
 
+// Rope of q and k with the same positions, the angles computed once per
+// token: bit-identical to Rope(q, ...) then Rope(k, ...).
+void RopeQK(float* q,  // [n, num_heads, head_dim]
+            float* k,  // [n, num_kv_heads, head_dim]
+            const int32_t* positions, int64_t n, int64_t num_heads, int64_t num_kv_heads,
+            int64_t head_dim, const RopeParams& params);
+
 // out[i] = silu(gate[i]) * up[i] (SwiGLU). out may alias gate or up.
 void SiluMul(const float* gate,  // [n]
              const float* up,    // [n]
@@ -138,6 +145,8 @@ void EmbeddingLookup(const WeightView& table, const int32_t* ids, int64_t n, flo
 void RmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* y);
 void Rope(float* x, const int32_t* positions, int64_t n, int64_t num_heads, int64_t head_dim,
           const RopeParams& params);
+void RopeQK(float* q, float* k, const int32_t* positions, int64_t n, int64_t num_heads,
+            int64_t num_kv_heads, int64_t head_dim, const RopeParams& params);
 void SiluMul(const float* gate, const float* up, int64_t n, float* out);
 void Add(const float* a, const float* b, int64_t n, float* out);
 void Softmax(float* x, int64_t n, int64_t dim);

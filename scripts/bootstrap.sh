@@ -36,8 +36,8 @@ if [ ! -x .venv/bin/python ]; then
   log "creating Python venv in .venv"
   /usr/bin/python3 -m venv .venv 2>/dev/null || python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import gguf, numpy" 2>/dev/null; then
-  log "installing Python packages into .venv (gguf, numpy)"
+if ! .venv/bin/python -c "import gguf, numpy, grpc, grpc_tools" 2>/dev/null; then
+  log "installing Python packages into .venv (gguf, numpy, grpcio, grpcio-tools)"
   .venv/bin/pip install -q --disable-pip-version-check -r tools/requirements.txt
 fi
 

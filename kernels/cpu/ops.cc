@@ -1,6 +1,6 @@
 // Dispatched element-wise ops. RmsNorm and Softmax reuse the references
-// (cheap, and their double accumulation is order-fixed); Rope computes the
-// angles once per token instead of once per head.
+// (cheap, and their double accumulation is order-fixed); Rope / RopeQK
+// compute the angles once per token instead of once per head (and array).
 #include <cmath>
 #include <vector>
 
@@ -12,8 +12,28 @@ void RmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float 
   ref::RmsNorm(x, weight, n, dim, eps, y);
 }
 
-void Rope(float* x, const int32_t* positions, int64_t n, int64_t num_heads, int64_t head_dim,
-          const RopeParams& p) {
+namespace {
+
+// Rotates `num_heads` heads of one token by the (cos, sin) pairs in cs.
+void RotateHeads(float* x, int64_t num_heads, int64_t head_dim, const float* cs,
+                 const RopeParams& p) {
+  const int64_t half = p.rot_dim / 2;
+  for (int64_t h = 0; h < num_heads; ++h) {
+    float* v = x + h * head_dim;
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t i0 = p.style == RopeStyle::kAdjacentPairs ? 2 * i : i;
+      const int64_t i1 = p.style == RopeStyle::kAdjacentPairs ? 2 * i + 1 : i + half;
+      const float c = cs[2 * i], s = cs[2 * i + 1];
+      const float x0 = v[i0], x1 = v[i1];
+      v[i0] = x0 * c - x1 * s;
+      v[i1] = x0 * s + x1 * c;
+    }
+  }
+}
+
+// Applies rope to up to two arrays (k may be null) sharing positions.
+void RopeImpl(float* q, int64_t q_heads, float* k, int64_t k_heads, const int32_t* positions,
+              int64_t n, int64_t head_dim, const RopeParams& p) {
   const int64_t half = p.rot_dim / 2;
   std::vector<float> cs(2 * half);
   std::vector<double> inv_freq(half);
@@ -28,18 +48,21 @@ void Rope(float* x, const int32_t* positions, int64_t n, int64_t num_heads, int6
       cs[2 * i] = static_cast<float>(std::cos(theta));
       cs[2 * i + 1] = static_cast<float>(std::sin(theta));
     }
-    for (int64_t h = 0; h < num_heads; ++h) {
-      float* v = x + (t * num_heads + h) * head_dim;
-      for (int64_t i = 0; i < half; ++i) {
-        const int64_t i0 = p.style == RopeStyle::kAdjacentPairs ? 2 * i : i;
-        const int64_t i1 = p.style == RopeStyle::kAdjacentPairs ? 2 * i + 1 : i + half;
-        const float c = cs[2 * i], s = cs[2 * i + 1];
-        const float x0 = v[i0], x1 = v[i1];
-        v[i0] = x0 * c - x1 * s;
-        v[i1] = x0 * s + x1 * c;
-      }
-    }
+    RotateHeads(q + t * q_heads * head_dim, q_heads, head_dim, cs.data(), p);
+    if (k != nullptr) RotateHeads(k + t * k_heads * head_dim, k_heads, head_dim, cs.data(), p);
   }
+}
+
+}  // namespace
+
+void Rope(float* x, const int32_t* positions, int64_t n, int64_t num_heads, int64_t head_dim,
+          const RopeParams& p) {
+  RopeImpl(x, num_heads, nullptr, 0, positions, n, head_dim, p);
+}
+
+void RopeQK(float* q, float* k, const int32_t* positions, int64_t n, int64_t num_heads,
+            int64_t num_kv_heads, int64_t head_dim, const RopeParams& p) {
+  RopeImpl(q, num_heads, k, num_kv_heads, positions, n, head_dim, p);
 }
 
 void SiluMul(const float* gate, const float* up, int64_t n, float* out) {

@@ -72,8 +72,7 @@ uint64_t CompatHash(const tandem::v1::KvCompatibility& c) {
   return h.value();
 }
 
-tandem::v1::KvCompatibility MakeCompat(const gguf::GgufFile& file,
-                                       const engine::LlamaModel& model,
+tandem::v1::KvCompatibility MakeCompat(const gguf::GgufFile& file, const engine::LlamaModel& model,
                                        const std::string& model_name, int32_t block_size) {
   tandem::v1::KvCompatibility c;
   c.set_model_name(model_name);

@@ -22,8 +22,7 @@ uint64_t ModelFingerprint(const gguf::GgufFile& file);
 uint64_t CompatHash(const tandem::v1::KvCompatibility& compat);
 
 // Fills every field, hash included; kv_dtype "f32".
-tandem::v1::KvCompatibility MakeCompat(const gguf::GgufFile& file,
-                                       const engine::LlamaModel& model,
+tandem::v1::KvCompatibility MakeCompat(const gguf::GgufFile& file, const engine::LlamaModel& model,
                                        const std::string& model_name, int32_t block_size);
 
 // OK when `theirs` matches `ours`; else FailedPrecondition naming the first

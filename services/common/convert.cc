@@ -99,7 +99,8 @@ engine::SampleResult FromProto(const tandem::v1::PositionLogprobs& proto) {
   engine::SampleResult r;
   r.token_id = proto.sampled().token_id();
   r.logprob = proto.sampled().logprob();
-  for (const tandem::v1::TokenLogprob& t : proto.top()) r.top_logprobs.push_back({t.token_id(), t.logprob()});
+  for (const tandem::v1::TokenLogprob& t : proto.top())
+    r.top_logprobs.push_back({t.token_id(), t.logprob()});
   return r;
 }
 

@@ -21,8 +21,8 @@ absl::StatusOr<std::unique_ptr<WorkerHost>> WorkerHost::Start(
     grpc::Service* service, WorkerRuntime* runtime, std::function<void()> stats_fn) {
   std::string host;
   int requested_port = 0;
-  TANDEM_RETURN_IF_ERROR(SplitHostPort(config.listen_address, "listen address", &host,
-                                       &requested_port));
+  TANDEM_RETURN_IF_ERROR(
+      SplitHostPort(config.listen_address, "listen address", &host, &requested_port));
   std::unique_ptr<WorkerHost> h(new WorkerHost());
   h->config_ = config;
   h->role_ = role;

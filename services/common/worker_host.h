@@ -26,12 +26,9 @@ class WorkerHost {
  public:
   // service: not owned, outlives the host. role: "prefill" | "decode".
   // stats_fn: refreshed metrics every 250 ms (runs on the host's thread).
-  static absl::StatusOr<std::unique_ptr<WorkerHost>> Start(const WorkerServerConfig& config,
-                                                           const std::string& role,
-                                                           const std::string& service_name,
-                                                           grpc::Service* service,
-                                                           WorkerRuntime* runtime,
-                                                           std::function<void()> stats_fn);
+  static absl::StatusOr<std::unique_ptr<WorkerHost>> Start(
+      const WorkerServerConfig& config, const std::string& role, const std::string& service_name,
+      grpc::Service* service, WorkerRuntime* runtime, std::function<void()> stats_fn);
   ~WorkerHost();
 
   int port() const { return port_; }

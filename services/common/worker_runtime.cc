@@ -16,7 +16,8 @@ absl::Status SplitHostPort(const std::string& address, const std::string& what, 
                            int* port) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": expected host:port, got '", address, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected host:port, got '", address, "'"));
   }
   int p = 0;
   if (!absl::SimpleAtoi(address.substr(colon + 1), &p) || p < 0 || p > 65535) {
@@ -44,8 +45,9 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
     TANDEM_ASSIGN_OR_RETURN(rt->file_, gguf::GgufFile::Open(config.model_path));
     TANDEM_ASSIGN_OR_RETURN(tokenizer::Vocab vocab, tokenizer::VocabFromGguf(*rt->file_));
     TANDEM_ASSIGN_OR_RETURN(rt->tokenizer_, tokenizer::Tokenizer::Create(std::move(vocab)));
-    TANDEM_ASSIGN_OR_RETURN(rt->model_, engine::LlamaModel::Load(
-                                            *rt->file_, {rt->pool_.get(), config.engine.prefault, {}}));
+    TANDEM_ASSIGN_OR_RETURN(
+        rt->model_,
+        engine::LlamaModel::Load(*rt->file_, {rt->pool_.get(), config.engine.prefault, {}}));
     file = rt->file_.get();
     model = rt->model_.get();
     tok = rt->tokenizer_.get();
@@ -63,8 +65,8 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
   rt->compat_ = MakeCompat(*file, *model, rt->model_name_, config.engine.block_size);
 
   rt->registry_ = std::make_unique<metrics::MetricsRegistry>();
-  TANDEM_ASSIGN_OR_RETURN(rt->metrics_,
-                          metrics::TandemMetrics::Create(rt->registry_.get(), phase, rt->model_name_));
+  TANDEM_ASSIGN_OR_RETURN(
+      rt->metrics_, metrics::TandemMetrics::Create(rt->registry_.get(), phase, rt->model_name_));
   if (!config.metrics_address.empty()) {
     metrics::MetricsHttpServer::Options options;
     TANDEM_RETURN_IF_ERROR(
@@ -105,8 +107,8 @@ void WorkerRuntime::UpdateEngineMetrics() {
   // tokens per step over the interval (the engine has no per-step hook yet).
   const int64_t steps = s.num_steps - last_steps_;
   if (steps > 0) {
-    metrics_->iteration_tokens->Observe(static_cast<double>(s.num_computed_tokens - last_computed_) /
-                                        static_cast<double>(steps));
+    metrics_->iteration_tokens->Observe(
+        static_cast<double>(s.num_computed_tokens - last_computed_) / static_cast<double>(steps));
     metrics_->batch_size->Observe(static_cast<double>(s.num_running));
   }
   last_preemptions_ = s.num_preemptions;

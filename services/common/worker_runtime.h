@@ -30,8 +30,8 @@ struct WorkerServerConfig {
   std::string metrics_address;
   // Address announced to the router; empty = listen host + bound port.
   std::string advertise_address;
-  std::string model_path;  // GGUF; ignored when `model` is set
-  std::string model_name;  // empty: general.name, else the file name
+  std::string model_path;       // GGUF; ignored when `model` is set
+  std::string model_name;       // empty: general.name, else the file name
   engine::EngineConfig engine;  // engine.model_path is ignored
   // WorkerRegistry.Register target; empty = do not register.
   std::string router_address;

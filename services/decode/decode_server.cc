@@ -48,9 +48,9 @@ grpc::Status DecodeServiceImpl::PushKv(grpc::ServerContext* context,
   }
   const tandem::v1::KvTransferHeader header = chunk.header();
   // Everything is checked before any payload byte is read or memory taken.
-  absl::Status st = transfer::ValidateKvHeader(header, runtime_->compat(),
-                                               engine.kv_bytes_per_token(), mc.context_length - 1,
-                                               mc.vocab_size);
+  absl::Status st =
+      transfer::ValidateKvHeader(header, runtime_->compat(), engine.kv_bytes_per_token(),
+                                 mc.context_length - 1, mc.vocab_size);
   if (!st.ok()) return services::ToGrpcStatus(st);
   if (draining_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining");
   st = leases_.Reserve(header.kv_handle(), header.total_bytes(),
@@ -88,9 +88,9 @@ grpc::Status DecodeServiceImpl::PushKv(grpc::ServerContext* context,
   }
   if (received != header.total_bytes()) {
     leases_.Abort(header.kv_handle());
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("PushKv: got ", received, " of total_bytes ",
-                                     header.total_bytes()));
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("PushKv: got ", received, " of total_bytes ", header.total_bytes()));
   }
   leases_.Commit(header.kv_handle(), std::move(kv));
   runtime_->metrics().kv_transfer_bytes->Inc(static_cast<double>(received));
@@ -199,14 +199,13 @@ absl::StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(
   services::WorkerRuntime* rt = s->runtime_.get();
   DecodeServiceImpl* svc = s->service_.get();
   TANDEM_ASSIGN_OR_RETURN(
-      s->host_, services::WorkerHost::Start(config, "decode", "tandem.v1.DecodeWorker", svc, rt,
-                                            [rt, svc] {
-                                              rt->UpdateEngineMetrics();
-                                              rt->metrics().num_kv_leases->Set(
-                                                  static_cast<double>(svc->leases().Stats().num_leases));
-                                              rt->metrics().num_leased_blocks->Set(
-                                                  static_cast<double>(svc->leases().num_leased_blocks()));
-                                            }));
+      s->host_,
+      services::WorkerHost::Start(config, "decode", "tandem.v1.DecodeWorker", svc, rt, [rt, svc] {
+        rt->UpdateEngineMetrics();
+        rt->metrics().num_kv_leases->Set(static_cast<double>(svc->leases().Stats().num_leases));
+        rt->metrics().num_leased_blocks->Set(
+            static_cast<double>(svc->leases().num_leased_blocks()));
+      }));
   return s;
 }
 

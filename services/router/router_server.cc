@@ -6,6 +6,7 @@
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/server_interceptor.h"
 #include "services/router/disaggregated_backend.h"
 #include "services/router/grpc_status.h"
 #include "services/router/local_backend.h"
@@ -31,6 +32,35 @@ class RegistryServiceImpl final : public tandem::v1::WorkerRegistry::Service {
 
  private:
   WorkerPool* pool_;
+};
+
+// gRPC answers a request it cannot parse (in proto3: a string field that is
+// not valid UTF-8) with INTERNAL and no message, before any handler runs.
+// That is the client's fault: say so, as INVALID_ARGUMENT.
+class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const grpc::Status s = methods->GetSendStatus();
+      if (s.error_code() == grpc::StatusCode::INTERNAL && s.error_message().empty()) {
+        methods->ModifySendStatus(grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            "the request could not be parsed: string fields (text, request_id, messages, stop, "
+            "cache_salt) must be valid UTF-8 (proto3)"));
+      }
+    }
+    methods->Proceed();
+  }
+};
+
+class ParseErrorInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new ParseErrorInterceptor();
+  }
 };
 
 }  // namespace
@@ -100,6 +130,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
   // Every admitted Generate holds a thread; the rest serve Tokenize,
   // registry, health and the RESOURCE_EXHAUSTED answers past the bound.
   ApplyServerDefaults(&builder, options.max_inflight + 32);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(r->generation_.get());
   builder.RegisterService(r->registry_service_.get());
   r->server_ = builder.BuildAndStart();

@@ -62,7 +62,8 @@ absl::StatusOr<std::shared_ptr<const engine::KvExport>> KvLeaseTable::Claim(
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(handle);
   if (it == entries_.end() || !it->second.committed) {
-    return absl::NotFoundError(absl::StrCat("kv_handle '", handle, "': no lease (unknown, expired or claimed)"));
+    return absl::NotFoundError(
+        absl::StrCat("kv_handle '", handle, "': no lease (unknown, expired or claimed)"));
   }
   if (it->second.expiry <= now) {
     Erase(it);
@@ -146,12 +147,12 @@ absl::Status ValidateKvHeader(const tandem::v1::KvTransferHeader& h,
         absl::StrCat("num_tokens ", h.num_tokens(), " outside [1, ", max_tokens, "]"));
   }
   if (h.bytes_per_token() != bytes_per_token) {
-    return absl::InvalidArgumentError(absl::StrCat("bytes_per_token ", h.bytes_per_token(),
-                                                   " != ", bytes_per_token));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bytes_per_token ", h.bytes_per_token(), " != ", bytes_per_token));
   }
   if (h.token_ids_size() != h.num_tokens()) {
-    return absl::InvalidArgumentError(absl::StrCat("token_ids has ", h.token_ids_size(),
-                                                   " ids for num_tokens ", h.num_tokens()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("token_ids has ", h.token_ids_size(), " ids for num_tokens ", h.num_tokens()));
   }
   for (int32_t id : h.token_ids()) {
     if (id < 0 || id >= vocab_size) {
@@ -159,8 +160,8 @@ absl::Status ValidateKvHeader(const tandem::v1::KvTransferHeader& h,
     }
   }
   if (h.total_bytes() != int64_t{h.num_tokens()} * bytes_per_token) {
-    return absl::InvalidArgumentError(absl::StrCat("total_bytes ", h.total_bytes(),
-                                                   " != num_tokens x bytes_per_token"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("total_bytes ", h.total_bytes(), " != num_tokens x bytes_per_token"));
   }
   return absl::OkStatus();
 }

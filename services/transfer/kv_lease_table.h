@@ -75,7 +75,8 @@ class KvLeaseTable {
     absl::Time expiry = absl::InfiniteFuture();
     std::shared_ptr<const engine::KvExport> kv;
   };
-  void Erase(absl::flat_hash_map<std::string, Entry>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Erase(absl::flat_hash_map<std::string, Entry>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration lease_;
   const int32_t block_size_;

@@ -66,8 +66,11 @@ TinyModel* PdHandoffTest::tiny_ = nullptr;
 
 TEST_F(PdHandoffTest, ExportCarriesPromptKv) {
   auto engine = MakeEngine(TinyEngineConfig(64), model());
-  auto h = engine->Submit(
-      [] { EngineRequest r = MakeRequest(RandomPrompt(37, 256, 1), 8); r.export_kv = true; return r; }());
+  auto h = engine->Submit([] {
+    EngineRequest r = MakeRequest(RandomPrompt(37, 256, 1), 8);
+    r.export_kv = true;
+    return r;
+  }());
   ASSERT_TRUE(h.ok());
   CollectedOutput out = Collect(**h);
   ASSERT_TRUE(out.finish.has_value());

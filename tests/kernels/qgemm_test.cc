@@ -237,3 +237,24 @@ TEST(GroupedAttentionTest, MatchesReferenceAndIsBatchInvariant) {
 
 }  // namespace
 }  // namespace tandem::kernels
+
+namespace tandem::kernels {
+namespace {
+
+TEST(RopeQKTest, BitIdenticalToTwoRopes) {
+  const int64_t n = 5, heads = 9, kv_heads = 3, hd = 64;
+  const std::vector<int32_t> pos = {0, 3, 17, 100, 511};
+  for (RopeStyle style : {RopeStyle::kAdjacentPairs, RopeStyle::kNeox}) {
+    const RopeParams p{style, 64, 100000.f, 1.f, nullptr};
+    std::vector<float> q = Random(n * heads * hd, 1), k = Random(n * kv_heads * hd, 2);
+    std::vector<float> q2 = q, k2 = k;
+    RopeQK(q.data(), k.data(), pos.data(), n, heads, kv_heads, hd, p);
+    Rope(q2.data(), pos.data(), n, heads, hd, p);
+    Rope(k2.data(), pos.data(), n, kv_heads, hd, p);
+    EXPECT_TRUE(BitEqual(q, q2));
+    EXPECT_TRUE(BitEqual(k, k2));
+  }
+}
+
+}  // namespace
+}  // namespace tandem::kernels

@@ -1,0 +1,143 @@
+#include "services/prefill/prefill_server.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "services/common/convert.h"
+#include "services/common/grpc_status.h"
+#include "services/transfer/host_kv_transport.h"
+
+namespace tandem::prefill {
+namespace {
+
+constexpr absl::Duration kPoll = absl::Milliseconds(10);
+
+bool DeadlinePassed(grpc::ServerContext* context) {
+  return context->deadline() <= std::chrono::system_clock::now();
+}
+
+}  // namespace
+
+PrefillServiceImpl::PrefillServiceImpl(services::WorkerRuntime* runtime,
+                                       transfer::KvTransport* transport)
+    : runtime_(runtime), transport_(transport) {}
+
+grpc::Status PrefillServiceImpl::Prefill(grpc::ServerContext* context,
+                                         const tandem::v1::PrefillRequest* request,
+                                         tandem::v1::PrefillResponse* response) {
+  engine::Engine& engine = runtime_->engine();
+  metrics::TandemMetrics& m = runtime_->metrics();
+  absl::StatusOr<engine::SamplingParams> params =
+      services::FromProto(request->params(), engine.model().config().vocab_size);
+  if (!params.ok()) return services::ToGrpcStatus(params.status());
+  engine::EngineRequest req;
+  req.request_id = request->request_id();
+  req.prompt_token_ids.assign(request->prompt_token_ids().begin(),
+                              request->prompt_token_ids().end());
+  req.params = *std::move(params);
+  req.extra_key = request->params().cache_key();
+  req.export_kv = true;
+  absl::StatusOr<engine::RequestHandle> handle = engine.Submit(std::move(req));
+  if (!handle.ok()) return services::ToGrpcStatus(handle.status(), context);
+
+  std::optional<engine::TokenEvent> first;
+  std::optional<engine::FinishEvent> finish;
+  bool cancelled = false;
+  while (!finish.has_value()) {
+    if (!cancelled && context->IsCancelled()) {
+      engine.Cancel(*handle);
+      cancelled = true;
+    }
+    std::optional<engine::EngineEvent> ev = (*handle)->Next(kPoll);
+    if (!ev.has_value()) continue;
+    if (auto* tok = std::get_if<engine::TokenEvent>(&*ev)) {
+      first = std::move(*tok);
+    } else {
+      finish = std::move(std::get<engine::FinishEvent>(*ev));
+    }
+  }
+  if (cancelled) {
+    return DeadlinePassed(context)
+               ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded in prefill")
+               : grpc::Status(grpc::StatusCode::CANCELLED, "prefill cancelled");
+  }
+  if (finish->reason == engine::RequestFinishReason::kError) {
+    return services::ToGrpcStatus(finish->status);
+  }
+  if (!first.has_value()) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, "prefill finished without a token");
+  }
+  const engine::Usage& usage = finish->usage;
+  m.request_queue_time->Observe(usage.queue_time_s);
+  m.request_prefill_time->Observe(std::max(0.0, usage.ttft_s - usage.queue_time_s));
+  m.prompt_tokens->Inc(static_cast<double>(usage.num_prompt_tokens));
+  response->set_first_token_id(first->token_id);
+  if (first->logprobs.has_value()) {
+    services::ToProto(*first->logprobs, response->mutable_first_logprobs());
+  }
+  response->set_first_text(first->text);
+  response->set_num_cached_tokens(static_cast<int32_t>(usage.num_cached_tokens));
+  response->set_queue_seconds(usage.queue_time_s);
+  response->set_prefill_seconds(std::max(0.0, usage.ttft_s - usage.queue_time_s));
+  if (finish->kv_export == nullptr) {
+    // The first token ended the request: nothing to transfer.
+    response->set_finish_reason(services::ToProto(finish->reason));
+    response->set_first_text(first->text + finish->text);
+    return grpc::Status::OK;
+  }
+  if (request->decode_address().empty()) return grpc::Status::OK;
+  transfer::KvTransferTarget target{request->decode_address(), request->kv_handle(),
+                                    request->request_id()};
+  absl::StatusOr<transfer::KvSendResult> sent = transport_->Send(
+      target, runtime_->compat(), *finish->kv_export, absl::FromChrono(context->deadline()));
+  if (!sent.ok()) {
+    m.kv_transfer_failures->Inc();
+    return services::ToGrpcStatus(sent.status());
+  }
+  m.kv_transfer_time->Observe(sent->seconds);
+  m.kv_transfer_bytes->Inc(static_cast<double>(sent->num_bytes));
+  response->set_transfer_seconds(sent->seconds);
+  response->set_kv_bytes(sent->num_bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status PrefillServiceImpl::GetStats(grpc::ServerContext* context,
+                                          const tandem::v1::WorkerStatsRequest* request,
+                                          tandem::v1::WorkerStats* response) {
+  const engine::EngineStats s = runtime_->engine().Stats();
+  response->set_role("prefill");
+  response->set_num_running(static_cast<int32_t>(s.num_running));
+  response->set_num_waiting(static_cast<int32_t>(s.num_waiting));
+  response->set_num_blocks_used(s.num_blocks_used);
+  response->set_num_blocks_total(s.num_blocks_total);
+  response->set_prefix_cache_query_tokens(s.num_prefix_cache_query_tokens);
+  response->set_prefix_cache_hit_tokens(s.num_prefix_cache_hit_tokens);
+  response->set_num_preemptions(s.num_preemptions);
+  *response->mutable_compat() = runtime_->compat();
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(
+    const services::WorkerServerConfig& config) {
+  std::unique_ptr<PrefillServer> s(new PrefillServer());
+  TANDEM_ASSIGN_OR_RETURN(s->runtime_, services::WorkerRuntime::Create(config, "prefill"));
+  s->transport_ = std::make_unique<transfer::HostKvTransport>();
+  s->service_ = std::make_unique<PrefillServiceImpl>(s->runtime_.get(), s->transport_.get());
+  services::WorkerRuntime* rt = s->runtime_.get();
+  TANDEM_ASSIGN_OR_RETURN(
+      s->host_,
+      services::WorkerHost::Start(config, "prefill", "tandem.v1.PrefillWorker", s->service_.get(),
+                                  rt, [rt] { rt->UpdateEngineMetrics(); }));
+  return s;
+}
+
+PrefillServer::~PrefillServer() { Shutdown(); }
+
+void PrefillServer::Shutdown() {
+  if (host_ != nullptr) host_->Shutdown();
+  if (runtime_ != nullptr) runtime_->Shutdown();
+}
+
+}  // namespace tandem::prefill

@@ -1,0 +1,137 @@
+// Test helper: a `tandem serve` cluster as real processes on loopback.
+// Start() picks free ports, runs the binary with --endpoints-file and waits
+// for the file (written once every worker is registered and healthy);
+// Stop() sends SIGTERM and expects exit code 0.
+#ifndef TANDEM_TESTS_INTEGRATION_CLUSTER_UTIL_H_
+#define TANDEM_TESTS_INTEGRATION_CLUSTER_UTIL_H_
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/util/json_reader.h"
+#include "tests/util/subprocess.h"
+
+namespace tandem::testing {
+
+inline int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct Endpoint {
+  std::string role;
+  int pid = 0;
+  std::string grpc_address;
+  std::string metrics_address;
+};
+
+class ServeProcess {
+ public:
+  // Returns "" on success, else what went wrong (with the log).
+  std::string Start(std::vector<std::string> extra_args, int timeout_s = 180) {
+    char dir_template[] = "/tmp/tandem_cluster_XXXXXX";
+    dir_ = mkdtemp(dir_template);
+    endpoints_file_ = dir_ + "/endpoints.json";
+    log_file_ = dir_ + "/serve.log";
+    std::vector<std::string> argv = {TandemBinary(), "serve", "--port",
+                                     std::to_string(FreePort()), "--metrics-port",
+                                     std::to_string(FreePort()), "--endpoints-file",
+                                     endpoints_file_, "--kv-cache-memory", "256MiB"};
+    argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+      FILE* log = std::fopen(log_file_.c_str(), "w");
+      dup2(fileno(log), STDOUT_FILENO);
+      dup2(fileno(log), STDERR_FILENO);
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+    while (std::chrono::steady_clock::now() < give_up) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return "tandem serve exited early:\n" + Log();
+      }
+      std::ifstream f(endpoints_file_);
+      if (f.good()) {
+        std::stringstream ss;
+        ss << f.rdbuf();
+        Json j = Json::Parse(ss.str());
+        for (size_t i = 0; i < j.size(); ++i) {
+          endpoints_.push_back({j[i]["role"].str, static_cast<int>(j[i]["pid"].number),
+                                j[i]["grpc_address"].str, j[i]["metrics_address"].str});
+        }
+        return "";
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return "tandem serve not ready in time:\n" + Log();
+  }
+
+  // SIGTERM; the exit code (0 expected), -1 on a timeout (then SIGKILL).
+  int Stop() {
+    if (pid_ <= 0) return -1;
+    kill(pid_, SIGTERM);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    int status = 0;
+    while (std::chrono::steady_clock::now() < give_up) {
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    kill(pid_, SIGKILL);
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return -1;
+  }
+  ~ServeProcess() { Stop(); }
+
+  std::string Log() const {
+    std::ifstream f(log_file_);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+  const std::vector<Endpoint>& endpoints() const { return endpoints_; }
+  std::string Address(const std::string& role) const {
+    for (const auto& e : endpoints_) {
+      if (e.role == role) return e.grpc_address;
+    }
+    return "";
+  }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string dir_, endpoints_file_, log_file_;
+  std::vector<Endpoint> endpoints_;
+};
+
+}  // namespace tandem::testing
+
+#endif  // TANDEM_TESTS_INTEGRATION_CLUSTER_UTIL_H_

@@ -1,0 +1,416 @@
+// In-process router tests on port 0: the bad-input table (every malformed
+// request gets its documented status and the server keeps serving),
+// admission (RESOURCE_EXHAUSTED when full, UNAVAILABLE without workers),
+// deadline and cancellation on a colocated engine.
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "engine/engine.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/impl/rpc_method.h"
+#include "grpcpp/support/sync_stream.h"
+#include "gtest/gtest.h"
+#include "services/router/router_server.h"
+#include "tandem/v1/generation.grpc.pb.h"
+#include "tandem/v1/worker.pb.h"
+#include "tests/util/test_paths.h"
+
+namespace tandem::router {
+namespace {
+
+using tandem::v1::GenerateRequest;
+using tandem::v1::GenerateResponse;
+
+struct StreamResult {
+  grpc::Status status;
+  std::vector<int32_t> token_ids;
+  tandem::v1::FinishReason finish_reason = tandem::v1::FINISH_REASON_UNSPECIFIED;
+  tandem::v1::Usage usage;
+};
+
+StreamResult Call(tandem::v1::Generation::Stub& stub, const GenerateRequest& req,
+                  absl::Duration timeout = absl::Seconds(60)) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  StreamResult r;
+  auto reader = stub.Generate(&ctx, req);
+  GenerateResponse resp;
+  while (reader->Read(&resp)) {
+    r.token_ids.insert(r.token_ids.end(), resp.token_ids().begin(), resp.token_ids().end());
+    if (resp.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+      r.finish_reason = resp.finish_reason();
+      r.usage = resp.usage();
+    }
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+GenerateRequest Good() {
+  GenerateRequest req;
+  req.set_text("The capital of France is");
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_stop()->set_max_tokens(4);
+  return req;
+}
+
+RouterServer::Options BaseOptions(const engine::Engine& eng) {
+  RouterServer::Options o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.tokenizer = eng.tokenizer();
+  const auto& config = eng.model().config();
+  o.limits = {static_cast<int32_t>(config.context_length), static_cast<int32_t>(config.vocab_size),
+              static_cast<int32_t>(config.context_length - 1)};
+  o.model_shape = {config.num_layers, config.num_kv_heads, config.head_dim};
+  o.model_name = "test";
+  return o;
+}
+
+class RouterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    engine::EngineConfig config;
+    config.model_path = testing::DefaultModelPath();
+    config.kv_cache_memory_bytes = 256 << 20;
+    auto eng = engine::Engine::Create(config);
+    ASSERT_TRUE(eng.ok()) << eng.status();
+    engine_ = std::move(eng).value().release();
+  }
+  static void TearDownTestSuite() {
+    delete engine_;
+    engine_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_NE(engine_, nullptr);
+    RouterServer::Options o = BaseOptions(*engine_);
+    o.local_engine = engine_;
+    auto server = RouterServer::Start(std::move(o));
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(server).value();
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = tandem::v1::Generation::NewStub(channel_);
+  }
+
+  static engine::Engine* engine_;
+  std::unique_ptr<RouterServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<tandem::v1::Generation::Stub> stub_;
+};
+engine::Engine* RouterTest::engine_ = nullptr;
+
+struct BadCase {
+  std::string name;
+  std::function<void(GenerateRequest*)> mutate;
+  grpc::StatusCode code;
+  std::string field;  // must appear in the error message
+};
+
+TEST_F(RouterTest, BadInputTableGetsDocumentedCodesAndServerKeepsServing) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const grpc::StatusCode kInvalid = grpc::StatusCode::INVALID_ARGUMENT;
+  const std::vector<BadCase> cases = {
+      {"empty text", [](GenerateRequest* r) { r->set_text(""); }, kInvalid, "text"},
+      {"no prompt", [](GenerateRequest* r) { r->clear_prompt(); }, kInvalid, "prompt"},
+      {"empty token ids", [](GenerateRequest* r) { r->mutable_token_ids(); }, kInvalid, "token_ids"},
+      {"token id >= vocab", [](GenerateRequest* r) { r->mutable_token_ids()->add_ids(49152); },
+       kInvalid, "token_ids.ids[0]"},
+      {"negative token id", [](GenerateRequest* r) { r->mutable_token_ids()->add_ids(-1); },
+       kInvalid, "token_ids.ids[0]"},
+      {"prompt over context",
+       [](GenerateRequest* r) {
+         for (int i = 0; i < 8192; ++i) r->mutable_token_ids()->add_ids(100);
+       },
+       kInvalid, "context length"},
+      {"max_tokens 0", [](GenerateRequest* r) { r->mutable_stop()->set_max_tokens(0); }, kInvalid,
+       "stop.max_tokens"},
+      {"max_tokens huge", [](GenerateRequest* r) { r->mutable_stop()->set_max_tokens(1 << 30); },
+       kInvalid, "stop.max_tokens"},
+      {"prompt + max_tokens over context",
+       [](GenerateRequest* r) {
+         for (int i = 0; i < 8000; ++i) r->mutable_token_ids()->add_ids(100);
+         r->mutable_stop()->set_max_tokens(500);
+       },
+       kInvalid, "stop.max_tokens"},
+      {"negative temperature", [](GenerateRequest* r) { r->mutable_sampling()->set_temperature(-0.5); },
+       kInvalid, "sampling.temperature"},
+      {"NaN temperature", [nan](GenerateRequest* r) { r->mutable_sampling()->set_temperature(nan); },
+       kInvalid, "sampling.temperature"},
+      {"temperature > 100", [](GenerateRequest* r) { r->mutable_sampling()->set_temperature(101); },
+       kInvalid, "sampling.temperature"},
+      {"top_p > 1", [](GenerateRequest* r) { r->mutable_sampling()->set_top_p(1.5); }, kInvalid,
+       "sampling.top_p"},
+      {"top_p 0", [](GenerateRequest* r) { r->mutable_sampling()->set_top_p(0); }, kInvalid,
+       "sampling.top_p"},
+      {"top_k < 0", [](GenerateRequest* r) { r->mutable_sampling()->set_top_k(-1); }, kInvalid,
+       "sampling.top_k"},
+      {"min_p > 1", [](GenerateRequest* r) { r->mutable_sampling()->set_min_p(2); }, kInvalid,
+       "sampling.min_p"},
+      {"repetition_penalty 0",
+       [](GenerateRequest* r) { r->mutable_sampling()->set_repetition_penalty(0); }, kInvalid,
+       "sampling.repetition_penalty"},
+      {"presence_penalty 3", [](GenerateRequest* r) { r->mutable_sampling()->set_presence_penalty(3); },
+       kInvalid, "sampling.presence_penalty"},
+      {"logit_bias id out of vocab",
+       [](GenerateRequest* r) { (*r->mutable_sampling()->mutable_logit_bias())[60000] = 1; },
+       kInvalid, "sampling.logit_bias"},
+      {"logit_bias value 200",
+       [](GenerateRequest* r) { (*r->mutable_sampling()->mutable_logit_bias())[5] = 200; },
+       kInvalid, "sampling.logit_bias"},
+      {"17 stop strings",
+       [](GenerateRequest* r) {
+         for (int i = 0; i < 17; ++i) r->mutable_stop()->add_stop("x");
+       },
+       kInvalid, "stop.stop"},
+      {"stop string too long",
+       [](GenerateRequest* r) { r->mutable_stop()->add_stop(std::string(300, 'a')); }, kInvalid,
+       "stop.stop[0]"},
+      {"stop token id out of range",
+       [](GenerateRequest* r) { r->mutable_stop()->add_stop_token_ids(1 << 20); }, kInvalid,
+       "stop.stop_token_ids"},
+      {"65 stop token ids",
+       [](GenerateRequest* r) {
+         for (int i = 0; i < 65; ++i) r->mutable_stop()->add_stop_token_ids(i);
+       },
+       kInvalid, "stop.stop_token_ids"},
+      {"min_tokens > max_tokens", [](GenerateRequest* r) { r->mutable_stop()->set_min_tokens(10); },
+       kInvalid, "stop.min_tokens"},
+      {"top_logprobs 21", [](GenerateRequest* r) { r->mutable_logprobs()->set_top_logprobs(21); },
+       kInvalid, "logprobs.top_logprobs"},
+      {"request_id too long", [](GenerateRequest* r) { r->set_request_id(std::string(200, 'r')); },
+       kInvalid, "request_id"},
+      {"cache_salt too long", [](GenerateRequest* r) { r->set_cache_salt(std::string(100, 's')); },
+       kInvalid, "cache_salt"},
+      {"empty chat role",
+       [](GenerateRequest* r) { r->mutable_messages()->add_messages()->set_content("hi"); },
+       kInvalid, "messages[0].role"},
+      {"unknown chat role",
+       [](GenerateRequest* r) {
+         auto* m = r->mutable_messages()->add_messages();
+         m->set_role("robot");
+         m->set_content("hi");
+       },
+       kInvalid, "messages[0].role"},
+      {"empty messages", [](GenerateRequest* r) { r->mutable_messages(); }, kInvalid, "messages"},
+      {"unknown field (raw bytes)",
+       [](GenerateRequest* r) {
+         // Field 99, varint 1: unknown to this server; parsed, kept, and sent.
+         std::string bytes = r->SerializeAsString() + std::string("\x98\x06\x01", 3);
+         ASSERT_TRUE(r->ParseFromString(bytes));
+       },
+       kInvalid, "unknown field number 99"},
+      {"unknown field in a nested message (raw bytes)",
+       [](GenerateRequest* r) {
+         std::string sampling = r->sampling().SerializeAsString() + std::string("\xa0\x1f\x05", 3);
+         ASSERT_TRUE(r->mutable_sampling()->ParseFromString(sampling));
+       },
+       kInvalid, "sampling: unknown field number 500"},
+  };
+  ASSERT_GE(cases.size(), 15u);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const BadCase& c = cases[i];
+    GenerateRequest req = Good();  // setting another prompt kind replaces the oneof
+    c.mutate(&req);
+    StreamResult r = Call(*stub_, req);
+    EXPECT_EQ(r.status.error_code(), c.code) << c.name << ": " << r.status.error_message();
+    EXPECT_NE(r.status.error_message().find(c.field), std::string::npos)
+        << c.name << ": '" << r.status.error_message() << "' should name " << c.field;
+    EXPECT_TRUE(r.token_ids.empty()) << c.name;
+    if (i % 8 == 7) {  // still serving
+      StreamResult ok = Call(*stub_, Good());
+      EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+    }
+  }
+  StreamResult ok = Call(*stub_, Good());
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.token_ids.size(), 4u);
+  EXPECT_EQ(ok.finish_reason, tandem::v1::FINISH_REASON_LENGTH);
+}
+
+TEST_F(RouterTest, InvalidUtf8OnTheWireIsRejected) {
+  // proto3 strings must be UTF-8, and this protobuf refuses to build such a
+  // GenerateRequest on the client. So send another message with the same
+  // wire shape: KvChunk's field 2 is `bytes`, GenerateRequest's is `text`.
+  tandem::v1::KvChunk raw;
+  raw.set_data(std::string("\xc3\x28 bad", 6));
+  const grpc::internal::RpcMethod method("/tandem.v1.Generation/Generate",
+                                         grpc::internal::RpcMethod::SERVER_STREAMING, channel_);
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReader<GenerateResponse>> reader(
+      grpc::internal::ClientReaderFactory<GenerateResponse>::Create(channel_.get(), method, &ctx,
+                                                                    raw));
+  GenerateResponse resp;
+  EXPECT_FALSE(reader->Read(&resp));
+  grpc::Status s = reader->Finish();
+  // gRPC rejects the request while parsing it, before the handler runs; the
+  // router turns that INTERNAL into INVALID_ARGUMENT saying why (docs/api.md).
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("UTF-8"), std::string::npos) << s.error_message();
+  std::fprintf(stderr, "invalid UTF-8 -> code %d '%s'\n", static_cast<int>(s.error_code()),
+               s.error_message().c_str());
+  EXPECT_TRUE(Call(*stub_, Good()).status.ok());
+}
+
+TEST_F(RouterTest, DefaultsAndRequestIdEcho) {
+  GenerateRequest req;
+  req.set_text("Hello");
+  req.set_request_id("my-request");
+  req.mutable_stop()->set_max_tokens(3);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, req);
+  GenerateResponse resp;
+  int n = 0;
+  while (reader->Read(&resp)) {
+    EXPECT_EQ(resp.request_id(), "my-request");
+    ++n;
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_GE(n, 2);
+  // Unset seed = FNV-1a of request_id: the same id gives the same tokens.
+  StreamResult a = Call(*stub_, req), b = Call(*stub_, req);
+  EXPECT_EQ(a.token_ids, b.token_ids);
+  EXPECT_EQ(DefaultSeed("my-request"), DefaultSeed("my-request"));
+  EXPECT_NE(DefaultSeed("a"), DefaultSeed("b"));
+}
+
+TEST_F(RouterTest, TokenizeAndModelInfo) {
+  tandem::v1::TokenizeRequest treq;
+  treq.set_text("The capital of France is");
+  tandem::v1::TokenizeResponse tresp;
+  grpc::ClientContext c1;
+  ASSERT_TRUE(stub_->Tokenize(&c1, treq, &tresp).ok());
+  EXPECT_EQ(std::vector<int32_t>(tresp.token_ids().begin(), tresp.token_ids().end()),
+            (std::vector<int32_t>{504, 3575, 282, 4649, 314}));
+  EXPECT_EQ(tresp.pieces_size(), 5);
+  tandem::v1::ModelInfo info;
+  grpc::ClientContext c2;
+  ASSERT_TRUE(stub_->GetModelInfo(&c2, {}, &info).ok());
+  EXPECT_EQ(info.context_length(), 8192);
+  EXPECT_EQ(info.vocab_size(), 49152);
+  EXPECT_FALSE(info.eos_token_ids().empty());
+}
+
+TEST_F(RouterTest, DeadlineMidGenerationEndsWithFinishReasonDeadline) {
+  GenerateRequest req = Good();
+  req.mutable_stop()->set_max_tokens(4000);
+  req.mutable_stop()->set_ignore_eos(true);
+  StreamResult r = Call(*stub_, req, absl::Milliseconds(700));
+  EXPECT_TRUE(r.status.ok()) << r.status.error_code() << " " << r.status.error_message();
+  EXPECT_EQ(r.finish_reason, tandem::v1::FINISH_REASON_DEADLINE);
+  EXPECT_GT(r.token_ids.size(), 0u);
+  EXPECT_LT(r.token_ids.size(), 4000u);
+  EXPECT_EQ(r.usage.completion_tokens(), static_cast<int32_t>(r.token_ids.size()));
+}
+
+TEST_F(RouterTest, ClientCancelFreesTheEngineKv) {
+  GenerateRequest req = Good();
+  req.mutable_stop()->set_max_tokens(4000);
+  req.mutable_stop()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, req);
+  GenerateResponse resp;
+  int tokens = 0;
+  while (tokens < 5 && reader->Read(&resp)) tokens += resp.token_ids_size();
+  ctx.TryCancel();
+  while (reader->Read(&resp)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < give_up && engine_->Stats().num_running > 0) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(engine_->Stats().num_running, 0);
+  EXPECT_EQ(engine_->Stats().num_waiting, 0);
+}
+
+// A backend whose calls run until cancelled.
+class StuckBackend final : public Backend {
+ public:
+  class Call final : public BackendCall {
+   public:
+    Call(StuckBackend* owner, std::shared_ptr<CallQueue> q) : owner_(owner), queue_(std::move(q)) {}
+    ~Call() override { Cancel(); }
+    void Cancel() override {
+      if (done_.exchange(true)) return;
+      BackendEvent e;
+      e.finished = true;
+      e.finish_reason = tandem::v1::FINISH_REASON_CANCELLED;
+      queue_->Push(std::move(e));
+      absl::MutexLock lock(&owner_->mu);
+      --owner_->running;
+    }
+    StuckBackend* owner_;
+    std::shared_ptr<CallQueue> queue_;
+    std::atomic<bool> done_{false};
+  };
+  absl::StatusOr<std::unique_ptr<BackendCall>> Start(const PreparedRequest&,
+                                                     std::shared_ptr<CallQueue> q) override {
+    absl::MutexLock lock(&mu);
+    ++running;
+    return std::make_unique<Call>(this, std::move(q));
+  }
+  bool Ready() const override { return true; }
+  absl::Mutex mu;
+  int running ABSL_GUARDED_BY(mu) = 0;
+};
+
+TEST_F(RouterTest, ResourceExhaustedWhenFull) {
+  StuckBackend backend;
+  RouterServer::Options o = BaseOptions(*engine_);
+  o.backend_override = &backend;
+  o.max_inflight = 2;
+  auto server = RouterServer::Start(std::move(o));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = tandem::v1::Generation::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", (*server)->port()), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext c1, c2;
+  auto r1 = stub->Generate(&c1, Good());
+  auto r2 = stub->Generate(&c2, Good());
+  {
+    absl::MutexLock lock(&backend.mu);
+    auto two = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(backend.mu) { return backend.running == 2; };
+    ASSERT_TRUE(backend.mu.AwaitWithTimeout(absl::Condition(&two), absl::Seconds(10)));
+  }
+  grpc::ClientContext c3;
+  auto r3 = stub->Generate(&c3, Good());
+  GenerateResponse resp;
+  EXPECT_FALSE(r3->Read(&resp));
+  grpc::Status s3 = r3->Finish();
+  EXPECT_EQ(s3.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s3.error_message();
+  EXPECT_NE(s3.error_message().find("retry"), std::string::npos);
+  EXPECT_NE(s3.error_details().find("google.rpc.RetryInfo"), std::string::npos);
+  c1.TryCancel();
+  c2.TryCancel();
+  while (r1->Read(&resp)) {
+  }
+  while (r2->Read(&resp)) {
+  }
+  r1->Finish();
+  r2->Finish();
+  (*server)->Shutdown();
+}
+
+TEST_F(RouterTest, UnavailableWithoutWorkers) {
+  RouterServer::Options o = BaseOptions(*engine_);
+  o.static_decode = {"127.0.0.1:1"};  // nothing listens there
+  auto server = RouterServer::Start(std::move(o));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = tandem::v1::Generation::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", (*server)->port()), grpc::InsecureChannelCredentials()));
+  StreamResult r = Call(*stub, Good());
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  // Bad input is still INVALID_ARGUMENT, never reported as overload.
+  GenerateRequest bad = Good();
+  bad.mutable_stop()->set_max_tokens(0);
+  EXPECT_EQ(Call(*stub, bad).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  (*server)->Shutdown();
+}
+
+}  // namespace
+}  // namespace tandem::router
