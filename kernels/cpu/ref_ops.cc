@@ -61,8 +61,8 @@ void Rope(float* x, const int32_t* positions, int64_t n, int64_t num_heads, int6
 
 void RopeQK(float* q, float* k, const int32_t* positions, int64_t n, int64_t num_heads,
             int64_t num_kv_heads, int64_t head_dim, const RopeParams& p) {
-  Rope(q, positions, n, num_heads, head_dim, p);
-  Rope(k, positions, n, num_kv_heads, head_dim, p);
+  ref::Rope(q, positions, n, num_heads, head_dim, p);
+  ref::Rope(k, positions, n, num_kv_heads, head_dim, p);
 }
 
 void SiluMul(const float* gate, const float* up, int64_t n, float* out) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/utf8.h"
+#include "services/common/grpc_status.h"
 #include "services/router/grpc_status.h"
 
 namespace tandem::router {
@@ -108,6 +109,7 @@ grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
     if (options_.metrics != nullptr) {
       options_.metrics->RequestErrors(absl::StatusCode::kResourceExhausted)->Inc();
     }
+    services::SetRetryAfter(context, options_.retry_after);  // the plain-metadata hint too
     return ResourceExhaustedWithRetry(
         absl::StrFormat("the router has %d requests in flight (its limit); retry after %s",
                         options_.max_inflight, absl::FormatDuration(options_.retry_after)),

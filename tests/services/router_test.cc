@@ -385,6 +385,7 @@ TEST_F(RouterTest, ResourceExhaustedWhenFull) {
   EXPECT_EQ(s3.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s3.error_message();
   EXPECT_NE(s3.error_message().find("retry"), std::string::npos);
   EXPECT_NE(s3.error_details().find("google.rpc.RetryInfo"), std::string::npos);
+  EXPECT_EQ(c3.GetServerTrailingMetadata().count("retry-after-ms"), 1u);
   c1.TryCancel();
   c2.TryCancel();
   while (r1->Read(&resp)) {
