@@ -131,15 +131,15 @@ constexpr int64_t kQ41 = int64_t(TensorType::kQ4_1), kQ80 = int64_t(TensorType::
 
 BENCHMARK(BM_QGemm)
     ->ArgNames({"type", "rows", "cols", "n", "levels"})
-    ->Args({kQ41, 960, 576, 1, 2})      // Q|K|V decode
-    ->Args({kQ41, 3072, 576, 1, 1})     // gate|up decode
+    ->Args({kQ41, 960, 576, 1, 2})   // Q|K|V decode
+    ->Args({kQ41, 3072, 576, 1, 1})  // gate|up decode
     ->Args({kQ41, 3072, 576, 1, 2})
-    ->Args({kQ41, 576, 1536, 1, 2})     // down decode
+    ->Args({kQ41, 576, 1536, 1, 2})  // down decode
     ->Args({kQ40, 3072, 576, 1, 2})
-    ->Args({kQ80, 49152, 576, 1, 2})    // LM head decode (out of cache)
-    ->Args({kQ41, 3072, 576, 32, 2})    // batched decode
+    ->Args({kQ80, 49152, 576, 1, 2})  // LM head decode (out of cache)
+    ->Args({kQ41, 3072, 576, 32, 2})  // batched decode
     ->Args({kQ80, 49152, 576, 32, 2})
-    ->Args({kQ41, 3072, 576, 512, 1})   // prefill
+    ->Args({kQ41, 3072, 576, 512, 1})  // prefill
     ->Args({kQ41, 3072, 576, 512, 2})
     ->Args({kQ41, 576, 1536, 512, 2})
     ->UseRealTime();

@@ -242,9 +242,10 @@ int Main(int argc, char** argv) {
       "\"batch_steps\": %d, \"decode_batch_tok_s\": {%s}, "
       "\"bandwidth_gb_s\": %.2f, \"bytes_per_token\": %.0f, \"decode_bound_tok_s\": %.1f, "
       "\"tg_fraction_of_bound\": %.3f}\n",
-      a.kernels.c_str(), mode == engine::KernelMode::kReference ? "f32" : kernels::QGemmIsa().c_str(),
-      a.threads, a.reps, a.pp, Median(pp), a.tg, Median(tg), a.steps, batch_json.c_str(), bw,
-      bytes_per_token, bound, Median(tg) / bound);
+      a.kernels.c_str(),
+      mode == engine::KernelMode::kReference ? "f32" : kernels::QGemmIsa().c_str(), a.threads,
+      a.reps, a.pp, Median(pp), a.tg, Median(tg), a.steps, batch_json.c_str(), bw, bytes_per_token,
+      bound, Median(tg) / bound);
   return 0;
 }
 

@@ -23,9 +23,9 @@ struct LlamaModel::Scratch {
   std::vector<float> gate;  // [T, ffn]
   std::vector<float> up;    // [T, ffn]
   // Fast path only.
-  std::vector<float> qkv;          // [T, q_dim + 2 * kv_dim]
-  std::vector<float> gu;           // [T, 2 * ffn] gate | up
-  kernels::QuantizedActs acts;     // int8 input of the next matmul
+  std::vector<float> qkv;       // [T, q_dim + 2 * kv_dim]
+  std::vector<float> gu;        // [T, 2 * ffn] gate | up
+  kernels::QuantizedActs acts;  // int8 input of the next matmul
 };
 
 bool ParseKernelMode(const std::string& s, KernelMode* mode) {
@@ -79,11 +79,11 @@ std::string LlamaModel::Summary() const {
       c.KvBytesPerToken(sizeof(float)),
       mode_ == KernelMode::kReference
           ? std::string("reference (exact f32)")
-          : absl::StrFormat("%s (%s, %s activations), %d/%d layers packed%s, %.1f MB repacked weights",
-                            mode_ == KernelMode::kFast ? "fast" : "fast-int8", kernels::QGemmIsa(),
-                            act_levels() == 2 ? "int8x2" : "int8", weights_.num_packed_layers(), c.num_layers,
-                            weights_.lm_head_p.empty() ? "" : " + LM head",
-                            weights_.packed_bytes() / 1e6));
+          : absl::StrFormat(
+                "%s (%s, %s activations), %d/%d layers packed%s, %.1f MB repacked weights",
+                mode_ == KernelMode::kFast ? "fast" : "fast-int8", kernels::QGemmIsa(),
+                act_levels() == 2 ? "int8x2" : "int8", weights_.num_packed_layers(), c.num_layers,
+                weights_.lm_head_p.empty() ? "" : " + LM head", weights_.packed_bytes() / 1e6));
 }
 
 absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b, const KvCacheStorage& cache) const {
@@ -237,8 +237,8 @@ void LlamaModel::LmHead(const ForwardBatch& b, Scratch& s, float* logits) const 
                 last.data() + i * c.hidden_size);
   }
   if (mode_ != KernelMode::kReference && !weights_.lm_head_p.empty()) {
-    kernels::RmsNormQuantize(last.data(), weights_.output_norm.data(), L, c.hidden_size,
-                             c.rms_eps, &s.acts, act_levels());
+    kernels::RmsNormQuantize(last.data(), weights_.output_norm.data(), L, c.hidden_size, c.rms_eps,
+                             &s.acts, act_levels());
     kernels::QGemm(weights_.lm_head_p, s.acts, logits, c.vocab_size, false, pool_);
     return;
   }

@@ -1,5 +1,9 @@
 #include "engine/weights.h"
 
+#include <sys/mman.h>
+
+#include <cstdlib>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -137,20 +141,44 @@ absl::StatusOr<ModelWeights> ModelWeights::Load(const gguf::GgufFile& file, cons
   return w;
 }
 
+void ModelWeights::ArenaFree::operator()(uint8_t* p) const { std::free(p); }
+
 void ModelWeights::Pack(ThreadPool* pool) {
   using kernels::IsPackable;
+  using kernels::PackedWeight;
+  struct Job {
+    std::vector<kernels::WeightView> views;
+    PackedWeight* out;
+    int64_t offset = 0;
+  };
+  std::vector<Job> jobs;
   for (LayerWeights& l : layers) {
     const bool qkv_ok = IsPackable(l.wq.type) && l.wk.type == l.wq.type && l.wv.type == l.wq.type;
     const bool ffn_ok = IsPackable(l.w_gate.type) && l.w_up.type == l.w_gate.type;
     if (!qkv_ok || !ffn_ok || !IsPackable(l.wo.type) || !IsPackable(l.w_down.type)) continue;
-    const kernels::WeightView qkv_views[3] = {l.wq, l.wk, l.wv};
-    const kernels::WeightView gu_views[2] = {l.w_gate, l.w_up};
-    l.qkv = kernels::PackedWeight::Pack(qkv_views, 3, pool);
-    l.wo_p = kernels::PackedWeight::Pack(l.wo, pool);
-    l.gate_up = kernels::PackedWeight::Pack(gu_views, 2, pool);
-    l.down_p = kernels::PackedWeight::Pack(l.w_down, pool);
+    jobs.push_back({{l.wq, l.wk, l.wv}, &l.qkv});
+    jobs.push_back({{l.wo}, &l.wo_p});
+    jobs.push_back({{l.w_gate, l.w_up}, &l.gate_up});
+    jobs.push_back({{l.w_down}, &l.down_p});
   }
-  if (IsPackable(lm_head.type)) lm_head_p = kernels::PackedWeight::Pack(lm_head, pool);
+  if (IsPackable(lm_head.type)) jobs.push_back({{lm_head}, &lm_head_p});
+  int64_t total = 0;
+  for (Job& j : jobs) {
+    j.offset = total;
+    total += (PackedWeight::PackedBytes(j.views.data(), int(j.views.size())) + 63) / 64 * 64;
+  }
+  if (total == 0) return;
+  constexpr int64_t kHuge = int64_t(2) << 20;
+  packed_arena_bytes = (total + kHuge - 1) / kHuge * kHuge;
+  packed_arena.reset(static_cast<uint8_t*>(std::aligned_alloc(kHuge, packed_arena_bytes)));
+  TANDEM_CHECK(packed_arena != nullptr);
+#if defined(MADV_HUGEPAGE)
+  madvise(packed_arena.get(), packed_arena_bytes, MADV_HUGEPAGE);  // a hint; failure is fine
+#endif
+  for (Job& j : jobs) {
+    *j.out = PackedWeight::Pack(j.views.data(), int(j.views.size()), pool,
+                                packed_arena.get() + j.offset);
+  }
 }
 
 int64_t ModelWeights::packed_bytes() const {

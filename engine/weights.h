@@ -13,6 +13,7 @@
 #define TANDEM_ENGINE_WEIGHTS_H_
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,13 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;  // [num_layers]
   std::map<std::string, int> type_counts;  // tensor type name -> tensors used
   kernels::PackedWeight lm_head_p;         // packed lm_head (empty if not packable)
+  // One arena for every packed matrix (2 MiB aligned, transparent huge pages
+  // requested): streaming decode then takes few TLB misses.
+  struct ArenaFree {
+    void operator()(uint8_t* p) const;
+  };
+  std::unique_ptr<uint8_t[], ArenaFree> packed_arena;
+  int64_t packed_arena_bytes = 0;
 
   static absl::StatusOr<ModelWeights> Load(const gguf::GgufFile& file, const ModelConfig& config);
 

@@ -55,24 +55,29 @@ class PackedWeight {
 
   // Repacks `w` (REQUIRES: IsPackable(w.type), cols % 32 == 0). Several views
   // of the same type and cols may be stacked into one matrix (rows
-  // concatenated in order), e.g. Q|K|V or gate|up.
-  static PackedWeight Pack(const WeightView* views, int num_views, ThreadPool* pool);
+  // concatenated in order), e.g. Q|K|V or gate|up. With `storage` (64-byte
+  // aligned, PackedBytes(...) bytes, outliving the result) the packed data
+  // goes there; otherwise it is owned.
+  static PackedWeight Pack(const WeightView* views, int num_views, ThreadPool* pool,
+                           uint8_t* storage = nullptr);
   static PackedWeight Pack(const WeightView& w, ThreadPool* pool) { return Pack(&w, 1, pool); }
+  // Bytes Pack(views, num_views) needs.
+  static int64_t PackedBytes(const WeightView* views, int num_views);
 
   bool empty() const { return rows_ == 0; }
   int64_t rows() const { return rows_; }
   int64_t cols() const { return cols_; }
   int64_t num_groups() const { return (rows_ + kGroupRows - 1) / kGroupRows; }
   int64_t num_blocks() const { return cols_ / kQBlock; }
-  int bits() const { return bits_; }             // 4 or 8
-  bool has_min() const { return has_min_; }      // Q4_1 / Q5_1
-  float offset() const { return offset_; }       // m = -offset * d when !has_min
+  int bits() const { return bits_; }                    // 4 or 8
+  bool has_min() const { return has_min_; }             // Q4_1 / Q5_1
+  float offset() const { return offset_; }              // m = -offset * d when !has_min
   int64_t chunk_bytes() const { return chunk_bytes_; }  // one group x one block
   int64_t bytes() const { return num_groups() * num_blocks() * chunk_bytes_; }
   gguf::TensorType source_type() const { return type_; }
   // Group g, block b: quants (bits * 64 B), then d[16] f16, then m[16] f16.
   const uint8_t* chunk(int64_t g, int64_t b) const {
-    return data_.get() + (g * num_blocks() + b) * chunk_bytes_;
+    return data_ + (g * num_blocks() + b) * chunk_bytes_;
   }
 
  private:
@@ -84,7 +89,8 @@ class PackedWeight {
   int bits_ = 0;
   bool has_min_ = false;
   float offset_ = 0.f;
-  std::unique_ptr<uint8_t[], Free> data_;  // 64-byte aligned
+  std::unique_ptr<uint8_t[], Free> owned_;
+  uint8_t* data_ = nullptr;  // 64-byte aligned: owned_ or caller storage
 };
 
 // int8 activations of n tokens, stored in tiles of kActTile tokens so that a
@@ -122,14 +128,13 @@ void RmsNormQuantize(const float* x, const float* weight, int64_t n, int64_t dim
 
 // Fused SwiGLU: out = quantized silu(gu[t, :ffn]) * gu[t, ffn:] where gu is
 // the [n, 2 * ffn] output of a stacked gate|up matmul.
-void SiluMulQuantize(const float* gu, int64_t n, int64_t ffn, QuantizedActs* out,
-                     int levels = 1);
+void SiluMulQuantize(const float* gu, int64_t n, int64_t ffn, QuantizedActs* out, int levels = 1);
 
 // y[t, r] (= or +=, see `accumulate`) dot of packed row r and token t, for
 // t < acts.n. ldy: row stride of y (>= w.rows()). With accumulate, y[t, r] =
 // y[t, r] + dot (fused residual add).
-void QGemm(const PackedWeight& w, const QuantizedActs& acts, float* y, int64_t ldy,
-           bool accumulate, ThreadPool* pool);
+void QGemm(const PackedWeight& w, const QuantizedActs& acts, float* y, int64_t ldy, bool accumulate,
+           ThreadPool* pool);
 
 // Which SIMD path QGemm / QuantizeActs use: "avx512vnni", "avx2" or
 // "scalar" (from CPUID; TANDEM_KERNEL_ISA=avx2|scalar forces a lesser one).

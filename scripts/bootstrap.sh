@@ -36,9 +36,14 @@ if [ ! -x .venv/bin/python ]; then
   log "creating Python venv in .venv"
   /usr/bin/python3 -m venv .venv 2>/dev/null || python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import gguf, numpy, grpc, grpc_tools" 2>/dev/null; then
-  log "installing Python packages into .venv (gguf, numpy, grpcio, grpcio-tools)"
+# Reinstall whenever tools/requirements.txt changes (a stamp holds its hash).
+req_hash=$(sha256sum tools/requirements.txt | cut -d' ' -f1)
+if [ "$(cat .venv/.requirements.sha256 2>/dev/null)" != "$req_hash" ]; then
+  log "installing Python packages into .venv (tools/requirements.txt)"
   .venv/bin/pip install -q --disable-pip-version-check -r tools/requirements.txt
+  echo "$req_hash" > .venv/.requirements.sha256
+else
+  log "Python packages: up to date"
 fi
 
 bash scripts/fetch_model.sh

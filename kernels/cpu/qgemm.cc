@@ -3,6 +3,8 @@
 // The path is chosen once from CPUID (__builtin_cpu_supports): AVX-512 VNNI,
 // else AVX2 + FMA + F16C, else scalar. TANDEM_KERNEL_ISA=avx2|scalar forces
 // a lesser path (benchmarks, tests). All paths give bit-identical results.
+#include "kernels/qgemm.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -11,7 +13,6 @@
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "kernels/cpu/qgemm_impl.h"
-#include "kernels/qgemm.h"
 
 namespace tandem::kernels {
 namespace {
@@ -112,16 +113,15 @@ void SiluMulQuantize(const float* gu, int64_t n, int64_t ffn, QuantizedActs* out
   }
 }
 
-void QGemm(const PackedWeight& w, const QuantizedActs& acts, float* y, int64_t ldy,
-           bool accumulate, ThreadPool* pool) {
+void QGemm(const PackedWeight& w, const QuantizedActs& acts, float* y, int64_t ldy, bool accumulate,
+           ThreadPool* pool) {
   TANDEM_CHECK(acts.cols == w.cols() && ldy >= w.rows());
   if (acts.n <= 0 || w.rows() <= 0) return;
   const auto gemm = Impl().gemm;
   // Row groups are the unit of work: each (token, row) output belongs to one
   // group, so the split never changes what is computed.
-  ThreadPool::Run(pool, w.num_groups(), [&](int64_t g0, int64_t g1) {
-    gemm(w, acts, g0, g1, y, ldy, accumulate);
-  });
+  ThreadPool::Run(pool, w.num_groups(),
+                  [&](int64_t g0, int64_t g1) { gemm(w, acts, g0, g1, y, ldy, accumulate); });
 }
 
 }  // namespace tandem::kernels

@@ -132,10 +132,17 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
         Tile<kKind, kHasMin, kTwo, kTile>(w, a, g, t, h, y, ldy, accumulate);
       }
       switch (a.n - t) {
-        case 3: Tile<kKind, kHasMin, kTwo, 3>(w, a, g, t, h, y, ldy, accumulate); break;
-        case 2: Tile<kKind, kHasMin, kTwo, 2>(w, a, g, t, h, y, ldy, accumulate); break;
-        case 1: Tile<kKind, kHasMin, kTwo, 1>(w, a, g, t, h, y, ldy, accumulate); break;
-        default: break;
+        case 3:
+          Tile<kKind, kHasMin, kTwo, 3>(w, a, g, t, h, y, ldy, accumulate);
+          break;
+        case 2:
+          Tile<kKind, kHasMin, kTwo, 2>(w, a, g, t, h, y, ldy, accumulate);
+          break;
+        case 1:
+          Tile<kKind, kHasMin, kTwo, 1>(w, a, g, t, h, y, ldy, accumulate);
+          break;
+        default:
+          break;
       }
     }
   }

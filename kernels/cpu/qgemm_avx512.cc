@@ -23,12 +23,15 @@ namespace tandem::kernels::cpu {
 namespace {
 
 constexpr int kTile = 8;
+constexpr int64_t kPrefetchBlocks = 8;
 
 // acc += w . broadcast(4 bytes at p), with the broadcast folded into
 // vpdpbusd's memory operand ({1to16}): one uop instead of a separate
 // vpbroadcastd (GCC 12 does not fold it from the intrinsics).
 inline __m512i Dp(__m512i acc, __m512i w, const int8_t* p) {
-  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
+  asm("vpdpbusd %2%{1to16%}, %1, %0"
+      : "+v"(acc)
+      : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
   return acc;
 }
 
@@ -63,6 +66,13 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
   const float* xsd = a.sd.data() + i0;
   constexpr int64_t kStep = kActTile * kQBlock;
   for (int64_t b = 0; b < nb; ++b, c += cb) {
+    if constexpr (kNt == 1) {
+      // GEMV streams the weights once: fetch kPrefetchBlocks chunks ahead
+      // (the stream runs on into the next group, usually the same thread's).
+      for (int64_t off = 0; off < cb; off += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(c + kPrefetchBlocks * cb + off), _MM_HINT_T0);
+      }
+    }
     __m512i wq[8];
     if constexpr (kBits == 4) {
 #pragma GCC unroll 4
@@ -113,14 +123,29 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
       Tile<kBits, kHasMin, kTwo, kTile>(w, a, g, t, y, ldy, accumulate);
     }
     switch (a.n - t) {
-      case 7: Tile<kBits, kHasMin, kTwo, 7>(w, a, g, t, y, ldy, accumulate); break;
-      case 6: Tile<kBits, kHasMin, kTwo, 6>(w, a, g, t, y, ldy, accumulate); break;
-      case 5: Tile<kBits, kHasMin, kTwo, 5>(w, a, g, t, y, ldy, accumulate); break;
-      case 4: Tile<kBits, kHasMin, kTwo, 4>(w, a, g, t, y, ldy, accumulate); break;
-      case 3: Tile<kBits, kHasMin, kTwo, 3>(w, a, g, t, y, ldy, accumulate); break;
-      case 2: Tile<kBits, kHasMin, kTwo, 2>(w, a, g, t, y, ldy, accumulate); break;
-      case 1: Tile<kBits, kHasMin, kTwo, 1>(w, a, g, t, y, ldy, accumulate); break;
-      default: break;
+      case 7:
+        Tile<kBits, kHasMin, kTwo, 7>(w, a, g, t, y, ldy, accumulate);
+        break;
+      case 6:
+        Tile<kBits, kHasMin, kTwo, 6>(w, a, g, t, y, ldy, accumulate);
+        break;
+      case 5:
+        Tile<kBits, kHasMin, kTwo, 5>(w, a, g, t, y, ldy, accumulate);
+        break;
+      case 4:
+        Tile<kBits, kHasMin, kTwo, 4>(w, a, g, t, y, ldy, accumulate);
+        break;
+      case 3:
+        Tile<kBits, kHasMin, kTwo, 3>(w, a, g, t, y, ldy, accumulate);
+        break;
+      case 2:
+        Tile<kBits, kHasMin, kTwo, 2>(w, a, g, t, y, ldy, accumulate);
+        break;
+      case 1:
+        Tile<kBits, kHasMin, kTwo, 1>(w, a, g, t, y, ldy, accumulate);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -142,8 +167,7 @@ void Gemm(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1,
 
 // QuantizeBlockRef on 2 x 16 lanes: lane-wise, so the quants are
 // bit-identical to the reference.
-inline int32_t QuantizeBlock(__m512 x0, __m512 x1, float id, int8_t* q, __m512* q0f,
-                             __m512* q1f) {
+inline int32_t QuantizeBlock(__m512 x0, __m512 x1, float id, int8_t* q, __m512* q0f, __m512* q1f) {
   const __m512 lim = _mm512_set1_ps(127.f), nlim = _mm512_set1_ps(-127.f);
   const __m512 iv = _mm512_set1_ps(id);
   auto quant = [&](__m512 v) {
@@ -164,8 +188,8 @@ void QuantizeRow(const float* x, int64_t cols, const ActRow& o) {
     const int64_t k = b * kActTile;
     const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
     // max is exact in any order.
-    const float amax = _mm512_reduce_max_ps(
-        _mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
+    const float amax =
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
     const float dx = amax / 127.f;
     const float id = dx != 0.f ? 1.f / dx : 0.f;
     __m512 q0f, q1f;

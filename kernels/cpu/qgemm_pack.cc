@@ -24,12 +24,18 @@ struct Format {
 
 Format FormatOf(TensorType t) {
   switch (t) {
-    case TensorType::kQ4_0: return {4, false, 8.f};
-    case TensorType::kQ4_1: return {4, true, 0.f};
-    case TensorType::kQ5_0: return {8, false, 16.f};
-    case TensorType::kQ5_1: return {8, true, 0.f};
-    case TensorType::kQ8_0: return {8, false, 128.f};
-    default: return {0, false, 0.f};
+    case TensorType::kQ4_0:
+      return {4, false, 8.f};
+    case TensorType::kQ4_1:
+      return {4, true, 0.f};
+    case TensorType::kQ5_0:
+      return {8, false, 16.f};
+    case TensorType::kQ5_1:
+      return {8, true, 0.f};
+    case TensorType::kQ8_0:
+      return {8, false, 128.f};
+    default:
+      return {0, false, 0.f};
   }
 }
 
@@ -163,7 +169,16 @@ bool IsPackable(TensorType type) { return FormatOf(type).bits != 0; }
 
 void PackedWeight::Free::operator()(uint8_t* p) const { std::free(p); }
 
-PackedWeight PackedWeight::Pack(const WeightView* views, int num_views, ThreadPool* pool) {
+int64_t PackedWeight::PackedBytes(const WeightView* views, int num_views) {
+  const Format f = FormatOf(views[0].type);
+  int64_t rows = 0;
+  for (int v = 0; v < num_views; ++v) rows += views[v].rows;
+  const int64_t chunk = f.bits * 64 + 32 + (f.has_min ? 32 : 0);
+  return (rows + kGroupRows - 1) / kGroupRows * (views[0].cols / kQBlock) * chunk;
+}
+
+PackedWeight PackedWeight::Pack(const WeightView* views, int num_views, ThreadPool* pool,
+                                uint8_t* storage) {
   TANDEM_CHECK(num_views > 0);
   PackedWeight p;
   p.type_ = views[0].type;
@@ -181,9 +196,14 @@ PackedWeight PackedWeight::Pack(const WeightView* views, int num_views, ThreadPo
   p.offset_ = f.offset;
   p.chunk_bytes_ = f.bits * 64 + 32 + (f.has_min ? 32 : 0);
   const size_t total = size_t(p.bytes());
-  p.data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (total + 63) / 64 * 64)));
-  TANDEM_CHECK(p.data_ != nullptr);
-  std::memset(p.data_.get(), 0, total);
+  TANDEM_CHECK(int64_t(total) == PackedBytes(views, num_views));
+  if (storage == nullptr) {
+    p.owned_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (total + 63) / 64 * 64)));
+    storage = p.owned_.get();
+  }
+  TANDEM_CHECK(storage != nullptr && reinterpret_cast<uintptr_t>(storage) % 64 == 0);
+  p.data_ = storage;
+  std::memset(p.data_, 0, total);
   const int64_t nb = p.num_blocks();
   ThreadPool::Run(pool, p.num_groups(), [&](int64_t g0, int64_t g1) {
     uint8_t q[32];
@@ -192,7 +212,7 @@ PackedWeight PackedWeight::Pack(const WeightView* views, int num_views, ThreadPo
         const auto& [view, r] = row_src[g * kGroupRows + rr];
         const int64_t src_block_bytes = view->row_bytes / nb;
         for (int64_t b = 0; b < nb; ++b) {
-          uint8_t* c = p.data_.get() + (g * nb + b) * p.chunk_bytes_;
+          uint8_t* c = p.data_ + (g * nb + b) * p.chunk_bytes_;
           uint16_t d, m;
           DecodeBlock(p.type_, view->row(r) + b * src_block_bytes, q, &d, &m);
           for (int k = 0; k < 32; ++k) {

@@ -128,10 +128,9 @@ std::string JsonLine(const Result& r) {
       "{\"request_id\":%s,\"token_ids\":%s,\"text\":%s,\"finish_reason\":\"%s\","
       "\"prompt_tokens\":%d,\"cached_tokens\":%d,\"completion_tokens\":%d,"
       "\"queue_ms\":%s,\"ttft_ms\":%s,\"tpot_ms\":%s,\"e2e_ms\":%s}\n",
-      json::Quote(r.request_id), json::IntArray(r.token_ids), json::Quote(r.text),
-      r.finish_reason, r.usage.prompt_tokens(), r.usage.cached_tokens(),
-      r.usage.completion_tokens(), json::Number(r.timings.queue_seconds() * 1e3),
-      json::Number(r.timings.ttft_seconds() * 1e3),
+      json::Quote(r.request_id), json::IntArray(r.token_ids), json::Quote(r.text), r.finish_reason,
+      r.usage.prompt_tokens(), r.usage.cached_tokens(), r.usage.completion_tokens(),
+      json::Number(r.timings.queue_seconds() * 1e3), json::Number(r.timings.ttft_seconds() * 1e3),
       json::Number(r.timings.mean_tpot_seconds() * 1e3),
       json::Number(r.timings.e2e_seconds() * 1e3));
 }
@@ -143,7 +142,8 @@ int RunClient(int argc, char** argv) {
   ArgParser p("client", "Calls tandem.v1.Generation/Generate on a running server.");
   p.AddString("server", &f.server, "router address host:port");
   p.AddString("prompt", &f.prompt, "prompt text (required)");
-  p.AddBool("chat", &f.chat, "send the prompt as a user chat message (server applies the template)");
+  p.AddBool("chat", &f.chat,
+            "send the prompt as a user chat message (server applies the template)");
   p.AddString("system", &f.system, "system message for --chat");
   p.AddString("request-id", &f.request_id, "request id (default: assigned by the server)");
   p.AddInt("max-tokens", &f.max_tokens, 1, 1 << 20, "tokens to generate at most");

@@ -60,10 +60,12 @@ absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& fl
     o.static_prefill = SplitList(flags.prefill);
     o.static_decode = SplitList(flags.decode);
   }
-  TANDEM_ASSIGN_OR_RETURN(engine::ModelConfig config, engine::ModelConfig::FromGguf(*r->loaded.file));
+  TANDEM_ASSIGN_OR_RETURN(engine::ModelConfig config,
+                          engine::ModelConfig::FromGguf(*r->loaded.file));
   o.host = flags.host;
   o.port = static_cast<int>(flags.port);
   o.metrics_port = static_cast<int>(flags.metrics_port);
+  o.metrics_host = flags.host;
   o.tokenizer = r->loaded.tokenizer.get();
   o.limits.context_length = static_cast<int32_t>(config.context_length);
   o.limits.vocab_size = static_cast<int32_t>(config.vocab_size);

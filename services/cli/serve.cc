@@ -249,8 +249,8 @@ int RunServe(int argc, char** argv) {
     }
     if (absl::Now() > give_up) {
       StopChildren(children);
-      return Fail(absl::StrFormat("the workers were not healthy within %d s",
-                                  f.ready_timeout_seconds));
+      return Fail(
+          absl::StrFormat("the workers were not healthy within %d s", f.ready_timeout_seconds));
     }
   }
   if (!f.endpoints_file.empty()) {
@@ -266,9 +266,10 @@ int RunServe(int argc, char** argv) {
     std::printf("  %-7s pid %d  gRPC %s  metrics %s\n", c.role.c_str(), c.pid,
                 c.grpc_address.c_str(), c.metrics_address.c_str());
   }
-  std::printf("try: tandem client --server %s --prompt \"The capital of France is\" "
-              "--max-tokens 32 --stream\n",
-              router_address.c_str());
+  std::printf(
+      "try: tandem client --server %s --prompt \"The capital of France is\" "
+      "--max-tokens 32 --stream\n",
+      router_address.c_str());
   std::printf("ready\n");
   std::fflush(stdout);
 

@@ -58,7 +58,8 @@ int RunWorker(const char* role, int argc, char** argv) {
   auto path = ResolveModelPath(f.model);
   if (!path.ok()) return usage(std::string(path.status().message()));
   auto kv_bytes = engine::ParseMemorySize(f.kv_cache_memory);
-  if (!kv_bytes.ok()) return usage("--kv-cache-memory: " + std::string(kv_bytes.status().message()));
+  if (!kv_bytes.ok())
+    return usage("--kv-cache-memory: " + std::string(kv_bytes.status().message()));
 
   services::WorkerServerConfig config;
   config.listen_address = absl::StrFormat("%s:%d", f.host, f.port);
@@ -94,6 +95,8 @@ int RunWorker(const char* role, int argc, char** argv) {
 int RunPrefill(int argc, char** argv) {
   return RunWorker<prefill::PrefillServer>("prefill", argc, argv);
 }
-int RunDecode(int argc, char** argv) { return RunWorker<decode::DecodeServer>("decode", argc, argv); }
+int RunDecode(int argc, char** argv) {
+  return RunWorker<decode::DecodeServer>("decode", argc, argv);
+}
 
 }  // namespace tandem::cli

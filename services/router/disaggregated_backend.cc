@@ -171,7 +171,8 @@ class DisaggregatedCall final : public BackendCall {
       return;
     }
     ReleaseKv();
-    if (s.ok()) s = grpc::Status(grpc::StatusCode::INTERNAL, "stream ended without a finish reason");
+    if (s.ok())
+      s = grpc::Status(grpc::StatusCode::INTERNAL, "stream ended without a finish reason");
     FinishError(s, "decode");
   }
 

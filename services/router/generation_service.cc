@@ -92,8 +92,12 @@ std::string SanitizeUtf8(std::string_view s) {
 
 GenerationServiceImpl::GenerationServiceImpl(Options options) : options_(std::move(options)) {}
 
-grpc::Status GenerationServiceImpl::Fail(const absl::Status& status) {
+grpc::Status GenerationServiceImpl::Fail(const absl::Status& status, grpc::ServerContext* context) {
   if (options_.metrics != nullptr) options_.metrics->RequestErrors(status.code())->Inc();
+  if (status.code() == absl::StatusCode::kResourceExhausted) {  // an engine / worker queue
+    services::SetRetryAfter(context, options_.retry_after);
+    return ResourceExhaustedWithRetry(std::string(status.message()), options_.retry_after);
+  }
   return ToGrpc(status);
 }
 
@@ -103,7 +107,7 @@ grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
   const absl::Time start = absl::Now();
   absl::StatusOr<PreparedRequest> prepared =
       PrepareRequest(*request, options_.limits, options_.tokenizer);
-  if (!prepared.ok()) return Fail(prepared.status());
+  if (!prepared.ok()) return Fail(prepared.status(), context);
   if (inflight_.fetch_add(1) >= options_.max_inflight) {
     inflight_.fetch_sub(1);
     if (options_.metrics != nullptr) {
@@ -124,11 +128,12 @@ grpc::Status GenerationServiceImpl::Run(grpc::ServerContext* context,
                                         const PreparedRequest& request, absl::Time start,
                                         grpc::ServerWriter<GenerateResponse>* writer) {
   if (!options_.backend->Ready()) {
-    return Fail(absl::UnavailableError("no live workers can take the request; retry later"));
+    return Fail(absl::UnavailableError("no live workers can take the request; retry later"),
+                context);
   }
   auto queue = std::make_shared<CallQueue>();
   absl::StatusOr<std::unique_ptr<BackendCall>> call = options_.backend->Start(request, queue);
-  if (!call.ok()) return Fail(call.status());
+  if (!call.ok()) return Fail(call.status(), context);
 
   // Finish cleanly (DEADLINE) a little before the client's deadline fires.
   absl::Time finish_by = absl::InfiniteFuture();
@@ -157,9 +162,10 @@ grpc::Status GenerationServiceImpl::Run(grpc::ServerContext* context,
     auto* t = resp.mutable_timings();
     t->set_queue_seconds(backend_queue_s);
     t->set_ttft_seconds(num_tokens > 0 ? absl::ToDoubleSeconds(first_token_time - start) : 0);
-    t->set_mean_tpot_seconds(
-        num_tokens > 1 ? absl::ToDoubleSeconds(last_token_time - first_token_time) / (num_tokens - 1)
-                       : 0);
+    t->set_mean_tpot_seconds(num_tokens > 1
+                                 ? absl::ToDoubleSeconds(last_token_time - first_token_time) /
+                                       (num_tokens - 1)
+                                 : 0);
     t->set_e2e_seconds(absl::ToDoubleSeconds(now - start));
     if (m != nullptr) {
       m->RequestSuccess(FinishReasonLabel(reason))->Inc();
@@ -187,7 +193,7 @@ grpc::Status GenerationServiceImpl::Run(grpc::ServerContext* context,
       continue;
     }
     if (ev->finished) {
-      if (!ev->status.ok()) return Fail(ev->status);
+      if (!ev->status.ok()) return Fail(ev->status, context);
       final_message(ev->finish_reason, ev->text, ev->num_cached_tokens, ev->queue_seconds);
       return grpc::Status::OK;
     }
@@ -230,8 +236,8 @@ grpc::Status GenerationServiceImpl::Tokenize(grpc::ServerContext* context,
   switch (request->input_case()) {
     case tandem::v1::TokenizeRequest::kText: {
       if (request->text().size() > kMaxPromptBytes) {
-        return ToGrpc(absl::InvalidArgumentError(
-            absl::StrFormat("text: %d bytes, at most %d", request->text().size(), kMaxPromptBytes)));
+        return ToGrpc(absl::InvalidArgumentError(absl::StrFormat(
+            "text: %d bytes, at most %d", request->text().size(), kMaxPromptBytes)));
       }
       ids = tok.Encode(request->text(), request->add_special(), /*parse_special=*/true);
       break;

@@ -39,9 +39,9 @@ class GenerationServiceImpl final : public tandem::v1::Generation::Service {
     std::string model_name;
     std::string architecture;
     int64_t kv_bytes_per_token = 0;
-    Backend* backend = nullptr;                  // required
-    metrics::TandemMetrics* metrics = nullptr;   // optional
-    int max_inflight = 256;                      // Generate calls at once
+    Backend* backend = nullptr;                     // required
+    metrics::TandemMetrics* metrics = nullptr;      // optional
+    int max_inflight = 256;                         // Generate calls at once
     absl::Duration retry_after = absl::Seconds(1);  // hint with RESOURCE_EXHAUSTED
   };
   explicit GenerationServiceImpl(Options options);
@@ -57,7 +57,7 @@ class GenerationServiceImpl final : public tandem::v1::Generation::Service {
   int num_inflight() const { return inflight_.load(); }
 
  private:
-  grpc::Status Fail(const absl::Status& status);
+  grpc::Status Fail(const absl::Status& status, grpc::ServerContext* context);
   grpc::Status Run(grpc::ServerContext* context, const PreparedRequest& request, absl::Time start,
                    grpc::ServerWriter<tandem::v1::GenerateResponse>* writer);
 

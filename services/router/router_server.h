@@ -34,8 +34,8 @@ class RouterServer {
  public:
   struct Options {
     std::string host = "0.0.0.0";
-    int port = 50051;         // 0 = ephemeral
-    int metrics_port = -1;    // -1 = no /metrics server; 0 = ephemeral
+    int port = 50051;       // 0 = ephemeral
+    int metrics_port = -1;  // -1 = no /metrics server; 0 = ephemeral
     std::string metrics_host = "0.0.0.0";
     const tokenizer::Tokenizer* tokenizer = nullptr;  // required
     ModelLimits limits;

@@ -27,16 +27,16 @@ bool IsValidUtf8(std::string_view s) {
 
 absl::Status CheckRange(const char* field, double v, double lo, double hi, bool lo_open) {
   if (std::isnan(v) || v > hi || v < lo || (lo_open && v == lo)) {
-    return InvalidArgumentError(absl::StrFormat("%s must be in %c%g, %g], got %g", field,
-                                                lo_open ? '(' : '[', lo, hi, v));
+    return InvalidArgumentError(
+        absl::StrFormat("%s must be in %c%g, %g], got %g", field, lo_open ? '(' : '[', lo, hi, v));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckTokenId(const std::string& field, int64_t id, int32_t vocab_size) {
   if (id < 0 || id >= vocab_size) {
-    return InvalidArgumentError(
-        absl::StrFormat("%s: token id %d is outside the vocabulary [0, %d)", field, id, vocab_size));
+    return InvalidArgumentError(absl::StrFormat("%s: token id %d is outside the vocabulary [0, %d)",
+                                                field, id, vocab_size));
   }
   return absl::OkStatus();
 }
@@ -70,7 +70,8 @@ absl::Status CheckSampling(const tandem::v1::SamplingParams& s, const ModelLimit
     out->repetition_penalty = s.repetition_penalty();
   }
   if (s.has_presence_penalty()) {
-    if (absl::Status st = CheckRange("sampling.presence_penalty", s.presence_penalty(), -2, 2, false);
+    if (absl::Status st =
+            CheckRange("sampling.presence_penalty", s.presence_penalty(), -2, 2, false);
         !st.ok())
       return st;
     out->presence_penalty = s.presence_penalty();
@@ -125,8 +126,8 @@ absl::Status CheckStop(const tandem::v1::StopConditions& s, const ModelLimits& l
     out->min_tokens = s.min_tokens();
   }
   if (static_cast<size_t>(s.stop_size()) > kMaxStopStrings) {
-    return InvalidArgumentError(absl::StrFormat("stop.stop has %d strings, at most %d",
-                                                s.stop_size(), kMaxStopStrings));
+    return InvalidArgumentError(
+        absl::StrFormat("stop.stop has %d strings, at most %d", s.stop_size(), kMaxStopStrings));
   }
   for (int i = 0; i < s.stop_size(); ++i) {
     const std::string& str = s.stop(i);
@@ -165,8 +166,8 @@ absl::StatusOr<std::vector<int32_t>> EncodePrompt(const tandem::v1::GenerateRequ
                             ids.size(), limits.context_length));
       }
       for (int i = 0; i < ids.size(); ++i) {
-        if (absl::Status st = CheckTokenId(absl::StrFormat("token_ids.ids[%d]", i), ids[i],
-                                           limits.vocab_size);
+        if (absl::Status st =
+                CheckTokenId(absl::StrFormat("token_ids.ids[%d]", i), ids[i], limits.vocab_size);
             !st.ok())
           return st;
       }
@@ -224,9 +225,9 @@ absl::StatusOr<std::vector<int32_t>> EncodeChat(const tandem::v1::ChatMessages& 
   for (int i = 0; i < messages.messages_size(); ++i) {
     const auto& m = messages.messages(i);
     if (m.role() != "system" && m.role() != "user" && m.role() != "assistant") {
-      return InvalidArgumentError(absl::StrFormat(
-          "messages[%d].role must be system, user or assistant, got '%s'", i,
-          IsValidUtf8(m.role()) && m.role().size() <= 32 ? m.role() : "<invalid>"));
+      return InvalidArgumentError(
+          absl::StrFormat("messages[%d].role must be system, user or assistant, got '%s'", i,
+                          IsValidUtf8(m.role()) && m.role().size() <= 32 ? m.role() : "<invalid>"));
     }
     if (!IsValidUtf8(m.content())) {
       return InvalidArgumentError(absl::StrFormat("messages[%d].content is not valid UTF-8", i));
@@ -254,15 +255,15 @@ absl::Status CheckNoUnknownFields(const google::protobuf::Message& message,
   const google::protobuf::Reflection* refl = message.GetReflection();
   const google::protobuf::UnknownFieldSet& unknown = refl->GetUnknownFields(message);
   if (!unknown.empty()) {
-    return InvalidArgumentError(absl::StrFormat("%s: unknown field number %d (this server speaks %s)",
-                                                path.empty() ? "request" : path,
-                                                unknown.field(0).number(),
-                                                message.GetDescriptor()->full_name()));
+    return InvalidArgumentError(absl::StrFormat(
+        "%s: unknown field number %d (this server speaks %s)", path.empty() ? "request" : path,
+        unknown.field(0).number(), message.GetDescriptor()->full_name()));
   }
   std::vector<const google::protobuf::FieldDescriptor*> fields;
   refl->ListFields(message, &fields);
   for (const auto* f : fields) {
-    if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE || f->is_map()) continue;
+    if (f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE || f->is_map())
+      continue;
     const std::string sub = path.empty() ? f->name() : path + "." + f->name();
     if (f->is_repeated()) {
       const int n = refl->FieldSize(message, f);
@@ -288,7 +289,8 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const tandem::v1::GenerateRequest
     return InvalidArgumentError(absl::StrFormat("request_id: %d bytes, at most %d",
                                                 request.request_id().size(), kMaxRequestIdBytes));
   }
-  if (!IsValidUtf8(request.request_id())) return InvalidArgumentError("request_id is not valid UTF-8");
+  if (!IsValidUtf8(request.request_id()))
+    return InvalidArgumentError("request_id is not valid UTF-8");
   out.request_id = request.request_id().empty() ? NewRequestId() : request.request_id();
   if (request.cache_salt().size() > kMaxCacheSaltBytes) {
     return InvalidArgumentError(absl::StrFormat("cache_salt: %d bytes, at most %d",
@@ -301,17 +303,17 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const tandem::v1::GenerateRequest
   if (!ids.ok()) return ids.status();
   if (ids->empty()) return InvalidArgumentError("prompt: encodes to zero tokens");
   if (static_cast<int64_t>(ids->size()) >= limits.context_length) {
-    return InvalidArgumentError(absl::StrFormat(
-        "prompt: %d tokens leave no room in the context length %d", ids->size(),
-        limits.context_length));
+    return InvalidArgumentError(
+        absl::StrFormat("prompt: %d tokens leave no room in the context length %d", ids->size(),
+                        limits.context_length));
   }
   out.prompt_token_ids = std::move(ids).value();
   if (absl::Status s = CheckSampling(request.sampling(), limits, &out.params); !s.ok()) return s;
-  out.params.seed = request.sampling().has_seed() ? request.sampling().seed()
-                                                  : DefaultSeed(out.request_id);
-  if (absl::Status s = CheckStop(request.stop(), limits,
-                                 static_cast<int64_t>(out.prompt_token_ids.size()),
-                                 &out.params.stop);
+  out.params.seed =
+      request.sampling().has_seed() ? request.sampling().seed() : DefaultSeed(out.request_id);
+  if (absl::Status s =
+          CheckStop(request.stop(), limits, static_cast<int64_t>(out.prompt_token_ids.size()),
+                    &out.params.stop);
       !s.ok())
     return s;
   const auto& lp = request.logprobs();

@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_format.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/impl/codegen/client_unary_call.h"
+#include "grpcpp/support/byte_buffer.h"
 
 namespace tandem::router {
 namespace {
@@ -26,6 +28,31 @@ std::vector<uint64_t> BlockHashes(const std::vector<int32_t>& prompt, uint64_t c
     out.push_back(h);
   }
   return out;
+}
+
+// grpc.health.v1.Health/Check for the whole server (service ""), without
+// the health protos: the request is empty and SERVING is `08 01`. OK(true)
+// when SERVING, OK(false) otherwise; a worker without the health service
+// (UNIMPLEMENTED) counts as serving (GetStats still gates it).
+absl::StatusOr<bool> HealthCheck(grpc::Channel* channel, absl::Duration timeout) {
+  static const grpc::internal::RpcMethod kMethod("/grpc.health.v1.Health/Check",
+                                                 grpc::internal::RpcMethod::NORMAL_RPC);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  grpc::Slice empty("", 0);
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel, kMethod, &ctx, request, &response);
+  if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) return true;
+  if (!s.ok()) return absl::UnavailableError(s.error_message());
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return false;
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return bytes == std::string("\x08\x01", 2);
 }
 
 bool ValidAddress(const std::string& address) {
@@ -63,10 +90,12 @@ std::shared_ptr<Worker> WorkerPool::MakeWorker(const std::string& role,
 
 absl::Status WorkerPool::AddStatic(const std::string& role, const std::string& address) {
   if (role != "prefill" && role != "decode") {
-    return absl::InvalidArgumentError(absl::StrFormat("role must be prefill or decode: '%s'", role));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("role must be prefill or decode: '%s'", role));
   }
   if (!ValidAddress(address)) {
-    return absl::InvalidArgumentError(absl::StrFormat("bad %s address '%s' (want host:port)", role, address));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("bad %s address '%s' (want host:port)", role, address));
   }
   auto w = MakeWorker(role, address);
   w->is_static = true;
@@ -85,8 +114,8 @@ absl::Status WorkerPool::CheckCompat(const tandem::v1::KvCompatibility& compat) 
     return absl::FailedPreconditionError(absl::StrFormat(
         "KV compatibility: worker serves %d layers x %d KV heads x %d head dim; the router's "
         "model has %d x %d x %d",
-        compat.num_layers(), compat.num_kv_heads(), compat.head_dim(), m.num_layers,
-        m.num_kv_heads, m.head_dim));
+        compat.num_layers(), compat.num_kv_heads(), compat.head_dim(), m.num_layers, m.num_kv_heads,
+        m.head_dim));
   }
   absl::MutexLock lock(&mu_);
   if (!compat_hash_.has_value()) compat_hash_ = compat.hash();
@@ -156,13 +185,16 @@ void WorkerPool::Poll(Worker& w) {
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   tandem::v1::WorkerStatsRequest req;
   tandem::v1::WorkerStats stats;
-  grpc::Status s = w.prefill ? w.prefill->GetStats(&ctx, req, &stats)
-                             : w.decode->GetStats(&ctx, req, &stats);
+  grpc::Status s =
+      w.prefill ? w.prefill->GetStats(&ctx, req, &stats) : w.decode->GetStats(&ctx, req, &stats);
   absl::Status compat = s.ok() ? CheckCompat(stats.compat()) : absl::OkStatus();
+  absl::StatusOr<bool> serving = false;
+  if (s.ok()) serving = HealthCheck(w.channel.get(), options_.rpc_timeout);
   absl::MutexLock lock(&w.mu);
-  if (s.ok() && compat.ok() && stats.role() == w.role) {
+  if (s.ok() && compat.ok() && stats.role() == w.role && serving.ok()) {
     w.stats = std::move(stats);
-    w.healthy = !w.stats.draining();
+    // NOT_SERVING (draining) takes it out of rotation at once.
+    w.healthy = !w.stats.draining() && *serving;
     w.consecutive_failures = 0;
   } else if (++w.consecutive_failures >= options_.failure_threshold || !compat.ok()) {
     w.healthy = false;
@@ -202,8 +234,8 @@ std::shared_ptr<Worker> WorkerPool::PickPrefill(const std::vector<int32_t>& prom
     if (w->role != "prefill") continue;
     absl::MutexLock lock(&w->mu);
     if (!w->healthy) continue;
-    const int bs = w->stats.compat().block_size() > 0 ? w->stats.compat().block_size()
-                                                       : kDefaultBlockSize;
+    const int bs =
+        w->stats.compat().block_size() > 0 ? w->stats.compat().block_size() : kDefaultBlockSize;
     if (hashes.empty()) hashes = BlockHashes(prompt, cache_key, bs);
     int64_t cached_blocks = 0;
     while (cached_blocks < static_cast<int64_t>(hashes.size()) &&
@@ -220,7 +252,8 @@ std::shared_ptr<Worker> WorkerPool::PickPrefill(const std::vector<int32_t>& prom
   if (best == nullptr) return nullptr;
   absl::MutexLock lock(&best->mu);
   best->inflight_tokens += static_cast<int64_t>(prompt.size());
-  if (best->seen_blocks.size() + hashes.size() > options_.max_seen_blocks) best->seen_blocks.clear();
+  if (best->seen_blocks.size() + hashes.size() > options_.max_seen_blocks)
+    best->seen_blocks.clear();
   best->seen_blocks.insert(hashes.begin(), hashes.end());
   return best;
 }

@@ -1,6 +1,7 @@
 // The router's view of its workers: who they are (static addresses from
-// flags, or WorkerRegistry.Register calls), whether they are healthy (a
-// GetStats poll every health_interval), their load, and the routing policy
+// flags, or WorkerRegistry.Register calls), whether they are healthy (every
+// health_interval: GetStats, and grpc.health.v1 Check must say SERVING;
+// failure_threshold failures in a row -> unhealthy), their load, and the routing policy
 // that picks one prefill and one decode worker per request.
 //
 // Policy (docs/architecture.md):

@@ -21,9 +21,9 @@
 #include <tuple>
 
 #include "common/gguf/gguf.h"
+#include "common/status.h"
 #include "engine/single_sequence_runner.h"
 #include "gtest/gtest.h"
-#include "common/status.h"
 #include "tests/util/json_reader.h"
 #include "tests/util/test_paths.h"
 #include "tests/util/tiny_llama.h"
@@ -268,7 +268,8 @@ TEST(TinyMhaGoldenTest, MatchesTransformers) {
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_FALSE((*model)->config().tied_embeddings);
   EXPECT_EQ((*model)->config().num_kv_heads, (*model)->config().num_heads);
-  const Json golden = Json::Parse(testing::ReadFileOrEmpty(testing::TestDataPath("tiny_llama_mha_logits.json")));
+  const Json golden =
+      Json::Parse(testing::ReadFileOrEmpty(testing::TestDataPath("tiny_llama_mha_logits.json")));
   const int64_t vocab = (*model)->config().vocab_size;
   for (const Json& c : golden["cases"].array) {
     const std::vector<int32_t> ids = c["token_ids"].As<int32_t>();
@@ -320,7 +321,8 @@ void CheckSmolLm2Goldens(const GoldenBounds& bounds) {
   std::printf("%s\n", m.Summary().c_str());
   EXPECT_EQ(m.config().KvBytesPerToken(4), 46080);
   const int64_t vocab = m.config().vocab_size;
-  const Json golden = Json::Parse(testing::ReadFileOrEmpty(testing::TestDataPath("logits_smollm2.json")));
+  const Json golden =
+      Json::Parse(testing::ReadFileOrEmpty(testing::TestDataPath("logits_smollm2.json")));
   for (const Json& c : golden["cases"].array) {
     const std::vector<int32_t> ids = c["token_ids"].As<int32_t>();
     const int64_t T = ids.size();

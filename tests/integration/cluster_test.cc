@@ -26,10 +26,9 @@ namespace {
 constexpr int kNumRequests = 32;
 constexpr int kMaxTokens = 20;
 const char* const kPrompts[] = {
-    "The capital of France is",       "Once upon a time",
-    "def fibonacci(n):",              "The three primary colors are",
-    "Water boils at",                 "My favourite animal is",
-    "In 1969, the first man on",      "The quick brown fox",
+    "The capital of France is",     "Once upon a time",    "def fibonacci(n):",
+    "The three primary colors are", "Water boils at",      "My favourite animal is",
+    "In 1969, the first man on",    "The quick brown fox",
 };
 
 struct Spec {
@@ -51,9 +50,24 @@ tandem::v1::GenerateRequest MakeRequest(const Spec& s) {
   return req;
 }
 
+bool IsValidUtf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 2) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
 struct Result {
   grpc::Status status;
   std::vector<int32_t> tokens;
+  std::string text;               // the concatenated deltas
+  bool deltas_valid_utf8 = true;  // every delta on its own
   tandem::v1::FinishReason reason = tandem::v1::FINISH_REASON_UNSPECIFIED;
   int num_messages = 0;
 };
@@ -68,7 +82,10 @@ Result Stream(tandem::v1::Generation::Stub& stub, const tandem::v1::GenerateRequ
   while (reader->Read(&resp)) {
     ++r.num_messages;
     r.tokens.insert(r.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
-    if (resp.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) r.reason = resp.finish_reason();
+    r.text += resp.text();
+    r.deltas_valid_utf8 &= IsValidUtf8(resp.text());
+    if (resp.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED)
+      r.reason = resp.finish_reason();
     if (cancel_after > 0 && static_cast<int>(r.tokens.size()) >= cancel_after) ctx.TryCancel();
   }
   r.status = reader->Finish();
@@ -185,15 +202,25 @@ TEST_F(ClusterTest, ThirtyTwoConcurrentStreamsMatchColocatedAndGenerate) {
                   "0.8", "--max-tokens", std::to_string(kMaxTokens), "--concurrency", "32"});
   ASSERT_EQ(gen.exit_code, 0) << gen.err;
   std::vector<std::vector<int32_t>> generated;
+  std::vector<std::string> generated_text;
   std::stringstream lines(gen.out);
   for (std::string line; std::getline(lines, line);) {
-    if (!line.empty()) generated.push_back(Json::Parse(line)["token_ids"].ints());
+    if (line.empty()) continue;
+    Json j = Json::Parse(line);
+    generated.push_back(j["token_ids"].ints());
+    generated_text.push_back(j["text"].str);
   }
   ASSERT_EQ(generated.size(), static_cast<size_t>(kNumRequests));
   for (int i = 0; i < kNumRequests; ++i) {
     ASSERT_TRUE(coloc[i].status.ok()) << coloc[i].status.error_message();
-    EXPECT_EQ(disagg[i].tokens, coloc[i].tokens) << "request " << i << " disaggregated vs colocated";
+    EXPECT_EQ(disagg[i].tokens, coloc[i].tokens)
+        << "request " << i << " disaggregated vs colocated";
     EXPECT_EQ(disagg[i].tokens, generated[i]) << "request " << i << " vs tandem generate";
+    // Text deltas: whole code points on both sides of the prefill -> decode
+    // boundary, and the same text as the other two paths.
+    EXPECT_TRUE(disagg[i].deltas_valid_utf8) << "request " << i;
+    EXPECT_EQ(disagg[i].text, coloc[i].text) << "request " << i;
+    EXPECT_EQ(disagg[i].text, generated_text[i]) << "request " << i;
   }
 }
 
@@ -206,7 +233,8 @@ TEST_F(ClusterTest, CancelMidStreamLeavesNoKvOnAnyWorker) {
   std::vector<std::thread> threads;
   std::vector<Result> results(4);
   for (int i = 0; i < 4; ++i) {
-    threads.emplace_back([&, i] { results[i] = Stream(*stub, req, 120000, /*cancel_after=*/3 + i); });
+    threads.emplace_back(
+        [&, i] { results[i] = Stream(*stub, req, 120000, /*cancel_after=*/3 + i); });
   }
   for (auto& t : threads) t.join();
   for (const Result& r : results) {

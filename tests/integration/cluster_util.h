@@ -52,10 +52,16 @@ class ServeProcess {
     dir_ = mkdtemp(dir_template);
     endpoints_file_ = dir_ + "/endpoints.json";
     log_file_ = dir_ + "/serve.log";
-    std::vector<std::string> argv = {TandemBinary(), "serve", "--port",
-                                     std::to_string(FreePort()), "--metrics-port",
-                                     std::to_string(FreePort()), "--endpoints-file",
-                                     endpoints_file_, "--kv-cache-memory", "256MiB"};
+    std::vector<std::string> argv = {TandemBinary(),
+                                     "serve",
+                                     "--port",
+                                     std::to_string(FreePort()),
+                                     "--metrics-port",
+                                     std::to_string(FreePort()),
+                                     "--endpoints-file",
+                                     endpoints_file_,
+                                     "--kv-cache-memory",
+                                     "256MiB"};
     argv.insert(argv.end(), extra_args.begin(), extra_args.end());
     pid_ = fork();
     if (pid_ == 0) {

@@ -141,10 +141,10 @@ TEST(PrometheusTest, ScrapesAllServicesAndAnswersQuantileQueries) {
   // Load: 3 rounds of 8 concurrent requests, a second or more apart, so
   // rate() over [1m] sees increases between scrapes.
   for (int round = 0; round < 3; ++round) {
-    ProcessResult r = RunProcess({TandemBinary(), "client", "--server", cluster.Address("router"),
-                                  "--prompt", "Tell me about the sea", "--max-tokens", "16",
-                                  "--ignore-eos", "--num-requests", "8", "--concurrency", "8",
-                                  "--seed", std::to_string(round * 10)});
+    ProcessResult r =
+        RunProcess({TandemBinary(), "client", "--server", cluster.Address("router"), "--prompt",
+                    "Tell me about the sea", "--max-tokens", "16", "--ignore-eos", "--num-requests",
+                    "8", "--concurrency", "8", "--seed", std::to_string(round * 10)});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   }

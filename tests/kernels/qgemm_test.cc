@@ -77,53 +77,53 @@ TEST_P(QGemmTest, EveryIsaMatchesScalarReferenceBitForBit) {
       const QuantMatrix m = MakeMatrix(GetParam(), rows, cols, uint32_t(rows * 7 + cols));
       const PackedWeight p = PackedWeight::Pack(m.view, &pool);
       for (int64_t n : {1, 2, 3, 5, 8, 9, 17, 37}) {
-       for (int levels : kLevels) {
-        const std::vector<float> x = Random(n * cols, uint32_t(n + rows), 3.f);
-        QuantizedActs ref_acts, acts;
-        ref::QuantizeActs(x.data(), n, cols, &ref_acts, levels);
-        std::vector<float> want(n * rows), base = Random(n * rows, 5);
-        ref::QGemm(p, ref_acts, want.data(), rows, false);
-        std::vector<float> want_acc = base;
-        ref::QGemm(p, ref_acts, want_acc.data(), rows, true);
-        for (const std::string& isa : Isas()) {
-          ASSERT_TRUE(SetQGemmIsaForTesting(isa));
-          QuantizeActs(x.data(), n, cols, &acts, levels);
-          ASSERT_EQ(acts.qs, ref_acts.qs) << isa;
-          ASSERT_EQ(acts.qs2, ref_acts.qs2) << isa;
-          ASSERT_EQ(acts.sd, ref_acts.sd) << isa;
-          std::vector<float> got(n * rows, -1.f), got_acc = base;
-          QGemm(p, acts, got.data(), rows, false, &pool);
-          QGemm(p, acts, got_acc.data(), rows, true, &pool);
-          ASSERT_TRUE(BitEqual(got, want)) << isa << " rows " << rows << " cols " << cols << " n "
-                                           << n;
-          ASSERT_TRUE(BitEqual(got_acc, want_acc)) << isa << " accumulate";
+        for (int levels : kLevels) {
+          const std::vector<float> x = Random(n * cols, uint32_t(n + rows), 3.f);
+          QuantizedActs ref_acts, acts;
+          ref::QuantizeActs(x.data(), n, cols, &ref_acts, levels);
+          std::vector<float> want(n * rows), base = Random(n * rows, 5);
+          ref::QGemm(p, ref_acts, want.data(), rows, false);
+          std::vector<float> want_acc = base;
+          ref::QGemm(p, ref_acts, want_acc.data(), rows, true);
+          for (const std::string& isa : Isas()) {
+            ASSERT_TRUE(SetQGemmIsaForTesting(isa));
+            QuantizeActs(x.data(), n, cols, &acts, levels);
+            ASSERT_EQ(acts.qs, ref_acts.qs) << isa;
+            ASSERT_EQ(acts.qs2, ref_acts.qs2) << isa;
+            ASSERT_EQ(acts.sd, ref_acts.sd) << isa;
+            std::vector<float> got(n * rows, -1.f), got_acc = base;
+            QGemm(p, acts, got.data(), rows, false, &pool);
+            QGemm(p, acts, got_acc.data(), rows, true, &pool);
+            ASSERT_TRUE(BitEqual(got, want))
+                << isa << " rows " << rows << " cols " << cols << " n " << n;
+            ASSERT_TRUE(BitEqual(got_acc, want_acc)) << isa << " accumulate";
+          }
         }
-       }
       }
     }
   }
 }
 
 TEST_P(QGemmTest, CloseToExactF32MatMul) {
- for (int levels : kLevels) {
-  const int64_t rows = 37, cols = 256, n = 5;
-  const QuantMatrix m = MakeMatrix(GetParam(), rows, cols, 11);
-  const PackedWeight p = PackedWeight::Pack(m.view, nullptr);
-  const std::vector<float> x = Random(n * cols, 12);
-  std::vector<float> want(n * rows), got(n * rows);
-  ref::MatMul(m.view, x.data(), n, want.data());
-  QuantizedActs acts;
-  QuantizeActs(x.data(), n, cols, &acts, levels);
-  QGemm(p, acts, got.data(), rows, false, nullptr);
-  double err = 0, norm = 0;
-  for (int64_t i = 0; i < n * rows; ++i) {
-    err += (got[i] - want[i]) * double(got[i] - want[i]);
-    norm += want[i] * double(want[i]);
+  for (int levels : kLevels) {
+    const int64_t rows = 37, cols = 256, n = 5;
+    const QuantMatrix m = MakeMatrix(GetParam(), rows, cols, 11);
+    const PackedWeight p = PackedWeight::Pack(m.view, nullptr);
+    const std::vector<float> x = Random(n * cols, 12);
+    std::vector<float> want(n * rows), got(n * rows);
+    ref::MatMul(m.view, x.data(), n, want.data());
+    QuantizedActs acts;
+    QuantizeActs(x.data(), n, cols, &acts, levels);
+    QGemm(p, acts, got.data(), rows, false, nullptr);
+    double err = 0, norm = 0;
+    for (int64_t i = 0; i < n * rows; ++i) {
+      err += (got[i] - want[i]) * double(got[i] - want[i]);
+      norm += want[i] * double(want[i]);
+    }
+    // int8 activations: relative error of a dot about 1/127 / sqrt(block);
+    // two levels: about 1/127 of that.
+    EXPECT_LT(std::sqrt(err / norm), levels == 1 ? 0.01 : 2e-4) << levels;
   }
-  // int8 activations: relative error of a dot about 1/127 / sqrt(block);
-  // two levels: about 1/127 of that.
-  EXPECT_LT(std::sqrt(err / norm), levels == 1 ? 0.01 : 2e-4) << levels;
- }
 }
 
 TEST_P(QGemmTest, BatchInvariantAndThreadInvariant) {
@@ -155,7 +155,8 @@ TEST(QGemmStackTest, StackedViewsEqualSeparate) {
   const QuantMatrix b = MakeMatrix(TensorType::kQ4_1, 9, 64, 2);
   const WeightView views[2] = {a.view, b.view};
   const PackedWeight ab = PackedWeight::Pack(views, 2, nullptr);
-  const PackedWeight pa = PackedWeight::Pack(a.view, nullptr), pb = PackedWeight::Pack(b.view, nullptr);
+  const PackedWeight pa = PackedWeight::Pack(a.view, nullptr),
+                     pb = PackedWeight::Pack(b.view, nullptr);
   ASSERT_EQ(ab.rows(), 29);
   const std::vector<float> x = Random(3 * 64, 9);
   QuantizedActs acts;
@@ -213,9 +214,10 @@ TEST(GroupedAttentionTest, MatchesReferenceAndIsBatchInvariant) {
   }();
   const std::vector<int32_t> context_lens = {101, 37};
   const std::vector<int32_t> tables = {3, 11, 0, 5, 7, 1, 9,  //
-                                       2, 4, 6, 8, 0, 0, 0};
-  PagedAttentionArgs args{layout, heads, 0.125f, 2, query_start.data(), positions.data(),
-                          context_lens.data(), tables.data(), 7};
+                                       2, 4,  6, 8, 0, 0, 0};
+  PagedAttentionArgs args{
+      layout,        heads, 0.125f, 2, query_start.data(), positions.data(), context_lens.data(),
+      tables.data(), 7};
   const std::vector<float> q = Random(38 * width, 3, 2.f);
   std::vector<float> got(38 * width), want(38 * width);
   ThreadPool pool(2);

@@ -118,7 +118,8 @@ TEST_F(RouterTest, BadInputTableGetsDocumentedCodesAndServerKeepsServing) {
   const std::vector<BadCase> cases = {
       {"empty text", [](GenerateRequest* r) { r->set_text(""); }, kInvalid, "text"},
       {"no prompt", [](GenerateRequest* r) { r->clear_prompt(); }, kInvalid, "prompt"},
-      {"empty token ids", [](GenerateRequest* r) { r->mutable_token_ids(); }, kInvalid, "token_ids"},
+      {"empty token ids", [](GenerateRequest* r) { r->mutable_token_ids(); }, kInvalid,
+       "token_ids"},
       {"token id >= vocab", [](GenerateRequest* r) { r->mutable_token_ids()->add_ids(49152); },
        kInvalid, "token_ids.ids[0]"},
       {"negative token id", [](GenerateRequest* r) { r->mutable_token_ids()->add_ids(-1); },
@@ -138,10 +139,12 @@ TEST_F(RouterTest, BadInputTableGetsDocumentedCodesAndServerKeepsServing) {
          r->mutable_stop()->set_max_tokens(500);
        },
        kInvalid, "stop.max_tokens"},
-      {"negative temperature", [](GenerateRequest* r) { r->mutable_sampling()->set_temperature(-0.5); },
-       kInvalid, "sampling.temperature"},
-      {"NaN temperature", [nan](GenerateRequest* r) { r->mutable_sampling()->set_temperature(nan); },
-       kInvalid, "sampling.temperature"},
+      {"negative temperature",
+       [](GenerateRequest* r) { r->mutable_sampling()->set_temperature(-0.5); }, kInvalid,
+       "sampling.temperature"},
+      {"NaN temperature",
+       [nan](GenerateRequest* r) { r->mutable_sampling()->set_temperature(nan); }, kInvalid,
+       "sampling.temperature"},
       {"temperature > 100", [](GenerateRequest* r) { r->mutable_sampling()->set_temperature(101); },
        kInvalid, "sampling.temperature"},
       {"top_p > 1", [](GenerateRequest* r) { r->mutable_sampling()->set_top_p(1.5); }, kInvalid,
@@ -155,8 +158,9 @@ TEST_F(RouterTest, BadInputTableGetsDocumentedCodesAndServerKeepsServing) {
       {"repetition_penalty 0",
        [](GenerateRequest* r) { r->mutable_sampling()->set_repetition_penalty(0); }, kInvalid,
        "sampling.repetition_penalty"},
-      {"presence_penalty 3", [](GenerateRequest* r) { r->mutable_sampling()->set_presence_penalty(3); },
-       kInvalid, "sampling.presence_penalty"},
+      {"presence_penalty 3",
+       [](GenerateRequest* r) { r->mutable_sampling()->set_presence_penalty(3); }, kInvalid,
+       "sampling.presence_penalty"},
       {"logit_bias id out of vocab",
        [](GenerateRequest* r) { (*r->mutable_sampling()->mutable_logit_bias())[60000] = 1; },
        kInvalid, "sampling.logit_bias"},
@@ -411,6 +415,38 @@ TEST_F(RouterTest, UnavailableWithoutWorkers) {
   bad.mutable_stop()->set_max_tokens(0);
   EXPECT_EQ(Call(*stub, bad).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   (*server)->Shutdown();
+}
+
+TEST(WorkerPoolTest, RegisterChecksRoleAddressAndKvCompat) {
+  WorkerPool::Options o;
+  o.model = {30, 3, 64};
+  WorkerPool pool(o);
+  tandem::v1::RegisterRequest req;
+  req.set_role("prefill");
+  req.set_address("127.0.0.1:1");
+  req.mutable_compat()->set_num_layers(30);
+  req.mutable_compat()->set_num_kv_heads(3);
+  req.mutable_compat()->set_head_dim(64);
+  req.mutable_compat()->set_hash(42);
+  EXPECT_TRUE(pool.Register(req).ok());
+  tandem::v1::RegisterRequest bad = req;
+  bad.set_role("janitor");
+  EXPECT_EQ(pool.Register(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = req;
+  bad.set_address("nowhere");
+  EXPECT_EQ(pool.Register(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = req;
+  bad.mutable_compat()->set_num_layers(12);
+  EXPECT_EQ(pool.Register(bad).code(), absl::StatusCode::kFailedPrecondition);
+  bad = req;
+  bad.set_address("127.0.0.1:2");
+  bad.mutable_compat()->set_hash(43);  // disagrees with the first worker
+  EXPECT_EQ(pool.Register(bad).code(), absl::StatusCode::kFailedPrecondition);
+  // Registered but never answered a poll: not healthy, so not picked.
+  EXPECT_EQ(pool.NumHealthy("prefill"), 0);
+  EXPECT_EQ(pool.PickPrefill({1, 2, 3}, 0), nullptr);
+  pool.PollOnce();
+  EXPECT_EQ(pool.List().size(), 1u);
 }
 
 }  // namespace
