@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # README command 2: installs everything, builds, and runs the whole test suite:
-# unit + integration tests (ctest), then the GGUF parser fuzzer for a bounded
-# time on its seed corpus (clang + libFuzzer).
+# unit + integration tests (ctest), the deployment checks (deploy/check.sh),
+# then the GGUF parser fuzzer for a bounded time on its seed corpus (clang +
+# libFuzzer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FUZZ_SECONDS=${TANDEM_FUZZ_SECONDS:-60}
@@ -11,6 +12,11 @@ bash scripts/build.sh
 
 echo "[test] ctest" >&2
 (cd build && ctest --output-on-failure -j"$(nproc)" --timeout 600)
+
+# Deployment artefacts: kustomize renders, schemas, yamllint, promtool,
+# hadolint, and the dashboard's metric names against a live `tandem serve`.
+echo "[test] deploy checks" >&2
+bash deploy/check.sh
 
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
   echo "[test] fuzzing the GGUF parser for ${FUZZ_SECONDS}s" >&2
