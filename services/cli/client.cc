@@ -16,6 +16,7 @@
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
 #include "services/cli/run_stats.h"
+#include "services/common/convert.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
 namespace tandem::cli {
@@ -50,23 +51,6 @@ struct Result {
   tandem::v1::Timings timings;
   grpc::Status status;
 };
-
-std::string ReasonName(tandem::v1::FinishReason r) {
-  switch (r) {
-    case tandem::v1::FINISH_REASON_EOS:
-      return "eos";
-    case tandem::v1::FINISH_REASON_STOP:
-      return "stop";
-    case tandem::v1::FINISH_REASON_LENGTH:
-      return "length";
-    case tandem::v1::FINISH_REASON_CANCELLED:
-      return "cancelled";
-    case tandem::v1::FINISH_REASON_DEADLINE:
-      return "deadline";
-    default:
-      return "unspecified";
-  }
-}
 
 Result RunOne(tandem::v1::Generation::Stub& stub, const ClientFlags& f, int64_t index,
               bool print_stream) {
@@ -110,7 +94,7 @@ Result RunOne(tandem::v1::Generation::Stub& stub, const ClientFlags& f, int64_t 
       std::fflush(stdout);
     }
     if (resp.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
-      r.finish_reason = ReasonName(resp.finish_reason());
+      r.finish_reason = services::FinishReasonName(resp.finish_reason());
       r.usage = resp.usage();
       r.timings = resp.timings();
     }

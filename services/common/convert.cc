@@ -67,6 +67,23 @@ tandem::v1::FinishReason ToProto(engine::RequestFinishReason reason) {
   return tandem::v1::FINISH_REASON_UNSPECIFIED;
 }
 
+std::string FinishReasonName(tandem::v1::FinishReason reason) {
+  switch (reason) {
+    case tandem::v1::FINISH_REASON_EOS:
+      return "eos";
+    case tandem::v1::FINISH_REASON_STOP:
+      return "stop";
+    case tandem::v1::FINISH_REASON_LENGTH:
+      return "length";
+    case tandem::v1::FINISH_REASON_CANCELLED:
+      return "cancelled";
+    case tandem::v1::FINISH_REASON_DEADLINE:
+      return "deadline";
+    default:
+      return "unspecified";
+  }
+}
+
 engine::RequestFinishReason FromProto(tandem::v1::FinishReason reason) {
   switch (reason) {
     case tandem::v1::FINISH_REASON_EOS:

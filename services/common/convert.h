@@ -36,6 +36,10 @@ tandem::v1::FinishReason ToProto(engine::RequestFinishReason reason);
 // UNSPECIFIED / unknown -> kError.
 engine::RequestFinishReason FromProto(tandem::v1::FinishReason reason);
 
+// "eos", "stop", "length", "cancelled", "deadline" ("unspecified" otherwise):
+// the finish_reason label of tandem_request_success_total and the CLI's JSON.
+std::string FinishReasonName(tandem::v1::FinishReason reason);
+
 // SampleResult (the sampled token's logprob and the top alternatives).
 void ToProto(const engine::SampleResult& result, tandem::v1::PositionLogprobs* proto);
 engine::SampleResult FromProto(const tandem::v1::PositionLogprobs& proto);

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "services/common/convert.h"
-#include "services/router/grpc_status.h"
+#include "services/common/grpc_status.h"
 
 namespace tandem::router {
 namespace {

@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_format.h"
 #include "common/utf8.h"
+#include "services/common/convert.h"
 #include "services/common/grpc_status.h"
-#include "services/router/grpc_status.h"
 
 namespace tandem::router {
 namespace {
@@ -27,23 +27,6 @@ void AppendBytesField(int field, const std::string& bytes, std::string* out) {
   AppendVarint(static_cast<uint64_t>(field) << 3 | 2, out);
   AppendVarint(bytes.size(), out);
   out->append(bytes);
-}
-
-std::string FinishReasonLabel(FinishReason reason) {
-  switch (reason) {
-    case tandem::v1::FINISH_REASON_EOS:
-      return "eos";
-    case tandem::v1::FINISH_REASON_STOP:
-      return "stop";
-    case tandem::v1::FINISH_REASON_LENGTH:
-      return "length";
-    case tandem::v1::FINISH_REASON_CANCELLED:
-      return "cancelled";
-    case tandem::v1::FINISH_REASON_DEADLINE:
-      return "deadline";
-    default:
-      return "unspecified";
-  }
 }
 
 }  // namespace
@@ -98,7 +81,7 @@ grpc::Status GenerationServiceImpl::Fail(const absl::Status& status, grpc::Serve
     services::SetRetryAfter(context, options_.retry_after);
     return ResourceExhaustedWithRetry(std::string(status.message()), options_.retry_after);
   }
-  return ToGrpc(status);
+  return services::ToGrpcStatus(status);
 }
 
 grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
@@ -168,7 +151,7 @@ grpc::Status GenerationServiceImpl::Run(grpc::ServerContext* context,
                                  : 0);
     t->set_e2e_seconds(absl::ToDoubleSeconds(now - start));
     if (m != nullptr) {
-      m->RequestSuccess(FinishReasonLabel(reason))->Inc();
+      m->RequestSuccess(services::FinishReasonName(reason))->Inc();
       m->e2e_request_latency->Observe(t->e2e_seconds());
       m->request_queue_time->Observe(backend_queue_s);
       m->prompt_tokens->Inc(static_cast<double>(num_prompt));
@@ -230,13 +213,14 @@ grpc::Status GenerationServiceImpl::Run(grpc::ServerContext* context,
 grpc::Status GenerationServiceImpl::Tokenize(grpc::ServerContext* context,
                                              const tandem::v1::TokenizeRequest* request,
                                              tandem::v1::TokenizeResponse* response) {
-  if (absl::Status s = CheckNoUnknownFields(*request, ""); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = CheckNoUnknownFields(*request, ""); !s.ok())
+    return services::ToGrpcStatus(s);
   const tokenizer::Tokenizer& tok = *options_.tokenizer;
   std::vector<int32_t> ids;
   switch (request->input_case()) {
     case tandem::v1::TokenizeRequest::kText: {
       if (request->text().size() > kMaxPromptBytes) {
-        return ToGrpc(absl::InvalidArgumentError(absl::StrFormat(
+        return services::ToGrpcStatus(absl::InvalidArgumentError(absl::StrFormat(
             "text: %d bytes, at most %d", request->text().size(), kMaxPromptBytes)));
       }
       ids = tok.Encode(request->text(), request->add_special(), /*parse_special=*/true);
@@ -244,12 +228,12 @@ grpc::Status GenerationServiceImpl::Tokenize(grpc::ServerContext* context,
     }
     case tandem::v1::TokenizeRequest::kMessages: {
       auto chat = EncodeChat(request->messages(), tok);
-      if (!chat.ok()) return ToGrpc(chat.status());
+      if (!chat.ok()) return services::ToGrpcStatus(chat.status());
       ids = std::move(chat).value();
       break;
     }
     default:
-      return ToGrpc(absl::InvalidArgumentError("input: set one of text, messages"));
+      return services::ToGrpcStatus(absl::InvalidArgumentError("input: set one of text, messages"));
   }
   for (int32_t id : ids) {
     response->add_token_ids(id);

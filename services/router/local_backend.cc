@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "services/common/convert.h"
+
 namespace tandem::router {
 namespace {
 
@@ -22,34 +24,6 @@ class LocalCall final : public BackendCall {
 
 }  // namespace
 
-tandem::v1::PositionLogprobs ToPositionLogprobs(const engine::SampleResult& r) {
-  tandem::v1::PositionLogprobs out;
-  out.mutable_sampled()->set_token_id(r.token_id);
-  out.mutable_sampled()->set_logprob(r.logprob);
-  for (const engine::TokenLogprob& t : r.top_logprobs) {
-    auto* top = out.add_top();
-    top->set_token_id(t.id);
-    top->set_logprob(t.logprob);
-  }
-  return out;
-}
-
-tandem::v1::FinishReason ToFinishReason(engine::RequestFinishReason reason) {
-  switch (reason) {
-    case engine::RequestFinishReason::kEos:
-      return tandem::v1::FINISH_REASON_EOS;
-    case engine::RequestFinishReason::kStop:
-      return tandem::v1::FINISH_REASON_STOP;
-    case engine::RequestFinishReason::kLength:
-      return tandem::v1::FINISH_REASON_LENGTH;
-    case engine::RequestFinishReason::kCancelled:
-      return tandem::v1::FINISH_REASON_CANCELLED;
-    case engine::RequestFinishReason::kError:
-      break;
-  }
-  return tandem::v1::FINISH_REASON_UNSPECIFIED;
-}
-
 absl::StatusOr<std::unique_ptr<BackendCall>> LocalBackend::Start(const PreparedRequest& request,
                                                                  std::shared_ptr<CallQueue> queue) {
   engine::EngineRequest req;
@@ -63,12 +37,13 @@ absl::StatusOr<std::unique_ptr<BackendCall>> LocalBackend::Start(const PreparedR
     if (const auto* token = std::get_if<engine::TokenEvent>(&event)) {
       out.token_ids.push_back(token->token_id);
       out.text = token->text;
-      if (token->logprobs.has_value()) out.logprobs.push_back(ToPositionLogprobs(*token->logprobs));
+      if (token->logprobs.has_value())
+        services::ToProto(*token->logprobs, &out.logprobs.emplace_back());
     } else {
       const auto& finish = std::get<engine::FinishEvent>(event);
       out.finished = true;
       out.text = finish.text;
-      out.finish_reason = ToFinishReason(finish.reason);
+      out.finish_reason = services::ToProto(finish.reason);
       out.status = finish.status;
       if (finish.reason == engine::RequestFinishReason::kError && out.status.ok()) {
         out.status = absl::InternalError("the engine failed the request");

@@ -13,11 +13,6 @@
 
 namespace tandem::router {
 
-// engine::SampleResult -> the wire's PositionLogprobs.
-tandem::v1::PositionLogprobs ToPositionLogprobs(const engine::SampleResult& r);
-// engine finish reason -> wire (kError -> UNSPECIFIED; see status).
-tandem::v1::FinishReason ToFinishReason(engine::RequestFinishReason reason);
-
 class LocalBackend final : public Backend {
  public:
   explicit LocalBackend(engine::Engine* engine) : engine_(engine) {}

@@ -7,8 +7,8 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/server_interceptor.h"
+#include "services/common/grpc_status.h"
 #include "services/router/disaggregated_backend.h"
-#include "services/router/grpc_status.h"
 #include "services/router/local_backend.h"
 
 namespace tandem::router {
@@ -25,7 +25,7 @@ class RegistryServiceImpl final : public tandem::v1::WorkerRegistry::Service {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "this router is colocated: it takes no workers");
     }
-    if (absl::Status s = pool_->Register(*request); !s.ok()) return ToGrpc(s);
+    if (absl::Status s = pool_->Register(*request); !s.ok()) return services::ToGrpcStatus(s);
     response->set_heartbeat_seconds(kHeartbeatSeconds);
     return grpc::Status::OK;
   }
