@@ -35,26 +35,44 @@ if [ ! -f "$BUILD/build.ninja" ]; then
 fi
 ninja -C "$BUILD" tandem_bench >&2
 
+# Alternate the two engines round by round (one rep each) so that load
+# changes on a shared machine hit both alike; medians over the rounds.
 echo "load before: $(uptime)" >&2
-OURS=$("$BUILD/bench/tandem_bench" --model "$MODEL" --threads "$THREADS" --reps "$REPS" \
-  --kernels "$KERNELS" 2>/dev/null)
-REF=$(.venv-ref/bin/python tools/bench_llamacpp.py --model "$MODEL" --threads "$THREADS" \
-  --reps "$REPS")
+RUNS=$(mktemp)
+trap 'rm -f "$RUNS"' EXIT
+for round in $(seq "$REPS"); do
+  echo "round $round/$REPS" >&2
+  "$BUILD/bench/tandem_bench" --model "$MODEL" --threads "$THREADS" --reps 1 \
+    --kernels "$KERNELS" 2>/dev/null | sed 's/^/tandem /' >>"$RUNS"
+  .venv-ref/bin/python tools/bench_llamacpp.py --model "$MODEL" --threads "$THREADS" \
+    --reps 1 | sed 's/^/llama /' >>"$RUNS"
+done
 echo "load after:  $(uptime)" >&2
 
-python3 - "$OURS" "$REF" <<'PY'
-import json, sys
-o, r = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-b = o["decode_batch_tok_s"]
-print(f"model threads {o['threads']}, medians of {o['reps']} runs; tandem kernels {o['kernels']} ({o['isa']})")
-print(f"{'test':<22}{'tandem':>12}{'llama.cpp':>12}{'ratio':>9}")
-for k in ("pp", "tg"):
-    name = f"{k}{o[k]} tok/s"
-    print(f"{name:<22}{o[k + '_tok_s']:>12.1f}{r[k + '_tok_s']:>12.1f}{o[k + '_tok_s'] / r[k + '_tok_s']:>8.2f}x")
+python3 - "$RUNS" <<'PY'
+import json, statistics, sys
+ours, ref = [], []
+for line in open(sys.argv[1]):
+    who, js = line.split(" ", 1)
+    (ours if who == "tandem" else ref).append(json.loads(js))
+med = lambda xs: statistics.median(xs)
+o = {k: med([r[k] for r in ours]) for k in ("pp_tok_s", "tg_tok_s", "bandwidth_gb_s", "decode_bound_tok_s")}
+r = {k: med([x[k] for x in ref]) for k in ("pp_tok_s", "tg_tok_s")}
+b = {n: med([x["decode_batch_tok_s"][n] for x in ours]) for n in ours[0]["decode_batch_tok_s"]}
+first = ours[0]
+print(f"threads {first['threads']}, medians of {len(ours)} alternating rounds; "
+      f"tandem kernels {first['kernels']} ({first['isa']}), llama.cpp {ref[0]['version']}")
+print(f"{'test':<22}{'tandem':>10}{'llama.cpp':>11}{'ratio':>9}")
+for k, name in (("pp", f"pp{first['pp']}"), ("tg", f"tg{first['tg']}")):
+    print(f"{name + ' tok/s':<22}{o[k + '_tok_s']:>10.1f}{r[k + '_tok_s']:>11.1f}"
+          f"{o[k + '_tok_s'] / r[k + '_tok_s']:>8.2f}x")
 for n, v in b.items():
-    print(f"{'decode batch ' + n + ' tok/s':<22}{v:>12.1f}{'':>12}{v / b.get('1', v):>8.2f}x own batch-1")
+    print(f"{'decode batch ' + n + ' tok/s':<22}{v:>10.1f}{'':>11}{v / b.get('1', v):>8.2f}x own batch 1")
 print(f"bandwidth probe {o['bandwidth_gb_s']:.1f} GB/s; bytes read per decode token "
-      f"{o['bytes_per_token'] / 1e6:.1f} MB; decode bound {o['decode_bound_tok_s']:.0f} tok/s; "
-      f"tg128 = {100 * o['tg_fraction_of_bound']:.0f}% of the bound")
-print("json:", json.dumps({"tandem": o, "llama.cpp": r}))
+      f"{first['bytes_per_token'] / 1e6:.1f} MB; decode bound {o['decode_bound_tok_s']:.0f} tok/s; "
+      f"tg = {100 * o['tg_tok_s'] / o['decode_bound_tok_s']:.0f}% of the bound")
+print("per round tg tandem / llama.cpp:",
+      " ".join(f"{a['tg_tok_s']:.0f}/{c['tg_tok_s']:.0f}" for a, c in zip(ours, ref)))
+print("per round pp tandem / llama.cpp:",
+      " ".join(f"{a['pp_tok_s']:.0f}/{c['pp_tok_s']:.0f}" for a, c in zip(ours, ref)))
 PY

@@ -85,9 +85,13 @@ void AttendGroup64(const PagedAttentionArgs& a, const int32_t* table, int64_t le
   float inv[kMaxGroup];
   for (int g = 0; g < group; ++g) {
     float* pg = p.data() + g * stride;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < len; ++j) mx = std::fmax(mx, pg[j]);
-    const __m512 mv = _mm512_set1_ps(mx);
+    // max is exact in any order.
+    __m512 mx16 = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < len; j += 16) {
+      const __mmask16 m = len - j >= 16 ? __mmask16(0xffff) : cpu::TailMask(len - j);
+      mx16 = _mm512_mask_max_ps(mx16, m, mx16, _mm512_maskz_loadu_ps(m, pg + j));
+    }
+    const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx16));
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < len; j += 16) {
       const __mmask16 m = len - j >= 16 ? __mmask16(0xffff) : cpu::TailMask(len - j);

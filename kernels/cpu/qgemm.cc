@@ -2,7 +2,9 @@
 //
 // The path is chosen once from CPUID (__builtin_cpu_supports): AVX-512 VNNI,
 // else AVX2 + FMA + F16C, else scalar. TANDEM_KERNEL_ISA=avx2|scalar forces
-// a lesser path (benchmarks, tests). All paths give bit-identical results.
+// a lesser path (benchmarks, tests). QGemm and the activation quants are
+// bit-identical on every path; SiLU uses a SIMD exp on AVX-512 and libm
+// elsewhere (deterministic per machine, not across ISAs).
 #include "kernels/qgemm.h"
 
 #include <atomic>

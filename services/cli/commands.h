@@ -20,6 +20,7 @@ int RunPrefill(int argc, char** argv);  // workers.cc
 int RunDecode(int argc, char** argv);   // workers.cc
 int RunServe(int argc, char** argv);    // serve.cc
 int RunClient(int argc, char** argv);   // client.cc
+int RunBench(int argc, char** argv);    // bench.cc
 
 }  // namespace tandem::cli
 

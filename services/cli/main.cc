@@ -16,6 +16,7 @@ constexpr char kUsage[] =
     "  prefill    run a prefill worker\n"
     "  decode     run a decode worker\n"
     "  client     call a running server's Generate API\n"
+    "  bench      serving benchmark: TTFT, TPOT, ITL, throughput, goodput vs request rate\n"
     "  generate   generate text from a prompt with a local model\n"
     "  plan       capacity estimate: memory, batch, throughput, $/token, worker ratio\n"
     "  tokenize   print the token ids of a text\n"
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
   if (command == "prefill") return tandem::cli::RunPrefill(argc, argv);
   if (command == "decode") return tandem::cli::RunDecode(argc, argv);
   if (command == "client") return tandem::cli::RunClient(argc, argv);
+  if (command == "bench") return tandem::cli::RunBench(argc, argv);
   if (command == "plan") return tandem::cli::RunPlan(argc, argv);
   if (command == "tokenize") return tandem::cli::RunTokenize(argc, argv);
   if (command == "version" || command == "--version") return tandem::cli::RunVersion(argc, argv);
