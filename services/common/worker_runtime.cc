@@ -99,6 +99,10 @@ void WorkerRuntime::UpdateEngineMetrics() {
       s.num_blocks_total > 0 ? static_cast<double>(s.num_blocks_used) / s.num_blocks_total : 0.0);
   absl::MutexLock lock(&mu_);
   metrics_->num_preemptions->Inc(static_cast<double>(s.num_preemptions - last_preemptions_));
+  // Tokens this worker sampled (prefill: the first token of each request;
+  // decode: the rest), so tandem_generation_tokens_total{phase} is per phase.
+  metrics_->generation_tokens->Inc(
+      static_cast<double>(s.num_generated_tokens - last_generated_));
   metrics_->prefix_cache_queries->Inc(
       static_cast<double>(s.num_prefix_cache_query_tokens - last_query_tokens_));
   metrics_->prefix_cache_hits->Inc(
@@ -116,6 +120,7 @@ void WorkerRuntime::UpdateEngineMetrics() {
   last_hit_tokens_ = s.num_prefix_cache_hit_tokens;
   last_steps_ = s.num_steps;
   last_computed_ = s.num_computed_tokens;
+  last_generated_ = s.num_generated_tokens;
 }
 
 }  // namespace tandem::services

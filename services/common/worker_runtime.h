@@ -84,6 +84,7 @@ class WorkerRuntime {
   int64_t last_hit_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_computed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_generated_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // "host:port" -> host and port. InvalidArgument naming `what`.
