@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/create_channel.h"
 #include "services/cli/bench_backend.h"
+#include "services/common/convert.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
 namespace tandem::cli::bench {
@@ -50,23 +51,6 @@ std::string CodeName(grpc::StatusCode code) {
       return "UNAUTHENTICATED";
     default:
       return absl::StrCat("CODE_", static_cast<int>(code));
-  }
-}
-
-std::string ReasonName(tandem::v1::FinishReason r) {
-  switch (r) {
-    case tandem::v1::FINISH_REASON_EOS:
-      return "eos";
-    case tandem::v1::FINISH_REASON_STOP:
-      return "stop";
-    case tandem::v1::FINISH_REASON_LENGTH:
-      return "length";
-    case tandem::v1::FINISH_REASON_CANCELLED:
-      return "cancelled";
-    case tandem::v1::FINISH_REASON_DEADLINE:
-      return "deadline";
-    default:
-      return "unspecified";
   }
 }
 
@@ -135,7 +119,7 @@ class GrpcBackend : public Backend {
       }
       if (resp.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
         final_seen = true;
-        r.finish_reason = ReasonName(resp.finish_reason());
+        r.finish_reason = services::FinishReasonName(resp.finish_reason());
         r.prompt_tokens = resp.usage().prompt_tokens();
         r.cached_tokens = resp.usage().cached_tokens();
         usage_tokens = resp.usage().completion_tokens();

@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_util.h"
+#include "tests/util/http_get.h"
 #include "tests/util/json_reader.h"
 #include "tests/util/subprocess.h"
 
@@ -24,29 +25,6 @@ namespace {
 
 constexpr int kNumRequests = 12;
 constexpr int kOutputLen = 8;
-
-std::string HttpGet(const std::string& host_port, const std::string& path) {
-  const size_t colon = host_port.rfind(':');
-  const int port = std::stoi(host_port.substr(colon + 1));
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string out;
-  char buf[8192];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
-  close(fd);
-  return out;
-}
 
 // Sum of the samples of `name` whose labels contain `label`.
 double SumMetric(const std::string& text, const std::string& name, const std::string& label) {
@@ -65,16 +43,10 @@ struct Counters {
   double success = 0, tokens = 0;
 };
 Counters Scrape(const std::string& metrics_address) {
-  const std::string text = HttpGet(metrics_address, "/metrics");
+  const int port = std::stoi(metrics_address.substr(metrics_address.rfind(':') + 1));
+  const std::string text = HttpGetBody(port, "/metrics");
   return {SumMetric(text, "tandem_request_success_total", "phase=\"router\""),
           SumMetric(text, "tandem_generation_tokens_total", "phase=\"router\"")};
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 void CheckBench(const std::vector<std::string>& serve_args, const std::string& name) {
@@ -116,7 +88,7 @@ void CheckBench(const std::vector<std::string>& serve_args, const std::string& n
   EXPECT_NE(r.err.find("12/12 requests"), std::string::npos) << r.err;  // progress bar
   const Counters after = Scrape(router_metrics);
 
-  Json j = Json::Parse(ReadFile(out));
+  Json j = Json::Parse(ReadFileOrEmpty(out));
   EXPECT_EQ(j["schema"].str, "tandem.bench.v1");
   for (const char* key : {"output_tokens_per_second", "mean_tpot_ms", "concurrency", "mean_ttft_ms",
                           "prompt_tokens_mean", "output_tokens_mean", "request_throughput",

@@ -20,6 +20,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/integration/cluster_util.h"
+#include "tests/util/http_get.h"
 #include "tests/util/json_reader.h"
 #include "tests/util/subprocess.h"
 
@@ -31,30 +32,6 @@ std::string PrometheusBinary() {
     if (access(p, X_OK) == 0) return p;
   }
   return "";
-}
-
-// GET http://127.0.0.1:port/path with the query url-encoded by curl-less means:
-// a tiny HTTP/1.0 client over a socket.
-std::string HttpGet(int port, const std::string& path_and_query) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  const std::string req = "GET " + path_and_query + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string out;
-  char buf[8192];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
-  close(fd);
-  const size_t body = out.find("\r\n\r\n");
-  return body == std::string::npos ? "" : out.substr(body + 4);
 }
 
 std::string UrlEncode(const std::string& s) {
@@ -73,7 +50,7 @@ std::string UrlEncode(const std::string& s) {
 
 // The query's first sample value, or NaN when the result is empty / not a number.
 double QueryScalar(int port, const std::string& promql, std::string* raw) {
-  *raw = HttpGet(port, "/api/v1/query?query=" + UrlEncode(promql));
+  *raw = HttpGetBody(port, "/api/v1/query?query=" + UrlEncode(promql));
   try {
     Json j = Json::Parse(*raw);
     if (j["status"].str != "success") return NAN;
@@ -127,7 +104,7 @@ TEST(PrometheusTest, ScrapesAllServicesAndAnswersQuantileQueries) {
 
   // Ready?
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (HttpGet(web_port, "/-/ready").find("Ready") == std::string::npos) {
+  while (HttpGetBody(web_port, "/-/ready").find("Ready") == std::string::npos) {
     ASSERT_LT(std::chrono::steady_clock::now(), give_up) << "prometheus did not start";
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
