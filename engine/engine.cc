@@ -184,6 +184,11 @@ absl::StatusOr<RequestHandle> Engine::Submit(EngineRequest request) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return absl::FailedPreconditionError("engine is shut down");
   const SchedulerConfig& sc = config_.scheduler;
+  if (n > sc.max_waiting_tokens) {  // could never be queued: not retryable
+    return absl::InvalidArgumentError(absl::StrCat("request of ", n,
+                                                   " tokens exceeds max_waiting_tokens ",
+                                                   sc.max_waiting_tokens));
+  }
   if (num_waiting_ + 1 > sc.max_waiting_requests ||
       num_waiting_tokens_ + n > sc.max_waiting_tokens) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -286,12 +291,25 @@ void Engine::Admit(std::vector<Pending> submits) {
     absl::Status st;
     // Replay delivered output through the detokenizer / stop checker, silently.
     absl::Span<const int32_t> prefix = p.seq->output_token_ids();
-    for (size_t i = 0; i < prefix.size(); ++i) {
-      if (active->output->Process(prefix[i]).finish.has_value()) {
-        st = absl::InvalidArgumentError(
-            absl::StrCat("prefix_output_token_ids[", i, "] already finishes the request"));
-        break;
+    std::optional<RequestFinishReason> replay_finish;
+    for (size_t i = 0; i < prefix.size() && !replay_finish.has_value(); ++i) {
+      replay_finish = active->output->Process(prefix[i]).finish;
+      if (replay_finish.has_value() && i + 1 < prefix.size()) {
+        st = absl::InvalidArgumentError(absl::StrCat(
+            "prefix_output_token_ids[", i, "] finishes the request; ", prefix.size() - i - 1,
+            " tokens follow it"));
       }
+    }
+    if (st.ok() && replay_finish.has_value()) {
+      // The delivered output already ends the request (a worker died after
+      // its last token but before the finish): finish now, nothing to run.
+      FinishEvent finish;
+      finish.reason = *replay_finish;
+      finish.usage = active->usage;
+      finish.usage.num_completion_tokens = static_cast<int64_t>(prefix.size());
+      finished_events_.emplace_back(p.stream, std::move(finish));
+      ++num_finished_;
+      continue;
     }
     if (st.ok()) st = scheduler_->AddRequest(std::move(p.seq));
     if (!st.ok()) {

@@ -107,8 +107,9 @@ class Engine {
 
   // Queues a request. InvalidArgument for an empty prompt, ids outside the
   // vocabulary, invalid params, or a prompt that cannot fit (context length,
-  // KV cache); ResourceExhausted when the waiting queue is full (requests or
-  // tokens); FailedPrecondition after Shutdown.
+  // KV cache, or alone more than max_waiting_tokens); ResourceExhausted when
+  // the waiting queue is full (requests or tokens); FailedPrecondition after
+  // Shutdown.
   absl::StatusOr<RequestHandle> Submit(EngineRequest request);
 
   // Ends the request at its next step boundary with FinishEvent kCancelled

@@ -101,8 +101,10 @@ struct EngineRequest {
   // Output tokens already generated and delivered elsewhere (the prefill
   // worker's first token; the tokens before a migration). They count as
   // output for positions, the RNG, penalties, stop checks, max_tokens and the
-  // detokenizer state, but are not emitted as events. They must not finish
-  // the request themselves (InvalidArgument).
+  // detokenizer state, but are not emitted as events. When the last of them
+  // already ends the request (max_tokens, EOS, a stop), the request finishes
+  // at once with that reason and no tokens; an earlier one that ends it is
+  // InvalidArgument.
   std::vector<int32_t> prefix_output_token_ids;
 };
 

@@ -87,6 +87,12 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
   TANDEM_ASSIGN_OR_RETURN(
       m->batch_size,
       hist("tandem_batch_size", "Sequences scheduled in one engine step.", kBatchSizeBuckets));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->migration_recovery_time,
+      hist("tandem_migration_recovery_seconds",
+           "Router: time from seeing a worker fail mid-request to the next token from the "
+           "worker it migrated to, in seconds.",
+           kTtftSecondsBuckets));
 
   // Counters.
   TANDEM_ASSIGN_OR_RETURN(m->kv_transfer_bytes, counter("tandem_kv_transfer_bytes_total",
@@ -123,6 +129,17 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
     TANDEM_RETURN_IF_ERROR(
         m->request_success_family->WithLabelValues({phase, model, reason}).status());
   }
+  TANDEM_ASSIGN_OR_RETURN(
+      m->migrations_family,
+      r.AddCounter("tandem_request_migrations_total",
+                   "Router: requests re-dispatched to another worker after one failed, by what "
+                   "failed (decode_failed, prefill_failed, transfer_failed).",
+                   {"phase", "model", "reason"}));
+  if (phase == "router") {
+    for (std::string_view reason : {"decode_failed", "prefill_failed", "transfer_failed"}) {
+      TANDEM_RETURN_IF_ERROR(m->migrations_family->WithLabelValues({phase, model, reason}).status());
+    }
+  }
 
   // Gauges.
   TANDEM_ASSIGN_OR_RETURN(
@@ -138,6 +155,10 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
                                 "adopted by a decode request."));
   TANDEM_ASSIGN_OR_RETURN(m->num_leased_blocks,
                           gauge("tandem_num_leased_blocks", "KV blocks held by unexpired leases."));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->num_inflight_tokens,
+      gauge("tandem_num_inflight_tokens",
+            "Router: prompt tokens + max_tokens of the requests admitted (--max-inflight-tokens)."));
   return m;
 }
 
@@ -152,6 +173,10 @@ Counter* TandemMetrics::RequestSuccess(std::string_view finish_reason) {
 
 Counter* TandemMetrics::RequestErrors(absl::StatusCode code) {
   return LabelledCounter(request_errors_family, absl::StatusCodeToString(code));
+}
+
+Counter* TandemMetrics::Migrations(std::string_view reason) {
+  return LabelledCounter(migrations_family, reason);
 }
 
 }  // namespace tandem::metrics

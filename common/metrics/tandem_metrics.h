@@ -83,6 +83,11 @@ struct TandemMetrics {
   // Child of tandem_request_errors_total{code} with the canonical code name
   // ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", ...). Never null.
   Counter* RequestErrors(absl::StatusCode code);
+  // Child of tandem_request_migrations_total{reason} (router): a request
+  // re-dispatched after a worker failed: "decode_failed" (stream broke or
+  // health checks missed; replayed elsewhere), "prefill_failed",
+  // "transfer_failed" (the push to the decode worker failed). Never null.
+  Counter* Migrations(std::string_view reason);
 
   std::string phase;
   std::string model;
@@ -97,6 +102,7 @@ struct TandemMetrics {
   Histogram* kv_transfer_time = nullptr;      // tandem_kv_transfer_seconds, per request
   Histogram* iteration_tokens = nullptr;      // tokens per engine step
   Histogram* batch_size = nullptr;            // sequences per engine step
+  Histogram* migration_recovery_time = nullptr;  // router: failure seen -> next token
 
   // Counters.
   Counter* kv_transfer_bytes = nullptr;
@@ -108,6 +114,7 @@ struct TandemMetrics {
   Counter* prefix_cache_hits = nullptr;             // in tokens
   CounterFamily* request_success_family = nullptr;  // {phase, model, finish_reason}
   CounterFamily* request_errors_family = nullptr;   // {phase, model, code}
+  CounterFamily* migrations_family = nullptr;       // {phase, model, reason}
 
   // Gauges (Set/Inc/Dec, or SetCallback to compute them at scrape time).
   Gauge* kv_cache_usage_ratio = nullptr;  // 0..1
@@ -115,6 +122,7 @@ struct TandemMetrics {
   Gauge* num_requests_waiting = nullptr;
   Gauge* num_kv_leases = nullptr;      // decode: KV handoffs held, not yet adopted
   Gauge* num_leased_blocks = nullptr;  // decode: blocks held by those leases
+  Gauge* num_inflight_tokens = nullptr;  // router: prompt + max_tokens of admitted calls
 
  private:
   Counter* LabelledCounter(CounterFamily* family, std::string_view value);

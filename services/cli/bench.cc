@@ -26,6 +26,7 @@
 #include "services/cli/bench_stats.h"
 #include "services/cli/bench_workload.h"
 #include "services/cli/commands.h"
+#include "services/cli/security_flags.h"
 
 namespace tandem::cli {
 namespace {
@@ -64,6 +65,8 @@ struct BenchFlags {
   double max_duration_s = 600;
   double timeout_s = 300;
   bool no_progress = false;
+  std::string api_key;       // gRPC: --api-key, else $TANDEM_API_KEY
+  services::TlsOptions tls;  // gRPC: --tls-ca [--tls-cert --tls-key]
 };
 
 absl::StatusOr<double> ParseRate(absl::string_view s) {
@@ -226,6 +229,9 @@ int RunBench(int argc, char** argv) {
   p.AddDouble("max-duration-s", &f.max_duration_s, 0.1, 86400, "bound on each run's time");
   p.AddDouble("timeout-s", &f.timeout_s, 0.1, 86400, "deadline of every request");
   p.AddBool("no-progress", &f.no_progress, "no progress bar on stderr");
+  p.AddString("api-key", &f.api_key,
+              "gRPC: bearer key for a router with --api-key-file (default $TANDEM_API_KEY)");
+  AddClientTlsFlags(p, f.tls);
   if (absl::Status s = p.Parse(static_cast<int>(args.size()), args.data(), 2); !s.ok()) {
     return Fail(kExitUsage, std::string(s.message()));
   }
@@ -251,7 +257,9 @@ int RunBench(int argc, char** argv) {
 
   std::unique_ptr<Backend> backend;
   if (f.backend == "grpc") {
-    backend = bench::MakeGrpcBackend(f.server);
+    auto security = services::MakeChannelSecurity(f.tls);
+    if (!security.ok()) return Fail(kExitUsage, std::string(security.status().message()));
+    backend = bench::MakeGrpcBackend(f.server, *security, ResolveApiKey(f.api_key));
   } else if (f.backend == "openai-http") {
     if (f.url.empty()) return Fail(kExitUsage, "--backend openai-http needs a URL");
     auto b = bench::MakeOpenAiHttpBackend(f.url, f.model.empty() ? "default" : f.model);

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "services/cli/bench_stats.h"
 #include "services/cli/bench_workload.h"
+#include "services/common/tls.h"
 
 namespace tandem::cli::bench {
 
@@ -33,7 +34,11 @@ class Backend {
   virtual RequestRecord Send(const BenchRequest& request, absl::Time deadline) = 0;
 };
 
-std::unique_ptr<Backend> MakeGrpcBackend(const std::string& address);
+// security: TLS of the channel (default plaintext); api_key: sent as
+// `authorization: Bearer <key>` when non-empty.
+std::unique_ptr<Backend> MakeGrpcBackend(const std::string& address,
+                                         const services::ChannelSecurity& security = {},
+                                         const std::string& api_key = "");
 // `url`: http://host[:port][/prefix]; requests go to prefix + /v1/completions
 // (or to the URL itself when it ends in /completions). `model` is sent as the
 // "model" field.

@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/create_channel.h"
 #include "services/cli/bench_backend.h"
+#include "services/common/api_key.h"
 #include "services/common/convert.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
@@ -58,17 +59,24 @@ double MsSince(absl::Time t0) { return absl::ToDoubleMilliseconds(absl::Now() - 
 
 class GrpcBackend : public Backend {
  public:
-  explicit GrpcBackend(const std::string& address) {
+  GrpcBackend(const std::string& address, const services::ChannelSecurity& security,
+              const std::string& api_key)
+      : authorization_(api_key.empty() ? "" : "Bearer " + api_key) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(64 << 20);
-    stub_ = tandem::v1::Generation::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    stub_ = tandem::v1::Generation::NewStub(services::CreateChannel(address, security, args));
+  }
+  void Authorize(grpc::ClientContext* ctx) const {
+    if (!authorization_.empty()) {
+      ctx->AddMetadata(services::kAuthorizationMetadataKey, authorization_);
+    }
   }
 
   absl::StatusOr<ServerInfo> Probe(absl::Time deadline) override {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     ctx.set_wait_for_ready(true);
+    Authorize(&ctx);
     tandem::v1::ModelInfo info;
     grpc::Status s = stub_->GetModelInfo(&ctx, tandem::v1::GetModelInfoRequest(), &info);
     if (!s.ok()) {
@@ -98,6 +106,7 @@ class GrpcBackend : public Backend {
     RequestRecord r;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
+    Authorize(&ctx);
     const absl::Time t0 = absl::Now();
     auto reader = stub_->Generate(&ctx, req);
     tandem::v1::GenerateResponse resp;
@@ -149,13 +158,16 @@ class GrpcBackend : public Backend {
   }
 
  private:
+  const std::string authorization_;
   std::unique_ptr<tandem::v1::Generation::Stub> stub_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeGrpcBackend(const std::string& address) {
-  return std::make_unique<GrpcBackend>(address);
+std::unique_ptr<Backend> MakeGrpcBackend(const std::string& address,
+                                         const services::ChannelSecurity& security,
+                                         const std::string& api_key) {
+  return std::make_unique<GrpcBackend>(address, security, api_key);
 }
 
 }  // namespace tandem::cli::bench

@@ -16,6 +16,8 @@
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
 #include "services/cli/run_stats.h"
+#include "services/cli/security_flags.h"
+#include "services/common/api_key.h"
 #include "services/common/convert.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
@@ -40,6 +42,8 @@ struct ClientFlags {
   int64_t cancel_after_tokens = 0;
   int64_t num_requests = 1;
   int64_t concurrency = 1;
+  std::string api_key;       // --api-key, else $TANDEM_API_KEY
+  services::TlsOptions tls;  // --tls-ca [--tls-cert --tls-key]
 };
 
 struct Result {
@@ -79,6 +83,9 @@ Result RunOne(tandem::v1::Generation::Stub& stub, const ClientFlags& f, int64_t 
   req.mutable_stop()->set_ignore_eos(f.ignore_eos);
 
   grpc::ClientContext ctx;
+  if (!f.api_key.empty()) {
+    ctx.AddMetadata(services::kAuthorizationMetadataKey, "Bearer " + f.api_key);
+  }
   if (f.timeout_ms > 0) {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(f.timeout_ms));
   }
@@ -143,6 +150,9 @@ int RunClient(int argc, char** argv) {
            "cancel the call after this many tokens (testing), 0 = never");
   p.AddInt("num-requests", &f.num_requests, 1, 100000, "requests to send");
   p.AddInt("concurrency", &f.concurrency, 1, 1024, "requests in flight at once");
+  p.AddString("api-key", &f.api_key,
+              "bearer key for a router started with --api-key-file (default $TANDEM_API_KEY)");
+  AddClientTlsFlags(p, f.tls);
   if (absl::Status s = p.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "tandem client: %s\n", std::string(s.message()).c_str());
     return kExitUsage;
@@ -157,7 +167,13 @@ int RunClient(int argc, char** argv) {
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(f.server, grpc::InsecureChannelCredentials(), args);
+  f.api_key = ResolveApiKey(f.api_key);
+  auto security = services::MakeChannelSecurity(f.tls);
+  if (!security.ok()) {
+    std::fprintf(stderr, "tandem client: %s\n", std::string(security.status().message()).c_str());
+    return kExitUsage;
+  }
+  auto channel = services::CreateChannel(f.server, *security, args);
   auto stub = tandem::v1::Generation::NewStub(channel);
 
   std::vector<Result> results(static_cast<size_t>(f.num_requests));

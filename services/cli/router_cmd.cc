@@ -6,6 +6,7 @@
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
 #include "services/cli/router_setup.h"
+#include "services/cli/security_flags.h"
 
 namespace tandem::cli {
 
@@ -19,12 +20,27 @@ void AddRouterFlags(ArgParser& p, RouterFlags& f) {
   p.AddString("decode", &f.decode, "static decode workers: host:port,host:port");
   p.AddInt("max-inflight", &f.max_inflight, 1, 100000,
            "Generate calls at once; beyond: RESOURCE_EXHAUSTED");
+  p.AddInt("max-inflight-tokens", &f.max_inflight_tokens, 1, int64_t{1} << 40,
+           "prompt tokens + max_tokens summed over admitted calls; beyond: RESOURCE_EXHAUSTED "
+           "(one call above it alone: INVALID_ARGUMENT)");
+  p.AddInt("migration-limit", &f.migration_limit, 0, 100,
+           "re-dispatch a request at most this often when its worker fails (0 = never)");
+  p.AddInt("drain-seconds", &f.drain_seconds, 0, 3600,
+           "on SIGTERM: NOT_SERVING, refuse new calls, let calls in flight finish this long");
   p.AddBool("colocated", &f.colocated, "run one in-process engine for both phases (no workers)");
   p.AddString("kv-cache-memory", &f.kv_cache_memory, "--colocated: KV cache budget (1GiB, 0.25)");
   p.AddInt("max-num-seqs", &f.max_num_seqs, 1, 4096, "--colocated: sequences per batch");
   p.AddInt("max-num-batched-tokens", &f.max_num_batched_tokens, 1, 1 << 20,
            "--colocated: tokens per step");
+  p.AddInt("max-waiting-requests", &f.max_waiting_requests, 1, 1 << 20,
+           "--colocated: requests waiting for the engine at most; beyond: RESOURCE_EXHAUSTED");
+  p.AddInt("max-waiting-tokens", &f.max_waiting_tokens, 1, int64_t{1} << 32,
+           "--colocated: prompt tokens of the waiting requests at most");
   p.AddInt("threads", &f.threads, 0, 1024, "--colocated: compute threads, 0 = all cores");
+  AddServerTlsFlags(p, f.tls);
+  p.AddString("api-key-file", &f.api_key_file,
+              "tandem.v1.Generation requires 'authorization: Bearer <key>' for a key in this "
+              "file (one per line, # comments)");
 }
 
 int RunRouter(int argc, char** argv) {
@@ -48,9 +64,14 @@ int RunRouter(int argc, char** argv) {
   std::fprintf(stderr, "[router] gRPC on %s:%d, /metrics on port %d (%s)\n", f.host.c_str(),
                (*router)->server->port(), (*router)->server->metrics_port(),
                f.colocated ? "colocated" : "disaggregated");
+  std::fprintf(stderr, "[router] %s%s\n", services::DescribeTls(f.tls).c_str(),
+               f.api_key_file.empty() ? "" : ", API key required");
   while (WaitStopSignal(absl::Seconds(1)) == 0) {
   }
-  std::fprintf(stderr, "[router] stopping\n");
+  std::fprintf(stderr, "[router] draining (up to %d s)\n", static_cast<int>(f.drain_seconds));
+  const bool idle = (*router)->server->Drain(absl::Seconds(f.drain_seconds));
+  std::fprintf(stderr, "[router] %s; stopping\n",
+               idle ? "drained" : "drain timed out, cutting the calls left");
   router->reset();
   return kExitOk;
 }

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "engine/memory_size.h"
 #include "engine/model_config.h"
+#include "services/common/api_key.h"
 
 namespace tandem::cli {
 
@@ -32,6 +33,12 @@ std::vector<std::string> SplitList(const std::string& list) {
 }
 
 absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& flags) {
+  // Security flags are checked before any slow start-up work.
+  TANDEM_RETURN_IF_ERROR(services::ValidateServerTls(flags.tls));
+  std::vector<std::string> api_keys;
+  if (!flags.api_key_file.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(api_keys, services::LoadApiKeyFile(flags.api_key_file));
+  }
   auto r = std::make_unique<RunningRouter>();
   TANDEM_ASSIGN_OR_RETURN(std::string path, ResolveModelPath(flags.model));
   router::RouterServer::Options o;
@@ -50,6 +57,8 @@ absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& fl
     config.kv_cache_memory_bytes = *kv_bytes;
     config.scheduler.max_num_seqs = flags.max_num_seqs;
     config.scheduler.max_num_batched_tokens = flags.max_num_batched_tokens;
+    config.scheduler.max_waiting_requests = flags.max_waiting_requests;
+    config.scheduler.max_waiting_tokens = flags.max_waiting_tokens;
     TANDEM_ASSIGN_OR_RETURN(r->engine, engine::Engine::Create(config, r->loaded.model.get(),
                                                               r->loaded.tokenizer.get()));
     std::fprintf(stderr, "[engine] %s\n", r->engine->kv_cache_description().c_str());
@@ -75,6 +84,10 @@ absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& fl
   o.model_name = config.name.empty() ? path.substr(path.find_last_of('/') + 1) : config.name;
   o.architecture = config.architecture;
   o.max_inflight = static_cast<int>(flags.max_inflight);
+  o.migration_limit = static_cast<int>(flags.migration_limit);
+  o.tls = flags.tls;
+  o.api_keys = std::move(api_keys);
+  o.max_inflight_tokens = flags.max_inflight_tokens;
   TANDEM_ASSIGN_OR_RETURN(r->server, router::RouterServer::Start(std::move(o)));
   return r;
 }

@@ -13,6 +13,7 @@
 #include "common/thread_pool.h"
 #include "engine/engine.h"
 #include "services/cli/model_loader.h"
+#include "services/common/tls.h"
 #include "services/router/router_server.h"
 
 namespace tandem::cli {
@@ -25,12 +26,21 @@ struct RouterFlags {
   std::string prefill;  // comma-separated static addresses
   std::string decode;
   int64_t max_inflight = 256;
+  int64_t migration_limit = 3;  // re-dispatches after worker failures
+  int64_t drain_seconds = 30;   // SIGTERM: in-flight calls finish within this
+  int64_t max_inflight_tokens = 1 << 20;  // prompt + max_tokens of admitted calls
   bool colocated = false;
   // Colocated engine.
   std::string kv_cache_memory = "1GiB";
   int64_t max_num_seqs = 64;
   int64_t max_num_batched_tokens = 512;
+  int64_t max_waiting_requests = 256;    // engine waiting queue bounds
+  int64_t max_waiting_tokens = 1 << 18;  // (see docs/operations.md, Overload)
   int64_t threads = 0;
+  // Security (docs/security.md): TLS of the gRPC port and of the channels to
+  // workers; a key file makes tandem.v1.Generation require a bearer key.
+  services::TlsOptions tls;
+  std::string api_key_file;
 };
 
 // A running router and what it keeps alive.

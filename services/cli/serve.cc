@@ -2,9 +2,11 @@
 // process; --prefill-workers N and --decode-workers M child processes
 // (`tandem prefill|decode --router 127.0.0.1:PORT`) register with it on
 // loopback. Prints the endpoint and an example client call, then "ready"
-// once every worker is registered and healthy. SIGINT / SIGTERM stop the
-// whole cluster: children get SIGTERM (SIGKILL after 10 s) and are reaped,
-// and the exit code is 0. --colocated runs only the router, with an
+// once every worker is registered and healthy. SIGINT / SIGTERM drain and
+// stop the whole cluster: the router refuses new calls and lets those in
+// flight finish (--drain-seconds), then the children get SIGTERM (each
+// drains; SIGKILL after --drain-seconds + 10 s) and are reaped; exit code 0.
+// A worker that dies is not restarted (the router migrates its requests). --colocated runs only the router, with an
 // in-process engine.
 #include <signal.h>
 #include <sys/prctl.h>
@@ -21,6 +23,8 @@
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
 #include "services/cli/router_setup.h"
+#include "services/cli/security_flags.h"
+#include "services/common/api_key.h"
 
 namespace tandem::cli {
 namespace {
@@ -35,9 +39,16 @@ struct ServeFlags {
   std::string endpoints_file;
   std::string kv_cache_memory = "1GiB";
   int64_t kv_lease_seconds = 30;
+  int64_t migration_limit = 3;
+  int64_t drain_seconds = 30;
   int64_t max_inflight = 256;
+  int64_t max_inflight_tokens = 1 << 20;
+  int64_t max_waiting_requests = 256;
+  int64_t max_waiting_tokens = 1 << 18;
   int64_t threads = 0;
   int64_t ready_timeout_seconds = 300;
+  services::TlsOptions tls;  // router and workers (docs/security.md)
+  std::string api_key_file;
 };
 
 struct Child {
@@ -90,11 +101,12 @@ bool ReapChildren(std::vector<Child>& children) {
   return all_alive;
 }
 
-void StopChildren(std::vector<Child>& children) {
+// SIGTERM (each worker drains), then SIGKILL after `wait`.
+void StopChildren(std::vector<Child>& children, absl::Duration wait = absl::Seconds(10)) {
   for (Child& c : children) {
     if (c.running) kill(c.pid, SIGTERM);
   }
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  const absl::Time give_up = absl::Now() + wait;
   while (absl::Now() < give_up) {
     ReapChildren(children);
     bool any = false;
@@ -154,12 +166,35 @@ int RunServe(int argc, char** argv) {
   p.AddInt("kv-lease-seconds", &f.kv_lease_seconds, 1, 3600,
            "decode workers free received KV not claimed within this time");
   p.AddInt("max-inflight", &f.max_inflight, 1, 100000, "router: Generate calls at once");
+  p.AddInt("migration-limit", &f.migration_limit, 0, 100,
+           "router: re-dispatch a request at most this often when its worker fails");
+  p.AddInt("drain-seconds", &f.drain_seconds, 0, 3600,
+           "SIGTERM: calls in flight finish within this (router, then each worker)");
+  p.AddInt("max-inflight-tokens", &f.max_inflight_tokens, 1, int64_t{1} << 40,
+           "router: prompt tokens + max_tokens summed over admitted calls");
+  p.AddInt("max-waiting-requests", &f.max_waiting_requests, 1, 1 << 20,
+           "per engine (workers, or --colocated): waiting requests at most");
+  p.AddInt("max-waiting-tokens", &f.max_waiting_tokens, 1, int64_t{1} << 32,
+           "per engine: tokens of the waiting requests at most");
   p.AddInt("threads", &f.threads, 0, 1024, "compute threads per engine, 0 = all cores");
   p.AddInt("ready-timeout-seconds", &f.ready_timeout_seconds, 1, 3600,
            "give up when the workers are not healthy by then");
+  AddServerTlsFlags(p, f.tls);
+  p.AddString("api-key-file", &f.api_key_file,
+              "router: tandem.v1.Generation requires a bearer key from this file");
   if (absl::Status s = p.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
     return kExitUsage;
+  }
+  if (absl::Status s = services::ValidateServerTls(f.tls); !s.ok()) {
+    std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+  if (!f.api_key_file.empty()) {
+    if (auto keys = services::LoadApiKeyFile(f.api_key_file); !keys.ok()) {
+      std::fprintf(stderr, "tandem serve: %s\n", std::string(keys.status().message()).c_str());
+      return kExitUsage;
+    }
   }
   if (p.help_requested()) {
     std::fputs(p.Help().c_str(), stdout);
@@ -178,9 +213,15 @@ int RunServe(int argc, char** argv) {
   rf.metrics_port = f.metrics_port;
   rf.model = *model_path;
   rf.max_inflight = f.max_inflight;
+  rf.migration_limit = f.migration_limit;
+  rf.max_inflight_tokens = f.max_inflight_tokens;
+  rf.max_waiting_requests = f.max_waiting_requests;
+  rf.max_waiting_tokens = f.max_waiting_tokens;
   rf.colocated = f.colocated;
   rf.kv_cache_memory = f.kv_cache_memory;
   rf.threads = f.threads;
+  rf.tls = f.tls;
+  rf.api_key_file = f.api_key_file;
   auto router = StartRouter(rf);
   if (!router.ok()) return Fail(std::string(router.status().message()));
   const std::string router_address = absl::StrFormat("127.0.0.1:%d", (*router)->server->port());
@@ -220,6 +261,14 @@ int RunServe(int argc, char** argv) {
                                      f.kv_cache_memory,
                                      "--threads",
                                      std::to_string(f.threads)};
+    for (const std::string& a :
+         {std::string("--max-waiting-requests"), std::to_string(f.max_waiting_requests),
+          std::string("--max-waiting-tokens"), std::to_string(f.max_waiting_tokens)}) {
+      args.push_back(a);
+    }
+    for (const std::string& a : TlsArgs(f.tls)) args.push_back(a);
+    args.push_back("--drain-seconds");
+    args.push_back(std::to_string(f.drain_seconds));
     if (role == "decode") {
       args.push_back("--kv-lease-seconds");
       args.push_back(std::to_string(f.kv_lease_seconds));
@@ -268,14 +317,20 @@ int RunServe(int argc, char** argv) {
   }
   std::printf(
       "try: tandem client --server %s --prompt \"The capital of France is\" "
-      "--max-tokens 32 --stream\n",
-      router_address.c_str());
+      "--max-tokens 32 --stream%s%s\n",
+      router_address.c_str(), f.tls.enabled() ? " --tls-ca CA [--tls-cert C --tls-key K]" : "",
+      f.api_key_file.empty() ? "" : " --api-key KEY");
   std::printf("ready\n");
   std::fflush(stdout);
 
   while (WaitStopSignal(absl::Milliseconds(200)) == 0) ReapChildren(children);
-  std::fprintf(stderr, "[serve] stopping\n");
-  StopChildren(children);
+  // Drain: the router stops taking calls and lets those in flight finish,
+  // then each worker drains (idle by then) and exits.
+  std::fprintf(stderr, "[serve] draining (up to %d s)\n", static_cast<int>(f.drain_seconds));
+  const bool idle = (*router)->server->Drain(absl::Seconds(f.drain_seconds));
+  std::fprintf(stderr, "[serve] %s; stopping the workers\n",
+               idle ? "drained" : "drain timed out, cutting the calls left");
+  StopChildren(children, absl::Seconds(f.drain_seconds + 10));
   router->reset();
   return kExitOk;
 }

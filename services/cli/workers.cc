@@ -1,7 +1,9 @@
 // `tandem prefill` / `tandem decode`: one worker process each (what a
 // Kubernetes pod runs). The servers themselves are services/prefill and
 // services/decode; this file maps flags to a WorkerServerConfig, waits for
-// SIGINT / SIGTERM and shuts down (health NOT_SERVING first).
+// SIGINT / SIGTERM, drains (health NOT_SERVING, the router told at once,
+// calls in flight finish within --drain-seconds), then shuts down, exit 0.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -10,6 +12,7 @@
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
 #include "services/cli/router_setup.h"
+#include "services/cli/security_flags.h"
 #include "services/decode/decode_server.h"
 #include "services/prefill/prefill_server.h"
 
@@ -25,9 +28,13 @@ struct WorkerFlags {
   std::string model;
   std::string kv_cache_memory = "1GiB";
   int64_t kv_lease_seconds = 30;
+  int64_t drain_seconds = 30;
   int64_t threads = 0;
   int64_t max_num_seqs = 64;
   int64_t max_num_batched_tokens = 512;
+  int64_t max_waiting_requests = 256;    // engine waiting queue: past it RESOURCE_EXHAUSTED
+  int64_t max_waiting_tokens = 1 << 18;  // (docs/operations.md, Overload)
+  services::TlsOptions tls;              // docs/security.md
 };
 
 template <typename Server>
@@ -41,11 +48,18 @@ int RunWorker(const char* role, int argc, char** argv) {
   p.AddString("router", &f.router, "router address to register with (host:port)");
   p.AddString("model", &f.model, "GGUF model (default: the bundled SmolLM2)");
   p.AddString("kv-cache-memory", &f.kv_cache_memory, "KV cache budget (1GiB, 512MiB, 0.25)");
+  p.AddInt("drain-seconds", &f.drain_seconds, 0, 3600,
+           "on SIGTERM: stop taking work and let calls in flight finish for up to this long");
   p.AddInt("kv-lease-seconds", &f.kv_lease_seconds, 1, 3600,
            "decode: received KV not claimed by a Decode call within this is freed");
   p.AddInt("threads", &f.threads, 0, 1024, "compute threads, 0 = all cores");
   p.AddInt("max-num-seqs", &f.max_num_seqs, 1, 4096, "sequences per batch");
   p.AddInt("max-num-batched-tokens", &f.max_num_batched_tokens, 1, 1 << 20, "tokens per step");
+  p.AddInt("max-waiting-requests", &f.max_waiting_requests, 1, 1 << 20,
+           "requests waiting for the engine at most; beyond: RESOURCE_EXHAUSTED + retry hint");
+  p.AddInt("max-waiting-tokens", &f.max_waiting_tokens, 1, int64_t{1} << 32,
+           "tokens of the waiting requests at most (prompt, + output so far for decode)");
+  AddServerTlsFlags(p, f.tls);
   auto usage = [role](const std::string& m) {
     std::fprintf(stderr, "tandem %s: %s\n", role, m.c_str());
     return kExitUsage;
@@ -54,6 +68,9 @@ int RunWorker(const char* role, int argc, char** argv) {
   if (p.help_requested()) {
     std::fputs(p.Help().c_str(), stdout);
     return kExitOk;
+  }
+  if (absl::Status s = services::ValidateServerTls(f.tls); !s.ok()) {
+    return usage(std::string(s.message()));
   }
   auto path = ResolveModelPath(f.model);
   if (!path.ok()) return usage(std::string(path.status().message()));
@@ -72,7 +89,15 @@ int RunWorker(const char* role, int argc, char** argv) {
   config.engine.num_threads = static_cast<int>(f.threads);
   config.engine.scheduler.max_num_seqs = f.max_num_seqs;
   config.engine.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
+  config.engine.scheduler.max_waiting_requests = f.max_waiting_requests;
+  config.engine.scheduler.max_waiting_tokens = f.max_waiting_tokens;
+  // Every running or waiting request holds one sync RPC thread, so the
+  // engine's bounds (with their message) come before gRPC's thread quota;
+  // the rest serve PushKv, ReleaseKv, GetStats and health.
+  config.max_rpc_threads = static_cast<int>(
+      std::min<int64_t>(f.max_num_seqs + f.max_waiting_requests + 32, 4096));
   config.router_address = f.router;
+  config.tls = f.tls;
   config.kv_lease = absl::Seconds(f.kv_lease_seconds);
 
   BlockStopSignals();
@@ -86,6 +111,13 @@ int RunWorker(const char* role, int argc, char** argv) {
                f.router.c_str());
   while (WaitStopSignal(absl::Seconds(1)) == 0) {
   }
+  // Drain: NOT_SERVING, the router told at once, calls in flight finish.
+  std::fprintf(stderr, "[%s] draining (up to %d s)\n", role, static_cast<int>(f.drain_seconds));
+  const absl::Time drain_start = absl::Now();
+  const bool idle = (*server)->Drain(absl::Seconds(f.drain_seconds));
+  std::fprintf(stderr, "[%s] %s after %.2f s; stopping\n", role,
+               idle ? "drained" : "drain timed out, cutting the calls left",
+               absl::ToDoubleSeconds(absl::Now() - drain_start));
   (*server)->Shutdown();
   return kExitOk;
 }

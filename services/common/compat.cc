@@ -88,10 +88,8 @@ tandem::v1::KvCompatibility MakeCompat(const gguf::GgufFile& file, const engine:
 
 absl::Status CheckCompat(const tandem::v1::KvCompatibility& ours,
                          const tandem::v1::KvCompatibility& theirs) {
-  if (theirs.hash() == ours.hash() && CompatHash(theirs) == theirs.hash()) {
-    return absl::OkStatus();
-  }
-
+  // Every field is compared even when the hashes agree (a hash collision,
+  // or a peer that sends a matching hash with other fields, is refused).
   if (ours.model_name() != theirs.model_name()) {
     return Mismatch("compat.model_name", ours.model_name(), theirs.model_name());
   }
@@ -114,7 +112,13 @@ absl::Status CheckCompat(const tandem::v1::KvCompatibility& ours,
   if (ours.head_dim() != theirs.head_dim()) {
     return Mismatch("compat.head_dim", ours.head_dim(), theirs.head_dim());
   }
-  return Mismatch("compat.hash", ours.hash(), theirs.hash());
+  if (theirs.hash() != ours.hash()) return Mismatch("compat.hash", ours.hash(), theirs.hash());
+  if (CompatHash(theirs) != theirs.hash()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("kv compat mismatch: compat.hash ", theirs.hash(),
+                     " is not the hash of the peer's own fields (", CompatHash(theirs), ")"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::services

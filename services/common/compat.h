@@ -26,8 +26,8 @@ tandem::v1::KvCompatibility MakeCompat(const gguf::GgufFile& file, const engine:
                                        const std::string& model_name, int32_t block_size);
 
 // OK when `theirs` matches `ours`; else FailedPrecondition naming the first
-// differing field (the hash is checked first, then the hash of their fields
-// against their declared hash).
+// differing field (every field is compared, then the hash, then the hash of
+// their fields against their declared hash).
 absl::Status CheckCompat(const tandem::v1::KvCompatibility& ours,
                          const tandem::v1::KvCompatibility& theirs);
 

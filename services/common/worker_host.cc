@@ -1,6 +1,8 @@
 #include "services/common/worker_host.h"
 
+#include <cstdio>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -12,6 +14,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "services/common/grpc_status.h"
+#include "services/common/tls.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::services {
@@ -33,13 +36,20 @@ absl::StatusOr<std::unique_ptr<WorkerHost>> WorkerHost::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.listen_address, grpc::InsecureServerCredentials(), &h->port_);
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> creds,
+                          MakeServerCredentials(config.tls));
+  builder.AddListeningPort(config.listen_address, creds, &h->port_);
   builder.RegisterService(service);
   builder.SetMaxReceiveMessageSize(16 << 20);
   builder.SetMaxSendMessageSize(16 << 20);
   grpc::ResourceQuota quota(absl::StrCat("tandem-", role));
   quota.SetMaxThreads(std::max(4, config.max_rpc_threads));
   builder.SetResourceQuota(quota);
+  {  // gRPC's thread-quota RESOURCE_EXHAUSTED carries the retry hints too.
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> hooks;
+    hooks.push_back(RetryHintInterceptorFactory(absl::Milliseconds(100)));
+    builder.experimental().SetInterceptorCreators(std::move(hooks));
+  }
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   h->server_ = builder.BuildAndStart();
   if (h->server_ == nullptr || h->port_ == 0) {
@@ -59,16 +69,26 @@ WorkerHost::~WorkerHost() { Shutdown(); }
 void WorkerHost::Loop() {
   std::unique_ptr<tandem::v1::WorkerRegistry::Stub> registry;
   if (!config_.router_address.empty()) {
-    registry = tandem::v1::WorkerRegistry::NewStub(
-        grpc::CreateChannel(config_.router_address, grpc::InsecureChannelCredentials()));
+    // Checked at Start (MakeServerCredentials reads the same files).
+    absl::StatusOr<ChannelSecurity> security = MakeChannelSecurity(config_.tls);
+    if (!security.ok()) {
+      std::fprintf(stderr, "[%s] cannot register: %s\n", role_.c_str(),
+                   std::string(security.status().message()).c_str());
+    } else {
+      registry = tandem::v1::WorkerRegistry::NewStub(
+          CreateChannel(config_.router_address, *security));
+    }
   }
   absl::Time next_register = absl::Now();
   absl::Duration heartbeat = config_.heartbeat_period;
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
+    const bool draining = draining_;
+    const bool announce = announce_;
+    announce_ = false;
     mu_.Unlock();
     if (stats_fn_) stats_fn_();
-    if (registry != nullptr && absl::Now() >= next_register) {
+    if (registry != nullptr && (announce || absl::Now() >= next_register)) {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
       tandem::v1::RegisterRequest req;
@@ -76,6 +96,7 @@ void WorkerHost::Loop() {
       req.set_address(address_);
       req.set_metrics_address(runtime_->metrics_address());
       *req.mutable_compat() = runtime_->compat();
+      req.set_draining(draining);
       tandem::v1::RegisterResponse resp;
       const grpc::Status st = registry->Register(&ctx, req, &resp);
       if (st.ok() && resp.heartbeat_seconds() > 0) {
@@ -85,7 +106,21 @@ void WorkerHost::Loop() {
       next_register = absl::Now() + (st.ok() ? heartbeat : std::min(heartbeat, absl::Seconds(1)));
     }
     mu_.Lock();
-    cv_.WaitWithTimeout(&mu_, absl::Milliseconds(250));
+    if (!announce_ && !stopping_) cv_.WaitWithTimeout(&mu_, absl::Milliseconds(250));
+  }
+}
+
+void WorkerHost::SetDraining() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (draining_ || stopping_) return;
+    draining_ = true;
+    announce_ = true;
+    cv_.SignalAll();
+  }
+  if (server_ != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(service_name_, false);
+    server_->GetHealthCheckService()->SetServingStatus("", false);
   }
 }
 

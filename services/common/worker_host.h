@@ -34,6 +34,10 @@ class WorkerHost {
   int port() const { return port_; }
   // The address announced to the router (advertise_address or host:port).
   const std::string& address() const { return address_; }
+  // Drain starts: health NOT_SERVING and an immediate Register(draining)
+  // to the router, so it stops routing here before its next health poll.
+  // The server keeps serving the calls it gets. Idempotent.
+  void SetDraining();
   // Health NOT_SERVING, stop heartbeats, then stop the server (in-flight
   // calls are cancelled after `grace`).
   void Shutdown(absl::Duration grace = absl::Seconds(1));
@@ -52,6 +56,8 @@ class WorkerHost {
   std::string address_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool announce_ ABSL_GUARDED_BY(mu_) = false;  // register now (drain started)
   absl::CondVar cv_;
   std::thread thread_;
 };

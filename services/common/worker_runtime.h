@@ -19,7 +19,12 @@
 #include "common/tokenizer/tokenizer.h"
 #include "engine/engine.h"
 #include "engine/llama_model.h"
+#include "services/common/tls.h"
 #include "tandem/v1/worker.pb.h"
+
+namespace tandem::transfer {
+class NcclOps;  // services/transfer/nccl_ops.h
+}  // namespace tandem::transfer
 
 namespace tandem::services {
 
@@ -38,6 +43,15 @@ struct WorkerServerConfig {
   absl::Duration heartbeat_period = absl::Seconds(5);
   absl::Duration kv_lease = absl::Seconds(30);  // decode: --kv-lease-seconds
   int max_rpc_threads = 64;                     // sync server thread bound
+  // KV handoff prefill -> decode: "host" (DecodeWorker.PushKv) or "nccl"
+  // (ncclSend / ncclRecv, docs/nccl.md); --kv-transport. Both roles must agree.
+  std::string kv_transport = "host";
+  // Tests: the NcclOps for kv_transport "nccl" (e.g. transfer::FakeNcclOps);
+  // null = the CUDA ones (Start fails without NCCL or a GPU).
+  std::shared_ptr<transfer::NcclOps> nccl_ops;
+  // TLS of this worker's server and of its channels (Register with the
+  // router; prefill: PushKv to decode workers). Empty = plaintext.
+  TlsOptions tls;
 
   // Tests: use an already loaded model instead of model_path (not owned;
   // must outlive the server). `file` is needed for the compat fingerprint.

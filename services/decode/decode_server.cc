@@ -21,6 +21,21 @@ int64_t FreeKvBytes(engine::Engine& engine, int32_t block_size) {
   return (s.num_blocks_total - s.num_blocks_used) * block_size * engine.kv_bytes_per_token();
 }
 
+// Counts an RPC in flight for the drain (DecodeServer::Drain waits for 0).
+class ActiveRpc {
+ public:
+  explicit ActiveRpc(std::atomic<int>* n) : n_(n) { n_->fetch_add(1); }
+  ~ActiveRpc() { n_->fetch_sub(1); }
+
+ private:
+  std::atomic<int>* n_;
+};
+
+grpc::Status Draining() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "this decode worker is draining (shutting down); retry on another");
+}
+
 grpc::Status EndedStatus(grpc::ServerContext* context) {
   if (context->deadline() <= std::chrono::system_clock::now()) {
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded mid-decode");
@@ -36,6 +51,7 @@ DecodeServiceImpl::DecodeServiceImpl(services::WorkerRuntime* runtime, absl::Dur
 grpc::Status DecodeServiceImpl::PushKv(grpc::ServerContext* context,
                                        grpc::ServerReader<tandem::v1::KvChunk>* reader,
                                        tandem::v1::PushKvResponse* response) {
+  ActiveRpc active(&active_rpcs_);
   engine::Engine& engine = runtime_->engine();
   const engine::ModelConfig& mc = engine.model().config();
   tandem::v1::KvChunk chunk;
@@ -52,7 +68,7 @@ grpc::Status DecodeServiceImpl::PushKv(grpc::ServerContext* context,
       transfer::ValidateKvHeader(header, runtime_->compat(), engine.kv_bytes_per_token(),
                                  mc.context_length - 1, mc.vocab_size);
   if (!st.ok()) return services::ToGrpcStatus(st);
-  if (draining_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining");
+  if (draining_.load()) return Draining();
   st = leases_.Reserve(header.kv_handle(), header.total_bytes(),
                        FreeKvBytes(engine, runtime_->compat().block_size()));
   if (!st.ok()) return services::ToGrpcStatus(st, context);
@@ -72,12 +88,17 @@ grpc::Status DecodeServiceImpl::PushKv(grpc::ServerContext* context,
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "PushKv: a second header");
     }
     const std::string& data = chunk.data();
-    if (static_cast<int64_t>(data.size()) > transfer::kMaxChunkBytes ||
-        received + static_cast<int64_t>(data.size()) > header.total_bytes()) {
+    if (static_cast<int64_t>(data.size()) > transfer::kMaxChunkBytes) {
       leases_.Abort(header.kv_handle());
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("PushKv: data exceeds total_bytes ", header.total_bytes(),
-                                       " or a chunk exceeds 4 MiB"));
+                          absl::StrCat("PushKv: a data chunk of ", data.size(),
+                                       " bytes exceeds the 4 MiB chunk limit"));
+    }
+    if (received + static_cast<int64_t>(data.size()) > header.total_bytes()) {
+      leases_.Abort(header.kv_handle());
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("PushKv: more data than the declared total_bytes ",
+                                       header.total_bytes()));
     }
     std::memcpy(kv->bytes.data() + received, data.data(), data.size());
     received += static_cast<int64_t>(data.size());
@@ -92,7 +113,10 @@ grpc::Status DecodeServiceImpl::PushKv(grpc::ServerContext* context,
         grpc::StatusCode::INVALID_ARGUMENT,
         absl::StrCat("PushKv: got ", received, " of total_bytes ", header.total_bytes()));
   }
-  leases_.Commit(header.kv_handle(), std::move(kv));
+  if (!leases_.Commit(header.kv_handle(), std::move(kv))) {
+    return grpc::Status(grpc::StatusCode::ABORTED,
+                        "PushKv: the handoff was released while it arrived (request aborted)");
+  }
   runtime_->metrics().kv_transfer_bytes->Inc(static_cast<double>(received));
   runtime_->metrics().kv_transfer_time->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   response->set_bytes_received(received);
@@ -103,8 +127,11 @@ grpc::Status DecodeServiceImpl::PushKv(grpc::ServerContext* context,
 grpc::Status DecodeServiceImpl::Decode(grpc::ServerContext* context,
                                        const tandem::v1::DecodeRequest* request,
                                        grpc::ServerWriter<tandem::v1::DecodeResponse>* writer) {
+  ActiveRpc active(&active_rpcs_);
   engine::Engine& engine = runtime_->engine();
-  if (draining_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining");
+  // Draining: handoffs already leased here still run (their prefill is
+  // done); new work goes elsewhere.
+  if (draining_.load() && request->kv_handle().empty()) return Draining();
   absl::StatusOr<engine::SamplingParams> params =
       services::FromProto(request->params(), engine.model().config().vocab_size);
   if (!params.ok()) return services::ToGrpcStatus(params.status());
@@ -114,7 +141,9 @@ grpc::Status DecodeServiceImpl::Decode(grpc::ServerContext* context,
                               request->prompt_token_ids().end());
   req.params = *std::move(params);
   req.extra_key = request->params().cache_key();
-  if (request->first_token_id() >= 0) req.prefix_output_token_ids = {request->first_token_id()};
+  req.prefix_output_token_ids.assign(request->prefix_output_token_ids().begin(),
+                                     request->prefix_output_token_ids().end());
+  if (request->first_token_id() >= 0) req.prefix_output_token_ids.push_back(request->first_token_id());
   if (!request->kv_handle().empty()) {
     absl::StatusOr<std::shared_ptr<const engine::KvExport>> kv =
         leases_.Claim(request->kv_handle());
@@ -180,13 +209,14 @@ grpc::Status DecodeServiceImpl::GetStats(grpc::ServerContext* context,
   response->set_num_waiting(static_cast<int32_t>(s.num_waiting));
   response->set_num_blocks_used(s.num_blocks_used);
   response->set_num_blocks_total(s.num_blocks_total);
-  response->set_num_leases(static_cast<int32_t>(l.num_leases));
+  response->set_num_leases(static_cast<int32_t>(l.num_leases + l.num_reserved));
   response->set_num_leased_blocks(leases_.num_leased_blocks());
   response->set_prefix_cache_query_tokens(s.num_prefix_cache_query_tokens);
   response->set_prefix_cache_hit_tokens(s.num_prefix_cache_hit_tokens);
   response->set_num_preemptions(s.num_preemptions);
   *response->mutable_compat() = runtime_->compat();
   response->set_draining(draining_.load());
+  response->set_num_active_rpcs(active_rpcs_.load());
   return grpc::Status::OK;
 }
 
@@ -210,6 +240,18 @@ absl::StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(
 }
 
 DecodeServer::~DecodeServer() { Shutdown(); }
+
+bool DecodeServer::Drain(absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  service_->set_draining(true);
+  host_->SetDraining();
+  while (true) {
+    const transfer::KvLeaseStats l = service_->leases().Stats();
+    if (service_->active_rpcs() == 0 && l.num_leases + l.num_reserved == 0) return true;
+    if (absl::Now() >= give_up) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
 
 void DecodeServer::Shutdown() {
   if (service_ != nullptr) service_->set_draining(true);

@@ -11,14 +11,21 @@
 // Decode semantics: kv_handle set -> Claim the lease (NOT_FOUND when
 // unknown / expired / claimed), import it, first_token_id is output already
 // delivered (not streamed again). kv_handle empty -> the whole request runs
-// here (colocated fallback); first_token_id >= 0 is then also treated as
-// delivered output. Client cancel / deadline cancels the engine request
+// here (colocated fallback, or a migration replay with no prefill worker
+// left); first_token_id >= 0 is then also treated as delivered output.
+// prefix_output_token_ids (a migrated request's tokens so far) come before
+// first_token_id as delivered output.
+//
+// Drain (SIGTERM): health NOT_SERVING and the router told at once; PushKv
+// and Decode without a kv_handle get UNAVAILABLE (the router sends them
+// elsewhere); streams in flight and handoffs already leased here finish. Client cancel / deadline cancels the engine request
 // (blocks freed) and the RPC ends CANCELLED / DEADLINE_EXCEEDED.
 //
 // Thread safety: all methods thread-safe.
 #ifndef TANDEM_SERVICES_DECODE_DECODE_SERVER_H_
 #define TANDEM_SERVICES_DECODE_DECODE_SERVER_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -46,11 +53,13 @@ class DecodeServiceImpl final : public tandem::v1::DecodeWorker::Service {
 
   transfer::KvLeaseTable& leases() { return leases_; }
   void set_draining(bool draining) { draining_.store(draining); }
+  int active_rpcs() const { return active_rpcs_.load(); }
 
  private:
   services::WorkerRuntime* runtime_;
   transfer::KvLeaseTable leases_;
   std::atomic<bool> draining_{false};
+  std::atomic<int> active_rpcs_{0};  // PushKv + Decode being served
 };
 
 class DecodeServer {
@@ -64,6 +73,9 @@ class DecodeServer {
   int metrics_port() const { return runtime_->metrics_port(); }
   engine::Engine& engine() { return runtime_->engine(); }
   DecodeServiceImpl& service() { return *service_; }
+  // Stops taking new work (see the header comment) and waits until no
+  // stream, push or lease is left, at most `timeout`; true when idle.
+  bool Drain(absl::Duration timeout);
   // Health NOT_SERVING, stop the server, then the engine. Idempotent.
   void Shutdown();
 

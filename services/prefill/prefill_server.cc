@@ -8,6 +8,7 @@
 #include "services/common/convert.h"
 #include "services/common/grpc_status.h"
 #include "services/transfer/host_kv_transport.h"
+#include "services/transfer/nccl_kv_transport.h"
 
 namespace tandem::prefill {
 namespace {
@@ -16,6 +17,34 @@ constexpr absl::Duration kPoll = absl::Milliseconds(10);
 
 bool DeadlinePassed(grpc::ServerContext* context) {
   return context->deadline() <= std::chrono::system_clock::now();
+}
+
+class ActiveRpc {
+ public:
+  explicit ActiveRpc(std::atomic<int>* n) : n_(n) { n_->fetch_add(1); }
+  ~ActiveRpc() { n_->fetch_sub(1); }
+
+ private:
+  std::atomic<int>* n_;
+};
+
+// A failed push names the decode worker and, when the failure is the
+// transport's or the receiver's going away, is ABORTED: the router then
+// knows the prefill worker is fine and the decode side is the suspect.
+grpc::Status TransferFailed(const absl::Status& s, const std::string& decode_address,
+                            grpc::ServerContextBase* context) {
+  const std::string message =
+      absl::StrCat("kv transfer to decode worker ", decode_address, ": ", s.message());
+  switch (s.code()) {
+    case absl::StatusCode::kResourceExhausted:  // the decode worker's KV is full: retry hint
+      return services::ToGrpcStatus(absl::Status(s.code(), message), context);
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kCancelled:
+      return services::ToGrpcStatus(absl::Status(s.code(), message));
+    default:
+      return grpc::Status(grpc::StatusCode::ABORTED, message);
+  }
 }
 
 }  // namespace
@@ -27,6 +56,11 @@ PrefillServiceImpl::PrefillServiceImpl(services::WorkerRuntime* runtime,
 grpc::Status PrefillServiceImpl::Prefill(grpc::ServerContext* context,
                                          const tandem::v1::PrefillRequest* request,
                                          tandem::v1::PrefillResponse* response) {
+  ActiveRpc active(&active_rpcs_);
+  if (draining_.load()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "this prefill worker is draining (shutting down); retry on another");
+  }
   engine::Engine& engine = runtime_->engine();
   metrics::TandemMetrics& m = runtime_->metrics();
   absl::StatusOr<engine::SamplingParams> params =
@@ -39,6 +73,8 @@ grpc::Status PrefillServiceImpl::Prefill(grpc::ServerContext* context,
   req.params = *std::move(params);
   req.extra_key = request->params().cache_key();
   req.export_kv = true;
+  req.prefix_output_token_ids.assign(request->prefix_output_token_ids().begin(),
+                                     request->prefix_output_token_ids().end());
   absl::StatusOr<engine::RequestHandle> handle = engine.Submit(std::move(req));
   if (!handle.ok()) return services::ToGrpcStatus(handle.status(), context);
 
@@ -66,10 +102,17 @@ grpc::Status PrefillServiceImpl::Prefill(grpc::ServerContext* context,
   if (finish->reason == engine::RequestFinishReason::kError) {
     return services::ToGrpcStatus(finish->status);
   }
-  if (!first.has_value()) {
-    return grpc::Status(grpc::StatusCode::INTERNAL, "prefill finished without a token");
-  }
   const engine::Usage& usage = finish->usage;
+  if (!first.has_value()) {
+    // A migration replay whose delivered tokens already end the request.
+    if (request->prefix_output_token_ids().empty()) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, "prefill finished without a token");
+    }
+    response->set_first_token_id(-1);
+    response->set_finish_reason(services::ToProto(finish->reason));
+    response->set_first_text(finish->text);
+    return grpc::Status::OK;
+  }
   m.request_queue_time->Observe(usage.queue_time_s);
   m.request_prefill_time->Observe(std::max(0.0, usage.ttft_s - usage.queue_time_s));
   m.prompt_tokens->Inc(static_cast<double>(usage.num_prompt_tokens));
@@ -89,12 +132,15 @@ grpc::Status PrefillServiceImpl::Prefill(grpc::ServerContext* context,
   }
   if (request->decode_address().empty()) return grpc::Status::OK;
   transfer::KvTransferTarget target{request->decode_address(), request->kv_handle(),
-                                    request->request_id()};
+                                    request->request_id(), context};
   absl::StatusOr<transfer::KvSendResult> sent = transport_->Send(
       target, runtime_->compat(), *finish->kv_export, absl::FromChrono(context->deadline()));
   if (!sent.ok()) {
     m.kv_transfer_failures->Inc();
-    return services::ToGrpcStatus(sent.status());
+    if (context->IsCancelled()) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "prefill cancelled during the transfer");
+    }
+    return TransferFailed(sent.status(), request->decode_address(), context);
   }
   m.kv_transfer_time->Observe(sent->seconds);
   m.kv_transfer_bytes->Inc(static_cast<double>(sent->num_bytes));
@@ -116,14 +162,22 @@ grpc::Status PrefillServiceImpl::GetStats(grpc::ServerContext* context,
   response->set_prefix_cache_hit_tokens(s.num_prefix_cache_hit_tokens);
   response->set_num_preemptions(s.num_preemptions);
   *response->mutable_compat() = runtime_->compat();
+  response->set_draining(draining_.load());
+  response->set_num_active_rpcs(active_rpcs_.load());
   return grpc::Status::OK;
 }
 
 absl::StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(
     const services::WorkerServerConfig& config) {
   std::unique_ptr<PrefillServer> s(new PrefillServer());
+  // Before the model load: --kv-transport=nccl without NCCL or a GPU fails fast.
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<transfer::NcclOps> nccl_ops,
+                          transfer::NcclOpsForTransport(config.kv_transport, config.nccl_ops));
   TANDEM_ASSIGN_OR_RETURN(s->runtime_, services::WorkerRuntime::Create(config, "prefill"));
-  s->transport_ = std::make_unique<transfer::HostKvTransport>();
+  TANDEM_ASSIGN_OR_RETURN(services::ChannelSecurity kv_security,
+                          services::MakeChannelSecurity(config.tls));
+  TANDEM_ASSIGN_OR_RETURN(s->transport_, transfer::MakeKvTransport(config.kv_transport,
+                                                                   nccl_ops, kv_security));
   s->service_ = std::make_unique<PrefillServiceImpl>(s->runtime_.get(), s->transport_.get());
   services::WorkerRuntime* rt = s->runtime_.get();
   TANDEM_ASSIGN_OR_RETURN(
@@ -134,6 +188,17 @@ absl::StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(
 }
 
 PrefillServer::~PrefillServer() { Shutdown(); }
+
+bool PrefillServer::Drain(absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  service_->set_draining(true);
+  host_->SetDraining();
+  while (service_->active_rpcs() > 0) {
+    if (absl::Now() >= give_up) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
 
 void PrefillServer::Shutdown() {
   if (host_ != nullptr) host_->Shutdown();

@@ -14,13 +14,21 @@
 // then set), and returns the first token. The RPC deadline bounds the whole
 // call (engine wait and transfer); cancel / deadline cancel the engine
 // request. Errors: INVALID_ARGUMENT (params / prompt), RESOURCE_EXHAUSTED
-// (+ retry-after-ms trailer), the decode worker's PushKv status on transfer
-// failure, CANCELLED / DEADLINE_EXCEEDED.
+// (+ retry-after-ms trailer), a failed transfer (ABORTED naming the decode
+// worker when the transport or receiver failed; the receiver's
+// RESOURCE_EXHAUSTED / FAILED_PRECONDITION / INVALID_ARGUMENT as they are),
+// CANCELLED / DEADLINE_EXCEEDED, UNAVAILABLE while draining.
+// prefix_output_token_ids (migration replay) are computed with the prompt;
+// the K/V sent covers both, and the token returned is the next output. When
+// they already end the request, first_token_id is -1 and finish_reason set.
+// Cancelling the call mid-transfer cancels the push (child call), so the
+// decode worker drops the partial handoff at once.
 //
 // Thread safety: all methods thread-safe.
 #ifndef TANDEM_SERVICES_PREFILL_PREFILL_SERVER_H_
 #define TANDEM_SERVICES_PREFILL_PREFILL_SERVER_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -42,9 +50,14 @@ class PrefillServiceImpl final : public tandem::v1::PrefillWorker::Service {
   grpc::Status GetStats(grpc::ServerContext* context, const tandem::v1::WorkerStatsRequest* request,
                         tandem::v1::WorkerStats* response) override;
 
+  void set_draining(bool draining) { draining_.store(draining); }
+  int active_rpcs() const { return active_rpcs_.load(); }
+
  private:
   services::WorkerRuntime* runtime_;
   transfer::KvTransport* transport_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int> active_rpcs_{0};
 };
 
 class PrefillServer {
@@ -57,6 +70,10 @@ class PrefillServer {
   const std::string& address() const { return host_->address(); }
   int metrics_port() const { return runtime_->metrics_port(); }
   engine::Engine& engine() { return runtime_->engine(); }
+  // Drain: new Prefill calls get UNAVAILABLE (health NOT_SERVING, router
+  // told at once); waits for the calls in flight, at most `timeout`; true
+  // when none is left.
+  bool Drain(absl::Duration timeout);
   // Health NOT_SERVING, stop the server, then the engine. Idempotent.
   void Shutdown();
 

@@ -1,5 +1,8 @@
 #include "services/router/disaggregated_backend.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -11,19 +14,59 @@ namespace tandem::router {
 namespace {
 
 constexpr absl::Duration kWorkerRpcLimit = absl::Minutes(30);  // safety net only
-constexpr absl::Duration kReleaseTimeout = absl::Seconds(2);
+constexpr absl::Duration kReleaseTimeout = absl::Seconds(1);
+
+// What an attempt's failure means for the request.
+enum class Failure {
+  kNone,      // the attempt ended the request (finish event pushed)
+  kPrefill,   // the prefill worker failed: run it elsewhere
+  kTransfer,  // the push to the decode worker failed: decode side suspect
+  kDecode,    // the decode stream broke: replay elsewhere
+};
+
+const char* FailureName(Failure f) {
+  switch (f) {
+    case Failure::kPrefill:
+      return "prefill_failed";
+    case Failure::kTransfer:
+      return "transfer_failed";
+    default:
+      return "decode_failed";
+  }
+}
+
+// Codes a failing worker produces (as opposed to the request's own errors,
+// which end it): the connection broke, the worker is leaving or restarted,
+// the stream was cut by its shutdown.
+bool WorkerFault(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::CANCELLED:  // not ours (checked first): the server cut it
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::INTERNAL:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::DATA_LOSS:
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::NOT_FOUND:  // the lease vanished (expired / worker restarted)
+      return true;
+    default:
+      return false;
+  }
+}
 
 class DisaggregatedCall final : public BackendCall {
  public:
-  DisaggregatedCall(PreparedRequest request, std::shared_ptr<CallQueue> queue,
-                    std::shared_ptr<Worker> prefill, std::shared_ptr<Worker> decode,
-                    std::string kv_handle)
+  DisaggregatedCall(PreparedRequest request, std::shared_ptr<CallQueue> queue, WorkerPool* pool,
+                    const DisaggregatedBackend::Options& options, std::shared_ptr<Worker> prefill,
+                    std::shared_ptr<Worker> decode, std::string handle_base)
       : request_(std::move(request)),
         queue_(std::move(queue)),
-        prefill_(std::move(prefill)),
-        decode_(std::move(decode)),
-        kv_handle_(std::move(kv_handle)) {
-    thread_ = std::thread([this] { Run(); });
+        pool_(pool),
+        options_(options),
+        handle_base_(std::move(handle_base)) {
+    thread_ = std::thread([this, p = std::move(prefill), d = std::move(decode)]() mutable {
+      Run(std::move(p), std::move(d));
+    });
   }
   ~DisaggregatedCall() override {
     Cancel();
@@ -41,6 +84,7 @@ class DisaggregatedCall final : public BackendCall {
   bool Arm(grpc::ClientContext* ctx) {
     absl::MutexLock lock(&mu_);
     active_ = ctx;
+    worker_failed_ = false;
     return !cancelled_;
   }
   void Disarm() {
@@ -51,6 +95,28 @@ class DisaggregatedCall final : public BackendCall {
     absl::MutexLock lock(&mu_);
     return cancelled_;
   }
+  bool worker_failed() {
+    absl::MutexLock lock(&mu_);
+    return worker_failed_;
+  }
+  // The pool declared the worker of the RPC in flight failed: cut it.
+  void OnWorkerFailed() {
+    absl::MutexLock lock(&mu_);
+    worker_failed_ = true;
+    if (active_ != nullptr) active_->TryCancel();
+  }
+
+  // Watches `w` for the duration of one RPC.
+  class WatchScope {
+   public:
+    WatchScope(DisaggregatedCall* call, Worker& w)
+        : w_(w), id_(WorkerPool::Watch(w, [call] { call->OnWorkerFailed(); })) {}
+    ~WatchScope() { WorkerPool::Unwatch(w_, id_); }
+
+   private:
+    Worker& w_;
+    const uint64_t id_;
+  };
 
   void Finish(tandem::v1::FinishReason reason, absl::Status status) {
     BackendEvent e;
@@ -62,130 +128,227 @@ class DisaggregatedCall final : public BackendCall {
     queue_->Push(std::move(e));
   }
 
-  void ReleaseKv() {
+  void PushTokens(std::vector<int32_t> ids, std::string text,
+                  std::vector<tandem::v1::PositionLogprobs> logprobs) {
+    if (failed_at_.has_value() && !ids.empty()) {
+      if (options_.metrics != nullptr) {
+        options_.metrics->migration_recovery_time->Observe(
+            absl::ToDoubleSeconds(absl::Now() - *failed_at_));
+      }
+      failed_at_.reset();
+    }
+    delivered_.insert(delivered_.end(), ids.begin(), ids.end());
+    BackendEvent e;
+    e.token_ids = std::move(ids);
+    e.text = std::move(text);
+    e.logprobs = std::move(logprobs);
+    queue_->Push(std::move(e));
+  }
+
+  static void ReleaseKv(Worker& decode, const std::string& handle) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + kReleaseTimeout));
     tandem::v1::ReleaseKvRequest req;
-    req.set_kv_handle(kv_handle_);
+    req.set_kv_handle(handle);
     tandem::v1::ReleaseKvResponse resp;
-    (void)decode_->decode->ReleaseKv(&ctx, req, &resp);  // best effort; the lease expires anyway
+    (void)decode.decode->ReleaseKv(&ctx, req, &resp);  // best effort; the lease expires anyway
   }
 
-  // Cancellation wins over the error it causes.
-  void FinishError(const grpc::Status& s, const char* what) {
-    if (cancelled() || s.error_code() == grpc::StatusCode::CANCELLED) {
-      Finish(tandem::v1::FINISH_REASON_CANCELLED, absl::OkStatus());
-      return;
-    }
+  // Ends the request with `s` (not a worker fault, or no retry left).
+  void FinishError(const grpc::Status& s, const std::string& where) {
     absl::StatusCode code = static_cast<absl::StatusCode>(s.error_code());
     // A worker that vanished is the client's UNAVAILABLE (retryable), not ours.
-    if (code == absl::StatusCode::kDeadlineExceeded) code = absl::StatusCode::kUnavailable;
+    if (code == absl::StatusCode::kDeadlineExceeded || code == absl::StatusCode::kCancelled ||
+        code == absl::StatusCode::kAborted || code == absl::StatusCode::kNotFound) {
+      code = absl::StatusCode::kUnavailable;
+    }
     Finish(tandem::v1::FINISH_REASON_UNSPECIFIED,
-           absl::Status(code, absl::StrFormat("%s worker %s: %s", what,
-                                              what[0] == 'p' ? prefill_->address : decode_->address,
-                                              s.error_message())));
+           absl::Status(code, absl::StrFormat("%s: %s", where, s.error_message())));
   }
 
-  void Run() {
-    tandem::v1::WorkerSamplingParams params;
-    services::ToProto(request_.params, &params);
-    params.set_cache_key(request_.cache_key);
-    if (!request_.logprobs) params.set_top_logprobs(-1);
+  void FinishCancelled() { Finish(tandem::v1::FINISH_REASON_CANCELLED, absl::OkStatus()); }
 
-    // 1. Prefill, which pushes the KV to the decode worker.
-    tandem::v1::PrefillResponse first;
-    {
+  // One dispatch: prefill on `prefill` (null: decode-side prefill), decode
+  // on `decode`. Returns kNone when the request ended (its finish pushed),
+  // else what failed; `last_error` describes it.
+  Failure Attempt(const std::shared_ptr<Worker>& prefill, const std::shared_ptr<Worker>& decode,
+                  const tandem::v1::WorkerSamplingParams& params, int attempt) {
+    const std::string handle =
+        prefill != nullptr ? absl::StrFormat("%s.%d", handle_base_, attempt) : "";
+    // 1. Prefill (prompt + delivered tokens), which pushes the KV to `decode`.
+    if (prefill != nullptr) {
       tandem::v1::PrefillRequest req;
       req.set_request_id(request_.request_id);
       req.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
                                           request_.prompt_token_ids.end());
+      req.mutable_prefix_output_token_ids()->Add(delivered_.begin(), delivered_.end());
       *req.mutable_params() = params;
-      req.set_decode_address(decode_->address);
-      req.set_kv_handle(kv_handle_);
+      req.set_decode_address(decode->address);
+      req.set_kv_handle(handle);
+      tandem::v1::PrefillResponse first;
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + kWorkerRpcLimit));
-      grpc::Status s = Arm(&ctx) ? prefill_->prefill->Prefill(&ctx, req, &first)
-                                 : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+      grpc::Status s;
+      {
+        WatchScope watch(this, *prefill);
+        s = Arm(&ctx) ? prefill->prefill->Prefill(&ctx, req, &first)
+                      : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+      }
       Disarm();
-      WorkerPool::DonePrefill(*prefill_, static_cast<int64_t>(request_.prompt_token_ids.size()));
+      WorkerPool::DonePrefill(*prefill, static_cast<int64_t>(request_.prompt_token_ids.size()));
       if (!s.ok()) {
-        ReleaseKv();
-        WorkerPool::DoneDecode(*decode_);
-        FinishError(s, "prefill");
-        return;
+        ReleaseKv(*decode, handle);
+        WorkerPool::DoneDecode(*decode);
+        const bool failed = worker_failed();
+        if (cancelled()) {
+          FinishCancelled();
+          return Failure::kNone;
+        }
+        last_error_ = absl::StrFormat("prefill worker %s: %s", prefill->address, s.error_message());
+        if (s.error_code() == grpc::StatusCode::ABORTED) {  // the push failed
+          WorkerPool::ReportFailure(*decode);
+          return Failure::kTransfer;
+        }
+        if (failed || WorkerFault(s.error_code())) {
+          WorkerPool::ReportFailure(*prefill);
+          return Failure::kPrefill;
+        }
+        FinishError(s, absl::StrFormat("prefill worker %s", prefill->address));
+        return Failure::kNone;
+      }
+      num_cached_tokens_ = std::max(num_cached_tokens_, first.num_cached_tokens());
+      queue_seconds_ += first.queue_seconds();
+      // 2. The first token goes to the client now: TTFT.
+      if (first.first_token_id() >= 0) {
+        std::vector<tandem::v1::PositionLogprobs> lp;
+        if (request_.logprobs) lp.push_back(first.first_logprobs());
+        PushTokens({first.first_token_id()}, first.first_text(), std::move(lp));
+      }
+      if (first.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED || cancelled()) {
+        ReleaseKv(*decode, handle);
+        WorkerPool::DoneDecode(*decode);
+        if (cancelled()) {
+          FinishCancelled();
+        } else {
+          Finish(first.finish_reason(), absl::OkStatus());
+        }
+        return Failure::kNone;
       }
     }
-    num_cached_tokens_ = first.num_cached_tokens();
-    queue_seconds_ = first.queue_seconds();
-    // 2. The first token goes to the client now: TTFT.
-    {
-      BackendEvent e;
-      e.token_ids.push_back(first.first_token_id());
-      e.text = first.first_text();
-      if (request_.logprobs) e.logprobs.push_back(first.first_logprobs());
-      queue_->Push(std::move(e));
-    }
-    if (first.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED || cancelled()) {
-      ReleaseKv();
-      WorkerPool::DoneDecode(*decode_);
-      Finish(cancelled() ? tandem::v1::FINISH_REASON_CANCELLED : first.finish_reason(),
-             absl::OkStatus());
-      return;
-    }
-    // 3. Decode adopts the leased KV and streams the rest.
+    // 3. Decode adopts the leased KV (or prefills here) and streams the rest.
     tandem::v1::DecodeRequest req;
     req.set_request_id(request_.request_id);
-    req.set_kv_handle(kv_handle_);
+    req.set_kv_handle(handle);
     req.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
                                         request_.prompt_token_ids.end());
-    req.set_first_token_id(first.first_token_id());
+    req.mutable_prefix_output_token_ids()->Add(delivered_.begin(), delivered_.end());
+    req.set_first_token_id(-1);
     *req.mutable_params() = params;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + kWorkerRpcLimit));
     tandem::v1::FinishReason reason = tandem::v1::FINISH_REASON_UNSPECIFIED;
     grpc::Status s;
-    if (Arm(&ctx)) {
-      auto reader = decode_->decode->Decode(&ctx, req);
-      tandem::v1::DecodeResponse resp;
-      while (reader->Read(&resp)) {
-        if (resp.queue_seconds() > 0) queue_seconds_ += resp.queue_seconds();
-        if (!resp.token_ids().empty() || !resp.text().empty()) {
-          BackendEvent e;
-          e.token_ids.assign(resp.token_ids().begin(), resp.token_ids().end());
-          e.text = resp.text();
-          e.logprobs.assign(resp.logprobs().begin(), resp.logprobs().end());
-          queue_->Push(std::move(e));
+    {
+      WatchScope watch(this, *decode);
+      if (Arm(&ctx)) {
+        auto reader = decode->decode->Decode(&ctx, req);
+        tandem::v1::DecodeResponse resp;
+        while (reader->Read(&resp)) {
+          if (resp.queue_seconds() > 0) queue_seconds_ += resp.queue_seconds();
+          if (resp.num_cached_tokens() > 0 && prefill == nullptr) {
+            num_cached_tokens_ = std::max(num_cached_tokens_, resp.num_cached_tokens());
+          }
+          if (!resp.token_ids().empty() || !resp.text().empty()) {
+            PushTokens({resp.token_ids().begin(), resp.token_ids().end()}, resp.text(),
+                       {resp.logprobs().begin(), resp.logprobs().end()});
+          }
+          if (resp.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+            reason = resp.finish_reason();
+          }
         }
-        if (resp.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
-          reason = resp.finish_reason();
-        }
+        s = reader->Finish();
+      } else {
+        s = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
       }
-      s = reader->Finish();
-    } else {
-      s = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
     }
     Disarm();
-    WorkerPool::DoneDecode(*decode_);
+    WorkerPool::DoneDecode(*decode);
     if (s.ok() && reason != tandem::v1::FINISH_REASON_UNSPECIFIED) {
       Finish(reason, absl::OkStatus());
-      return;
+      return Failure::kNone;
     }
-    ReleaseKv();
-    if (s.ok())
-      s = grpc::Status(grpc::StatusCode::INTERNAL, "stream ended without a finish reason");
-    FinishError(s, "decode");
+    if (!handle.empty()) ReleaseKv(*decode, handle);
+    const bool failed = worker_failed();
+    if (cancelled()) {
+      FinishCancelled();
+      return Failure::kNone;
+    }
+    if (s.ok()) s = grpc::Status(grpc::StatusCode::INTERNAL, "stream ended without a finish");
+    last_error_ = absl::StrFormat("decode worker %s: %s", decode->address, s.error_message());
+    if (failed || WorkerFault(s.error_code())) {
+      if (s.error_code() != grpc::StatusCode::NOT_FOUND) WorkerPool::ReportFailure(*decode);
+      return Failure::kDecode;
+    }
+    FinishError(s, absl::StrFormat("decode worker %s", decode->address));
+    return Failure::kNone;
+  }
+
+  void Run(std::shared_ptr<Worker> prefill, std::shared_ptr<Worker> decode) {
+    tandem::v1::WorkerSamplingParams params;
+    services::ToProto(request_.params, &params);
+    params.set_cache_key(request_.cache_key);
+    if (!request_.logprobs) params.set_top_logprobs(-1);
+
+    WorkerSet bad_prefill, bad_decode;
+    for (int attempt = 0;; ++attempt) {
+      const Failure f = Attempt(prefill, decode, params, attempt);
+      if (f == Failure::kNone) return;
+      (f == Failure::kPrefill ? bad_prefill : bad_decode).insert(f == Failure::kPrefill
+                                                                     ? prefill.get()
+                                                                     : decode.get());
+      if (attempt >= options_.migration_limit) {
+        Finish(tandem::v1::FINISH_REASON_UNSPECIFIED,
+               absl::UnavailableError(absl::StrFormat(
+                   "gave up after %d migrations (--migration-limit); last: %s", attempt,
+                   last_error_)));
+        return;
+      }
+      if (options_.metrics != nullptr) options_.metrics->Migrations(FailureName(f))->Inc();
+      if (!failed_at_.has_value()) failed_at_ = absl::Now();
+      decode = pool_->PickDecode(bad_decode);
+      if (decode == nullptr) {
+        Finish(tandem::v1::FINISH_REASON_UNSPECIFIED,
+               absl::UnavailableError(absl::StrFormat(
+                   "no healthy decode worker to migrate to; last: %s", last_error_)));
+        return;
+      }
+      // Null: no prefill worker is healthy; the decode worker prefills.
+      prefill = pool_->PickPrefill(request_.prompt_token_ids, request_.cache_key, bad_prefill);
+      const std::string via =
+          prefill != nullptr ? absl::StrFormat("prefill %s + decode %s", prefill->address,
+                                               decode->address)
+                             : absl::StrFormat("decode %s (decode-side prefill)", decode->address);
+      std::fprintf(stderr, "[router] request %s: %s; migrating (%d/%d) to %s, %d tokens delivered\n",
+                   request_.request_id.c_str(), last_error_.c_str(), attempt + 1,
+                   options_.migration_limit, via.c_str(), static_cast<int>(delivered_.size()));
+    }
   }
 
   const PreparedRequest request_;
   const std::shared_ptr<CallQueue> queue_;
-  const std::shared_ptr<Worker> prefill_;
-  const std::shared_ptr<Worker> decode_;
-  const std::string kv_handle_;
-  int32_t num_cached_tokens_ = 0;  // call thread only
-  double queue_seconds_ = 0;       // call thread only
+  WorkerPool* const pool_;
+  const DisaggregatedBackend::Options options_;
+  const std::string handle_base_;
+  // Call thread only.
+  std::vector<int32_t> delivered_;  // tokens pushed to the client, in order
+  std::string last_error_;
+  std::optional<absl::Time> failed_at_;  // a failure not yet followed by a token
+  int32_t num_cached_tokens_ = 0;
+  double queue_seconds_ = 0;
 
   absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool worker_failed_ ABSL_GUARDED_BY(mu_) = false;  // set by the pool's watch
   grpc::ClientContext* active_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread thread_;
 };
@@ -193,21 +356,20 @@ class DisaggregatedCall final : public BackendCall {
 }  // namespace
 
 bool DisaggregatedBackend::Ready() const {
-  return pool_->NumHealthy("prefill") > 0 && pool_->NumHealthy("decode") > 0;
+  // Decode workers can prefill themselves; a prefill worker alone cannot serve.
+  return pool_->NumHealthy("decode") > 0;
 }
 
 absl::StatusOr<std::unique_ptr<BackendCall>> DisaggregatedBackend::Start(
     const PreparedRequest& request, std::shared_ptr<CallQueue> queue) {
   std::shared_ptr<Worker> decode = pool_->PickDecode();
   if (decode == nullptr) return absl::UnavailableError("no healthy decode worker");
+  // Null when no prefill worker is healthy: the decode worker prefills.
   std::shared_ptr<Worker> prefill = pool_->PickPrefill(request.prompt_token_ids, request.cache_key);
-  if (prefill == nullptr) {
-    WorkerPool::DoneDecode(*decode);
-    return absl::UnavailableError("no healthy prefill worker");
-  }
   std::string handle = absl::StrFormat("%s/%d", request.request_id, next_handle_.fetch_add(1));
-  return std::make_unique<DisaggregatedCall>(request, std::move(queue), std::move(prefill),
-                                             std::move(decode), std::move(handle));
+  return std::make_unique<DisaggregatedCall>(request, std::move(queue), pool_, options_,
+                                             std::move(prefill), std::move(decode),
+                                             std::move(handle));
 }
 
 }  // namespace tandem::router

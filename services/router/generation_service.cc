@@ -16,47 +16,7 @@ using tandem::v1::GenerateResponse;
 
 constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
 
-void AppendVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-void AppendBytesField(int field, const std::string& bytes, std::string* out) {
-  AppendVarint(static_cast<uint64_t>(field) << 3 | 2, out);
-  AppendVarint(bytes.size(), out);
-  out->append(bytes);
-}
-
 }  // namespace
-
-grpc::Status ResourceExhaustedWithRetry(const std::string& message, absl::Duration retry_after) {
-  // google.rpc.Status{code, message, details: [Any{RetryInfo{retry_delay}}]},
-  // encoded by hand (the google.rpc protos are not part of this build).
-  std::string duration;
-  const int64_t secs = absl::IDivDuration(retry_after, absl::Seconds(1), &retry_after);
-  const int64_t nanos = absl::ToInt64Nanoseconds(retry_after);
-  if (secs > 0) {
-    AppendVarint(0x08, &duration);
-    AppendVarint(static_cast<uint64_t>(secs), &duration);
-  }
-  if (nanos > 0) {
-    AppendVarint(0x10, &duration);
-    AppendVarint(static_cast<uint64_t>(nanos), &duration);
-  }
-  std::string retry_info;
-  AppendBytesField(1, duration, &retry_info);
-  std::string any;
-  AppendBytesField(1, "type.googleapis.com/google.rpc.RetryInfo", &any);
-  AppendBytesField(2, retry_info, &any);
-  std::string status;
-  AppendVarint(0x08, &status);
-  AppendVarint(static_cast<uint64_t>(grpc::StatusCode::RESOURCE_EXHAUSTED), &status);
-  AppendBytesField(2, message, &status);
-  AppendBytesField(3, any, &status);
-  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, message, status);
-}
 
 std::string SanitizeUtf8(std::string_view s) {
   std::string out;
@@ -77,32 +37,72 @@ GenerationServiceImpl::GenerationServiceImpl(Options options) : options_(std::mo
 
 grpc::Status GenerationServiceImpl::Fail(const absl::Status& status, grpc::ServerContext* context) {
   if (options_.metrics != nullptr) options_.metrics->RequestErrors(status.code())->Inc();
-  if (status.code() == absl::StatusCode::kResourceExhausted) {  // an engine / worker queue
-    services::SetRetryAfter(context, options_.retry_after);
-    return ResourceExhaustedWithRetry(std::string(status.message()), options_.retry_after);
+  // RESOURCE_EXHAUSTED from an engine / worker queue: RetryInfo + trailer.
+  return services::ToGrpcStatus(status, context, options_.retry_after);
+}
+
+grpc::Status GenerationServiceImpl::Authenticate(const grpc::ServerContext* context) {
+  grpc::Status s = options_.api_keys.Check(*context);
+  if (!s.ok() && options_.metrics != nullptr) {
+    options_.metrics->RequestErrors(absl::StatusCode::kUnauthenticated)->Inc();
   }
-  return services::ToGrpcStatus(status);
+  return s;
 }
 
 grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
                                              const tandem::v1::GenerateRequest* request,
                                              grpc::ServerWriter<GenerateResponse>* writer) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return auth;
+  if (draining_.load()) {
+    return Fail(absl::UnavailableError("the router is draining (shutting down); retry"), context);
+  }
   const absl::Time start = absl::Now();
   absl::StatusOr<PreparedRequest> prepared =
       PrepareRequest(*request, options_.limits, options_.tokenizer);
   if (!prepared.ok()) return Fail(prepared.status(), context);
+  // Token cost of admission: the prompt plus every token it may generate.
+  const int64_t cost = static_cast<int64_t>(prepared->prompt_token_ids.size()) +
+                       prepared->params.stop.max_tokens.value_or(0);
+  if (cost > options_.max_inflight_tokens) {  // could never be admitted: not retryable
+    return Fail(absl::InvalidArgumentError(absl::StrFormat(
+                    "prompt (%d tokens) + max_tokens (%d) = %d tokens exceeds the router's "
+                    "--max-inflight-tokens %d",
+                    prepared->prompt_token_ids.size(), prepared->params.stop.max_tokens.value_or(0),
+                    cost, options_.max_inflight_tokens)),
+                context);
+  }
+  metrics::TandemMetrics* m = options_.metrics;
+  auto reject = [&](const std::string& why) {
+    if (m != nullptr) m->RequestErrors(absl::StatusCode::kResourceExhausted)->Inc();
+    services::SetRetryAfter(context, options_.retry_after);  // the plain-metadata hint too
+    return services::ResourceExhaustedWithRetry(
+        absl::StrFormat("%s; retry after %s", why, absl::FormatDuration(options_.retry_after)),
+        options_.retry_after);
+  };
   if (inflight_.fetch_add(1) >= options_.max_inflight) {
     inflight_.fetch_sub(1);
-    if (options_.metrics != nullptr) {
-      options_.metrics->RequestErrors(absl::StatusCode::kResourceExhausted)->Inc();
-    }
-    services::SetRetryAfter(context, options_.retry_after);  // the plain-metadata hint too
-    return ResourceExhaustedWithRetry(
-        absl::StrFormat("the router has %d requests in flight (its limit); retry after %s",
-                        options_.max_inflight, absl::FormatDuration(options_.retry_after)),
-        options_.retry_after);
+    return reject(absl::StrFormat("the router has %d requests in flight (its --max-inflight)",
+                                  options_.max_inflight));
+  }
+  if (const int64_t held = inflight_tokens_.fetch_add(cost);
+      held + cost > options_.max_inflight_tokens) {
+    inflight_tokens_.fetch_sub(cost);
+    inflight_.fetch_sub(1);
+    return reject(absl::StrFormat(
+        "the router holds %d of its %d in-flight tokens (--max-inflight-tokens); this request "
+        "needs %d",
+        held, options_.max_inflight_tokens, cost));
+  }
+  if (m != nullptr) {
+    m->num_requests_running->Inc();
+    m->num_inflight_tokens->Inc(static_cast<double>(cost));
   }
   grpc::Status s = Run(context, *prepared, start, writer);
+  if (m != nullptr) {
+    m->num_requests_running->Dec();
+    m->num_inflight_tokens->Dec(static_cast<double>(cost));
+  }
+  inflight_tokens_.fetch_sub(cost);
   inflight_.fetch_sub(1);
   return s;
 }
@@ -213,6 +213,7 @@ grpc::Status GenerationServiceImpl::Run(grpc::ServerContext* context,
 grpc::Status GenerationServiceImpl::Tokenize(grpc::ServerContext* context,
                                              const tandem::v1::TokenizeRequest* request,
                                              tandem::v1::TokenizeResponse* response) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return auth;
   if (absl::Status s = CheckNoUnknownFields(*request, ""); !s.ok())
     return services::ToGrpcStatus(s);
   const tokenizer::Tokenizer& tok = *options_.tokenizer;
@@ -245,6 +246,7 @@ grpc::Status GenerationServiceImpl::Tokenize(grpc::ServerContext* context,
 grpc::Status GenerationServiceImpl::GetModelInfo(grpc::ServerContext* context,
                                                  const tandem::v1::GetModelInfoRequest* request,
                                                  tandem::v1::ModelInfo* response) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return auth;
   response->set_model_name(options_.model_name);
   response->set_architecture(options_.architecture);
   response->set_context_length(options_.limits.context_length);

@@ -1,8 +1,9 @@
 // GenerationServiceImpl: the public tandem.v1.Generation service.
 //
-// Generate: validate + tokenize (validate.h) -> admission (in-flight bound:
-// RESOURCE_EXHAUSTED with a RetryInfo detail; backend not ready:
-// UNAVAILABLE) -> Backend::Start -> forward events as they come, then one
+// Generate: validate + tokenize (validate.h) -> admission (in-flight bounds
+// by requests and by tokens, prompt + max_tokens: RESOURCE_EXHAUSTED with a
+// RetryInfo detail and a retry-after-ms trailer, services/common/grpc_status.h;
+// backend not ready: UNAVAILABLE) -> Backend::Start -> forward events as they come, then one
 // final message (finish reason, usage, timings).
 //
 // Deadlines: when the client's deadline is near (deadline - margin, margin =
@@ -25,6 +26,7 @@
 
 #include "common/metrics/tandem_metrics.h"
 #include "common/tokenizer/tokenizer.h"
+#include "services/common/api_key.h"
 #include "services/router/backend.h"
 #include "services/router/validate.h"
 #include "tandem/v1/generation.grpc.pb.h"
@@ -42,7 +44,13 @@ class GenerationServiceImpl final : public tandem::v1::Generation::Service {
     Backend* backend = nullptr;                     // required
     metrics::TandemMetrics* metrics = nullptr;      // optional
     int max_inflight = 256;                         // Generate calls at once
+    // Sum over admitted calls of prompt tokens + max_tokens; a single call
+    // above it is INVALID_ARGUMENT (it could never be admitted).
+    int64_t max_inflight_tokens = 1 << 20;
     absl::Duration retry_after = absl::Seconds(1);  // hint with RESOURCE_EXHAUSTED
+    // Enabled: every RPC of this service needs `authorization: Bearer <key>`
+    // (UNAUTHENTICATED otherwise, counted in the request-error metric).
+    services::ApiKeySet api_keys;
   };
   explicit GenerationServiceImpl(Options options);
 
@@ -55,18 +63,22 @@ class GenerationServiceImpl final : public tandem::v1::Generation::Service {
                             tandem::v1::ModelInfo* response) override;
 
   int num_inflight() const { return inflight_.load(); }
+  // Drain: new Generate calls get UNAVAILABLE; those in flight go on.
+  void StartDraining() { draining_.store(true); }
+  int64_t num_inflight_tokens() const { return inflight_tokens_.load(); }
 
  private:
   grpc::Status Fail(const absl::Status& status, grpc::ServerContext* context);
+  // OK, or UNAUTHENTICATED (counted) when the API key is missing / wrong.
+  grpc::Status Authenticate(const grpc::ServerContext* context);
   grpc::Status Run(grpc::ServerContext* context, const PreparedRequest& request, absl::Time start,
                    grpc::ServerWriter<tandem::v1::GenerateResponse>* writer);
 
   const Options options_;
   std::atomic<int> inflight_{0};
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> inflight_tokens_{0};
 };
-
-// A RESOURCE_EXHAUSTED status carrying a google.rpc.RetryInfo detail.
-grpc::Status ResourceExhaustedWithRetry(const std::string& message, absl::Duration retry_after);
 
 // `s` with every invalid UTF-8 sequence replaced by U+FFFD.
 std::string SanitizeUtf8(std::string_view s);

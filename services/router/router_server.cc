@@ -8,6 +8,7 @@
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "services/common/grpc_status.h"
+#include "services/common/tls.h"
 #include "services/router/disaggregated_backend.h"
 #include "services/router/local_backend.h"
 
@@ -85,6 +86,17 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
   if (options.max_inflight < 1 || options.max_inflight > 100000) {
     return absl::InvalidArgumentError("router: max_inflight must be in [1, 100000]");
   }
+  if (options.migration_limit < 0 || options.migration_limit > 100) {
+    return absl::InvalidArgumentError("router: migration_limit must be in [0, 100]");
+  }
+  if (options.max_inflight_tokens < 1) {
+    return absl::InvalidArgumentError("router: max_inflight_tokens must be >= 1");
+  }
+  // TLS files are read and checked before anything starts.
+  auto server_creds = services::MakeServerCredentials(options.tls);
+  if (!server_creds.ok()) return server_creds.status();
+  auto channel_security = services::MakeChannelSecurity(options.tls);
+  if (!channel_security.ok()) return channel_security.status();
   std::unique_ptr<RouterServer> r(new RouterServer());
   r->options_ = options;
   auto m = metrics::TandemMetrics::Create(&r->registry_, metrics::kPhaseRouter, options.model_name);
@@ -99,6 +111,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
     WorkerPool::Options po;
     po.model = options.model_shape;
     po.health_interval = options.health_interval;
+    po.channel_security = *channel_security;
     r->pool_ = std::make_unique<WorkerPool>(po);
     for (const std::string& a : options.static_prefill) {
       if (absl::Status s = r->pool_->AddStatic("prefill", a); !s.ok()) return s;
@@ -106,7 +119,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
     for (const std::string& a : options.static_decode) {
       if (absl::Status s = r->pool_->AddStatic("decode", a); !s.ok()) return s;
     }
-    r->owned_backend_ = std::make_unique<DisaggregatedBackend>(r->pool_.get());
+    DisaggregatedBackend::Options bo;
+    bo.migration_limit = options.migration_limit;
+    bo.metrics = r->metrics_.get();
+    r->owned_backend_ = std::make_unique<DisaggregatedBackend>(r->pool_.get(), bo);
   }
   if (r->owned_backend_ != nullptr) r->backend_ = r->owned_backend_.get();
 
@@ -119,6 +135,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
   go.backend = r->backend_;
   go.metrics = r->metrics_.get();
   go.max_inflight = options.max_inflight;
+  go.max_inflight_tokens = options.max_inflight_tokens;
+  go.api_keys = services::ApiKeySet(options.api_keys);
   r->generation_ = std::make_unique<GenerationServiceImpl>(go);
   r->registry_service_ = std::make_unique<RegistryServiceImpl>(r->pool_.get());
 
@@ -126,12 +144,14 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = absl::StrFormat("%s:%d", options.host, options.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &r->port_);
+  builder.AddListeningPort(address, *server_creds, &r->port_);
   // Every admitted Generate holds a thread; the rest serve Tokenize,
   // registry, health and the RESOURCE_EXHAUSTED answers past the bound.
   ApplyServerDefaults(&builder, options.max_inflight + 32);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>());
+  // gRPC's own thread-quota RESOURCE_EXHAUSTED gets the retry hints too.
+  interceptors.push_back(services::RetryHintInterceptorFactory(go.retry_after));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(r->generation_.get());
   builder.RegisterService(r->registry_service_.get());
@@ -157,7 +177,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
   r->health_thread_ = std::thread([self] {
     absl::MutexLock lock(&self->mu_);
     while (!self->stopped_) {
-      const bool ready = self->backend_->Ready();
+      const bool ready = !self->draining_.load() && self->backend_->Ready();
       self->server_->GetHealthCheckService()->SetServingStatus(ready);
       self->server_->GetHealthCheckService()->SetServingStatus("tandem.v1.Generation", ready);
       auto stop = [self]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return self->stopped_; };
@@ -183,5 +203,20 @@ void RouterServer::Shutdown(absl::Duration grace) {
 }
 
 RouterServer::~RouterServer() { Shutdown(); }
+
+bool RouterServer::Drain(absl::Duration timeout) {
+  draining_.store(true);
+  generation_->StartDraining();
+  if (server_ != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    server_->GetHealthCheckService()->SetServingStatus("tandem.v1.Generation", false);
+  }
+  const absl::Time give_up = absl::Now() + timeout;
+  while (generation_->num_inflight() > 0) {
+    if (absl::Now() >= give_up) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
 
 }  // namespace tandem::router

@@ -15,6 +15,7 @@
 #ifndef TANDEM_SERVICES_ROUTER_ROUTER_SERVER_H_
 #define TANDEM_SERVICES_ROUTER_ROUTER_SERVER_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,6 +45,7 @@ class RouterServer {
     std::string architecture;
     int64_t kv_bytes_per_token = 0;
     int max_inflight = 256;
+    int64_t max_inflight_tokens = 1 << 20;  // prompt + max_tokens of admitted calls
     // Colocated when set; else disaggregated over these + registered workers.
     engine::Engine* local_engine = nullptr;
     std::vector<std::string> static_prefill;
@@ -51,6 +53,13 @@ class RouterServer {
     absl::Duration health_interval = absl::Seconds(1);
     // Tests: use this backend instead (not owned).
     Backend* backend_override = nullptr;
+    // Disaggregated: re-dispatches of a request after worker failures.
+    int migration_limit = 3;
+    // TLS of the one gRPC port (clients, WorkerRegistry) and of the
+    // channels to workers (docs/security.md). Empty = plaintext.
+    services::TlsOptions tls;
+    // Non-empty: tandem.v1.Generation calls need `authorization: Bearer <key>`.
+    std::vector<std::string> api_keys;
   };
 
   static absl::StatusOr<std::unique_ptr<RouterServer>> Start(Options options);
@@ -60,6 +69,9 @@ class RouterServer {
   int metrics_port() const { return metrics_server_ ? metrics_server_->port() : -1; }
   WorkerPool* pool() { return pool_.get(); }  // null when colocated
   bool Ready() const { return backend_->Ready(); }
+  // Drain: health NOT_SERVING, new Generate calls UNAVAILABLE, and waits for
+  // the calls in flight to finish, at most `timeout`; true when none is left.
+  bool Drain(absl::Duration timeout);
   // Health NOT_SERVING, then stops the servers (in-flight streams get up to
   // `grace` to finish) and the health poll.
   void Shutdown(absl::Duration grace = absl::Seconds(2));
@@ -80,6 +92,7 @@ class RouterServer {
   std::thread health_thread_;
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> draining_{false};
   int port_ = 0;
 };
 

@@ -79,7 +79,7 @@ std::shared_ptr<Worker> WorkerPool::MakeWorker(const std::string& role,
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   // Each worker gets its own subchannel (not shared with other pools).
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  w->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  w->channel = services::CreateChannel(address, options_.channel_security, args);
   if (role == "prefill") {
     w->prefill = tandem::v1::PrefillWorker::NewStub(w->channel);
   } else {
@@ -142,10 +142,17 @@ absl::Status WorkerPool::Register(const tandem::v1::RegisterRequest& request) {
   absl::MutexLock lock(&mu_);
   for (const auto& w : workers_) {
     if (w->role == role && w->address == request.address()) {
+      absl::MutexLock wl(&w->mu);
       w->metrics_address = request.metrics_address();
+      if (request.draining()) {
+        // Out of rotation now, not at the next poll; its streams go on.
+        w->healthy = false;
+        w->stats.set_draining(true);
+      }
       return absl::OkStatus();
     }
   }
+  if (request.draining()) return absl::OkStatus();  // leaving: nothing to add
   if (static_cast<int>(workers_.size()) >= options_.max_workers) {
     return absl::ResourceExhaustedError("too many workers registered");
   }
@@ -198,7 +205,26 @@ void WorkerPool::Poll(Worker& w) {
     w.consecutive_failures = 0;
   } else if (++w.consecutive_failures >= options_.failure_threshold || !compat.ok()) {
     w.healthy = false;
+    // Declared failed: cut the streams still waiting on it (they migrate).
+    for (auto& [id, on_failure] : w.watchers) on_failure();
   }
+}
+
+void WorkerPool::ReportFailure(Worker& w) {
+  absl::MutexLock lock(&w.mu);
+  w.healthy = false;
+}
+
+uint64_t WorkerPool::Watch(Worker& w, std::function<void()> on_failure) {
+  absl::MutexLock lock(&w.mu);
+  const uint64_t id = w.next_watch_id++;
+  w.watchers.emplace(id, std::move(on_failure));
+  return id;
+}
+
+void WorkerPool::Unwatch(Worker& w, uint64_t id) {
+  absl::MutexLock lock(&w.mu);
+  w.watchers.erase(id);
 }
 
 void WorkerPool::PollOnce() {
@@ -221,19 +247,22 @@ void WorkerPool::PollOnce() {
 }
 
 std::shared_ptr<Worker> WorkerPool::PickPrefill(const std::vector<int32_t>& prompt,
-                                                uint64_t cache_key) {
+                                                uint64_t cache_key, const WorkerSet& exclude) {
   std::vector<std::shared_ptr<Worker>> workers;
   {
     absl::MutexLock lock(&mu_);
     workers = workers_;
   }
   std::shared_ptr<Worker> best;
+  bool best_excluded = true;
   int64_t best_cost = std::numeric_limits<int64_t>::max();
   std::vector<uint64_t> hashes;
   for (const auto& w : workers) {
     if (w->role != "prefill") continue;
     absl::MutexLock lock(&w->mu);
     if (!w->healthy) continue;
+    const bool excluded = exclude.contains(w.get());
+    if (excluded && !best_excluded) continue;
     const int bs =
         w->stats.compat().block_size() > 0 ? w->stats.compat().block_size() : kDefaultBlockSize;
     if (hashes.empty()) hashes = BlockHashes(prompt, cache_key, bs);
@@ -244,9 +273,10 @@ std::shared_ptr<Worker> WorkerPool::PickPrefill(const std::vector<int32_t>& prom
     }
     const int64_t cost = static_cast<int64_t>(prompt.size()) - cached_blocks * bs +
                          w->stats.num_waiting_tokens() + w->inflight_tokens;
-    if (cost < best_cost) {
+    if (cost < best_cost || (best_excluded && !excluded)) {
       best_cost = cost;
       best = w;
+      best_excluded = excluded;
     }
   }
   if (best == nullptr) return nullptr;
@@ -258,28 +288,33 @@ std::shared_ptr<Worker> WorkerPool::PickPrefill(const std::vector<int32_t>& prom
   return best;
 }
 
-std::shared_ptr<Worker> WorkerPool::PickDecode() {
+std::shared_ptr<Worker> WorkerPool::PickDecode(const WorkerSet& exclude) {
   std::vector<std::shared_ptr<Worker>> workers;
   {
     absl::MutexLock lock(&mu_);
     workers = workers_;
   }
   std::shared_ptr<Worker> best;
+  bool best_excluded = true;
   int64_t best_free = std::numeric_limits<int64_t>::min();
   int64_t best_running = 0;
   for (const auto& w : workers) {
     if (w->role != "decode") continue;
     absl::MutexLock lock(&w->mu);
     if (!w->healthy) continue;
+    const bool excluded = exclude.contains(w.get());
+    if (excluded && !best_excluded) continue;
     // Requests sent since the last poll are not in its stats yet: count
     // each as one block so a burst spreads out.
     const int64_t free = w->stats.num_blocks_total() - w->stats.num_blocks_used() -
                          w->stats.num_leased_blocks() - w->inflight_requests;
     const int64_t running = w->stats.num_running() + w->inflight_requests;
-    if (free > best_free || (free == best_free && running < best_running)) {
+    if (free > best_free || (free == best_free && running < best_running) ||
+        (best_excluded && !excluded)) {
       best_free = free;
       best_running = running;
       best = w;
+      best_excluded = excluded;
     }
   }
   if (best == nullptr) return nullptr;

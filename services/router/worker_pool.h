@@ -11,6 +11,13 @@
 //    that are still in flight.
 //  - decode: most free KV blocks (total - used - in-flight requests'
 //    reservations), then fewest running sequences.
+//  - both: workers a request has already failed on (its `exclude` set) are
+//    taken only when no other healthy worker is left.
+// Failure detection: failure_threshold failed polls in a row, a call's
+// ReportFailure (its RPC to the worker broke), or Register(draining) take a
+// worker out of rotation at once; only the polls put it back. When the
+// polls declare a worker failed, the calls watching it (Watch) are told, so
+// a stream stuck on a hung worker is cut and migrated instead of waiting.
 // Every worker's KvCompatibility must describe the router's model (layers,
 // KV heads, head dim) and all workers must agree on the compat hash; others
 // are refused at Register and dropped at the poll.
@@ -21,6 +28,7 @@
 #define TANDEM_SERVICES_ROUTER_WORKER_POOL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,11 +36,13 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "services/common/tls.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::router {
@@ -60,7 +70,13 @@ struct Worker {
   int64_t inflight_tokens ABSL_GUARDED_BY(mu) = 0;    // prefill: prompt tokens sent, not done
   int64_t inflight_requests ABSL_GUARDED_BY(mu) = 0;  // decode: streams open
   absl::flat_hash_set<uint64_t> seen_blocks ABSL_GUARDED_BY(mu);  // chained block hashes
+  // Calls to tell when the polls declare this worker failed (WorkerPool::Watch).
+  absl::flat_hash_map<uint64_t, std::function<void()>> watchers ABSL_GUARDED_BY(mu);
+  uint64_t next_watch_id ABSL_GUARDED_BY(mu) = 1;
 };
+
+// Workers a request must avoid if it can (it failed on them).
+using WorkerSet = absl::flat_hash_set<const Worker*>;
 
 struct WorkerSnapshot {
   std::string role, address, metrics_address;
@@ -77,6 +93,7 @@ class WorkerPool {
     int failure_threshold = 3;  // consecutive failed polls -> unhealthy (registered: dropped)
     int max_workers = 256;
     size_t max_seen_blocks = 1 << 16;  // per prefill worker; cleared when full
+    services::ChannelSecurity channel_security;  // TLS of the channels to workers
   };
   explicit WorkerPool(Options options);
   ~WorkerPool();  // Stop()
@@ -95,10 +112,20 @@ class WorkerPool {
 
   // Chooses a worker and accounts the request to it; nullptr when none is
   // healthy. Call Done*() when the request leaves that worker.
-  std::shared_ptr<Worker> PickPrefill(const std::vector<int32_t>& prompt, uint64_t cache_key);
-  std::shared_ptr<Worker> PickDecode();
+  std::shared_ptr<Worker> PickPrefill(const std::vector<int32_t>& prompt, uint64_t cache_key,
+                                      const WorkerSet& exclude = {});
+  std::shared_ptr<Worker> PickDecode(const WorkerSet& exclude = {});
   static void DonePrefill(Worker& w, int64_t num_tokens);
   static void DoneDecode(Worker& w);
+
+  // A call's RPC to `w` failed the way a dead or leaving worker fails: out
+  // of rotation until a poll sees it answer again.
+  static void ReportFailure(Worker& w);
+  // `on_failure` runs (on the poll thread, under w.mu: it must not call
+  // back into the pool or take w.mu) when the polls declare `w` failed;
+  // Unwatch before the callback's captures die. Returns the watch id.
+  static uint64_t Watch(Worker& w, std::function<void()> on_failure);
+  static void Unwatch(Worker& w, uint64_t id);
 
   int NumHealthy(const std::string& role) const;
   std::vector<WorkerSnapshot> List() const;

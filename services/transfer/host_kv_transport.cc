@@ -9,18 +9,21 @@
 
 namespace tandem::transfer {
 
-std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address,
+                                                 const services::ChannelSecurity& security) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
   args.SetMaxSendMessageSize(16 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return services::CreateChannel(address, security, args);
 }
 
 std::shared_ptr<tandem::v1::DecodeWorker::Stub> HostKvTransport::StubFor(
     const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& stub = stubs_[address];
-  if (stub == nullptr) stub = tandem::v1::DecodeWorker::NewStub(MakeWorkerChannel(address));
+  if (stub == nullptr) {
+    stub = tandem::v1::DecodeWorker::NewStub(MakeWorkerChannel(address, security_));
+  }
   return stub;
 }
 
@@ -44,8 +47,14 @@ absl::StatusOr<KvSendResult> HostKvTransport::Send(const KvTransferTarget& targe
                                                    absl::Time deadline) {
   const absl::Time start = absl::Now();
   auto stub = StubFor(target.address);
-  grpc::ClientContext context;
-  if (deadline != absl::InfiniteFuture()) context.set_deadline(absl::ToChronoTime(deadline));
+  // A child of the Prefill call when there is one: cancel and deadline propagate.
+  std::unique_ptr<grpc::ClientContext> owned =
+      target.parent != nullptr ? grpc::ClientContext::FromServerContext(*target.parent)
+                               : std::make_unique<grpc::ClientContext>();
+  grpc::ClientContext& context = *owned;
+  if (target.parent == nullptr && deadline != absl::InfiniteFuture()) {
+    context.set_deadline(absl::ToChronoTime(deadline));
+  }
   tandem::v1::PushKvResponse response;
   std::unique_ptr<grpc::ClientWriter<tandem::v1::KvChunk>> writer =
       stub->PushKv(&context, &response);

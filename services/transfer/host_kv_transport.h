@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/channel.h"
+#include "services/common/tls.h"
 #include "services/transfer/kv_transport.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -21,7 +22,10 @@ namespace tandem::transfer {
 
 class HostKvTransport final : public KvTransport {
  public:
-  explicit HostKvTransport(int64_t chunk_bytes = kMaxChunkBytes) : chunk_bytes_(chunk_bytes) {}
+  // security: TLS of the channels to decode workers (default plaintext).
+  explicit HostKvTransport(int64_t chunk_bytes = kMaxChunkBytes,
+                           services::ChannelSecurity security = {})
+      : chunk_bytes_(chunk_bytes), security_(std::move(security)) {}
 
   absl::StatusOr<KvSendResult> Send(const KvTransferTarget& target,
                                     const tandem::v1::KvCompatibility& compat,
@@ -36,13 +40,16 @@ class HostKvTransport final : public KvTransport {
   std::shared_ptr<tandem::v1::DecodeWorker::Stub> StubFor(const std::string& address);
 
   const int64_t chunk_bytes_;
+  const services::ChannelSecurity security_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<tandem::v1::DecodeWorker::Stub>> stubs_
       ABSL_GUARDED_BY(mu_);
 };
 
-// A channel with the limits the workers use (message size > 4 MiB chunks).
-std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address);
+// A channel with the limits the workers use (message size > 4 MiB chunks);
+// TLS per `security` (default plaintext).
+std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address,
+                                                 const services::ChannelSecurity& security = {});
 
 }  // namespace tandem::transfer
 

@@ -7,6 +7,9 @@
 #include "services/common/compat.h"
 
 namespace tandem::transfer {
+namespace {
+constexpr size_t kMaxTombstones = 1 << 16;
+}  // namespace
 
 KvLeaseTable::KvLeaseTable(absl::Duration lease, int32_t block_size)
     : lease_(lease), block_size_(block_size) {}
@@ -26,24 +29,33 @@ absl::Status KvLeaseTable::Reserve(const std::string& handle, int64_t bytes,
   if (entries_.contains(handle)) {
     return absl::AlreadyExistsError(absl::StrCat("kv_handle '", handle, "' already in use"));
   }
+  if (tombstones_.contains(handle)) {
+    return absl::AbortedError(
+        absl::StrCat("kv_handle '", handle, "' was released (the request was aborted)"));
+  }
   if (held_bytes_ + bytes > capacity_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat("total_bytes ", bytes,
                                                      " exceeds the free KV capacity (",
                                                      capacity_bytes - held_bytes_, " bytes)"));
   }
-  entries_[handle] = Entry{bytes, false, absl::InfiniteFuture(), nullptr};
+  entries_[handle] = Entry{bytes, false, false, absl::InfiniteFuture(), nullptr};
   held_bytes_ += bytes;
   return absl::OkStatus();
 }
 
-void KvLeaseTable::Commit(const std::string& handle, std::shared_ptr<const engine::KvExport> kv,
+bool KvLeaseTable::Commit(const std::string& handle, std::shared_ptr<const engine::KvExport> kv,
                           absl::Time now) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(handle);
   TANDEM_CHECK(it != entries_.end() && !it->second.committed);
+  if (it->second.released) {
+    Erase(it);
+    return false;
+  }
   it->second.committed = true;
   it->second.expiry = now + lease_;
   it->second.kv = std::move(kv);
+  return true;
 }
 
 void KvLeaseTable::Erase(absl::flat_hash_map<std::string, Entry>::iterator it) {
@@ -75,10 +87,21 @@ absl::StatusOr<std::shared_ptr<const engine::KvExport>> KvLeaseTable::Claim(
   return kv;
 }
 
-bool KvLeaseTable::Release(const std::string& handle) {
+bool KvLeaseTable::Release(const std::string& handle, absl::Time now) {
   absl::MutexLock lock(&mu_);
+  if (tombstones_.size() >= kMaxTombstones) {
+    // Bounded memory: forget the expired ones, or all of them when a flood
+    // of releases outruns the lease period (a late push then leases until expiry).
+    absl::erase_if(tombstones_, [now](const auto& t) { return t.second <= now; });
+    if (tombstones_.size() >= kMaxTombstones) tombstones_.clear();
+  }
+  tombstones_[handle] = now + lease_;
   auto it = entries_.find(handle);
-  if (it == entries_.end() || !it->second.committed) return false;
+  if (it == entries_.end()) return false;
+  if (!it->second.committed) {
+    it->second.released = true;  // the push in flight is dropped at Commit
+    return false;
+  }
   Erase(it);
   return true;
 }
@@ -95,6 +118,7 @@ int KvLeaseTable::ReapExpired(absl::Time now) {
     it = next;
   }
   num_expired_ += n;
+  absl::erase_if(tombstones_, [now](const auto& t) { return t.second <= now; });
   return n;
 }
 

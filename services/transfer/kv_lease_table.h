@@ -4,7 +4,11 @@
 // the declared size counts against capacity at once, so concurrent pushes
 // cannot overcommit), then Committed with its KvExport under a lease that
 // expires `lease` later, then Claimed by Decode (one-shot) or Released
-// (idempotent) or reaped at expiry. Leased K/V lives in host memory here
+// (idempotent) or reaped at expiry. A Release that arrives before or during
+// the push (the router aborted the request while the prefill worker was
+// still sending) leaves a tombstone for one lease period: the push is then
+// refused (Reserve: Aborted) or dropped at Commit, so no lease outlives an
+// aborted request even when the release overtakes the bytes. Leased K/V lives in host memory here
 // (the decode engine adopts it into paged blocks at Decode); its size counts
 // against the worker's free KV capacity, so a lease stands for blocks.
 //
@@ -47,11 +51,13 @@ class KvLeaseTable {
   absl::Duration lease() const { return lease_; }
 
   // Reserves `bytes` for `handle`. AlreadyExists when the handle is known;
-  // ResourceExhausted when held + bytes > capacity_bytes.
+  // Aborted when it was released already; ResourceExhausted when held +
+  // bytes > capacity_bytes.
   absl::Status Reserve(const std::string& handle, int64_t bytes, int64_t capacity_bytes);
-  // Turns a reservation into a lease expiring at now + lease().
+  // Turns a reservation into a lease expiring at now + lease(); false (and
+  // the reservation dropped) when the handle was released meanwhile.
   // REQUIRES: Reserve(handle) succeeded and kv->bytes.size() == the reserved bytes.
-  void Commit(const std::string& handle, std::shared_ptr<const engine::KvExport> kv,
+  bool Commit(const std::string& handle, std::shared_ptr<const engine::KvExport> kv,
               absl::Time now = absl::Now());
   // Drops a reservation (failed push). No-op when unknown.
   void Abort(const std::string& handle);
@@ -59,9 +65,10 @@ class KvLeaseTable {
   // Takes the lease (one-shot). NotFound when unknown, expired or claimed.
   absl::StatusOr<std::shared_ptr<const engine::KvExport>> Claim(const std::string& handle,
                                                                 absl::Time now = absl::Now());
-  // Drops the lease; false when nothing was held (idempotent).
-  bool Release(const std::string& handle);
-  // Frees leases expired at `now`; returns how many.
+  // Drops the lease, or marks a push still arriving to be dropped; false
+  // when no lease was held (idempotent). Leaves a tombstone either way.
+  bool Release(const std::string& handle, absl::Time now = absl::Now());
+  // Frees leases expired at `now` (and old tombstones); returns how many leases.
   int ReapExpired(absl::Time now = absl::Now());
   void StartReaper(absl::Duration period);
 
@@ -72,6 +79,7 @@ class KvLeaseTable {
   struct Entry {
     int64_t bytes = 0;
     bool committed = false;
+    bool released = false;  // Release() while still reserved: dropped at Commit
     absl::Time expiry = absl::InfiniteFuture();
     std::shared_ptr<const engine::KvExport> kv;
   };
@@ -83,6 +91,8 @@ class KvLeaseTable {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
   int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Released handles -> when to forget them (bounded: kMaxTombstones).
+  absl::flat_hash_map<std::string, absl::Time> tombstones_ ABSL_GUARDED_BY(mu_);
   int64_t num_expired_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar cv_;

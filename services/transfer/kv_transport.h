@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/kv_export.h"
+#include "grpcpp/server_context.h"
 #include "tandem/v1/worker.pb.h"
 
 namespace tandem::transfer {
@@ -28,6 +29,10 @@ struct KvTransferTarget {
   std::string address;    // decode worker host:port
   std::string kv_handle;  // unique id of this handoff
   std::string request_id;
+  // The Prefill call this transfer serves: when set, its cancellation (the
+  // router aborted the request) and deadline propagate to the transfer, so
+  // the receiver drops the partial push at once. Not owned; may be null.
+  const grpc::ServerContext* parent = nullptr;
 };
 
 struct KvSendResult {

@@ -198,6 +198,19 @@ TEST_F(EngineTest, WaitingQueueOverflowIsResourceExhausted) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_F(EngineTest, RequestLargerThanWaitingTokenBoundIsInvalidArgument) {
+  EngineConfig config = TinyEngineConfig();
+  config.scheduler.max_waiting_tokens = 8;
+  std::unique_ptr<Engine> engine = MakeEngine(config, model());
+  // Alone over the bound: it could never be queued, so not backpressure.
+  EXPECT_EQ(engine->Submit(MakeRequest(RandomPrompt(9, 256, 3), 2)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto first = engine->Submit(MakeRequest(RandomPrompt(8, 256, 4), 2));
+  ASSERT_TRUE(first.ok()) << first.status();
+  engine->Shutdown();
+  EXPECT_TRUE(engine->CheckIntegrity().ok()) << engine->CheckIntegrity();
+}
+
 TEST_F(EngineTest, RejectsBadRequests) {
   std::unique_ptr<Engine> engine = MakeEngine(TinyEngineConfig(4), model());
   EXPECT_EQ(engine->Submit(MakeRequest({}, 2)).status().code(), absl::StatusCode::kInvalidArgument);

@@ -207,6 +207,94 @@ TEST_F(PdHandoffTest, RejectsMismatchedImport) {
   ExpectAllFree(*decode);
 }
 
+// Migration (a decode worker died after k delivered tokens): the replay
+// computes prompt + those k tokens and continues with exactly the tokens
+// and logprobs the uninterrupted run produced, through a prefill engine
+// (export, then import on a decode engine) or by decode-side prefill.
+TEST_F(PdHandoffTest, MigrationReplayContinuesTheSameStream) {
+  for (int variant = 0; variant < 2; ++variant) {
+    EngineRequest r = MakeRequest(RandomPrompt(23 + 17 * variant, 256, 40 + variant), 16,
+                                  variant ? 0.9 : 0.0, 500 + variant);
+    r.params.repetition_penalty = 1.2;
+    r.params.presence_penalty = 0.3;
+    const CollectedOutput alone = RunAlone(model(), r);
+    ASSERT_EQ(alone.token_ids.size(), 16u);
+    const size_t lp = alone.logprobs.size() / alone.token_ids.size();
+    for (size_t k : {1u, 2u, 7u, 15u}) {
+      const std::string what = "variant " + std::to_string(variant) + " k " + std::to_string(k);
+      const std::vector<int32_t> delivered(alone.token_ids.begin(), alone.token_ids.begin() + k);
+      const std::vector<int32_t> rest(alone.token_ids.begin() + k, alone.token_ids.end());
+      const std::vector<float> rest_lp(alone.logprobs.begin() + k * lp, alone.logprobs.end());
+      auto prefill = MakeEngine(TinyEngineConfig(64), model());
+      auto decode = MakeEngine(TinyEngineConfig(64), model());
+      // Through a prefill engine.
+      EngineRequest p = r;
+      p.export_kv = true;
+      p.prefix_output_token_ids = delivered;
+      CollectedOutput first = Collect(**prefill->Submit(p));
+      ASSERT_TRUE(first.finish.has_value()) << what;
+      ASSERT_EQ(first.token_ids.size(), 1u) << what;
+      EXPECT_EQ(first.token_ids[0], rest[0]) << what;
+      CollectedOutput migrated = first;
+      if (first.finish->kv_export != nullptr) {
+        EXPECT_EQ(first.finish->kv_export->num_tokens(), static_cast<int64_t>(r.prompt_token_ids.size() + k));
+        EngineRequest d = r;
+        d.import_kv = first.finish->kv_export;
+        d.prefix_output_token_ids = delivered;
+        d.prefix_output_token_ids.push_back(first.token_ids[0]);
+        CollectedOutput tail = Collect(**decode->Submit(d));
+        ASSERT_TRUE(tail.finish.has_value()) << what;
+        migrated.token_ids.insert(migrated.token_ids.end(), tail.token_ids.begin(), tail.token_ids.end());
+        migrated.logprobs.insert(migrated.logprobs.end(), tail.logprobs.begin(), tail.logprobs.end());
+        migrated.finish = tail.finish;
+      }
+      EXPECT_EQ(migrated.token_ids, rest) << what;
+      EXPECT_EQ(migrated.logprobs, rest_lp) << what;
+      EXPECT_EQ(migrated.finish->reason, alone.finish->reason) << what;
+      // Decode-side prefill (no prefill worker left).
+      EngineRequest d = r;
+      d.prefix_output_token_ids = delivered;
+      CollectedOutput direct = Collect(**decode->Submit(d));
+      ASSERT_TRUE(direct.finish.has_value()) << what;
+      EXPECT_EQ(direct.token_ids, rest) << what;
+      EXPECT_EQ(direct.logprobs, rest_lp) << what;
+      EXPECT_EQ(direct.finish->usage.num_completion_tokens, 16) << what;
+      ExpectAllFree(*prefill);
+      ExpectAllFree(*decode);
+    }
+  }
+}
+
+// The worker died after the last token but before the finish: the replay
+// finishes at once with the same reason and no tokens; a finishing token
+// followed by more is refused.
+TEST_F(PdHandoffTest, ReplayThatAlreadyFinishesEndsAtOnce) {
+  EngineRequest r = MakeRequest(RandomPrompt(19, 256, 61), 6, 0.8, 9);
+  const CollectedOutput alone = RunAlone(model(), r);
+  ASSERT_EQ(alone.token_ids.size(), 6u);
+  auto engine = MakeEngine(TinyEngineConfig(64), model());
+  for (bool export_kv : {false, true}) {
+    EngineRequest d = r;
+    d.export_kv = export_kv;
+    d.prefix_output_token_ids = alone.token_ids;
+    CollectedOutput out = Collect(**engine->Submit(d));
+    ASSERT_TRUE(out.finish.has_value());
+    EXPECT_TRUE(out.token_ids.empty());
+    EXPECT_EQ(out.finish->reason, RequestFinishReason::kLength);
+    EXPECT_EQ(out.finish->kv_export, nullptr);
+  }
+  EngineRequest bad = r;
+  bad.params.stop.stop_token_ids = {alone.token_ids[2]};
+  bad.params.stop.ignore_eos = true;
+  bad.prefix_output_token_ids = alone.token_ids;
+  CollectedOutput out = Collect(**engine->Submit(bad));
+  ASSERT_TRUE(out.finish.has_value());
+  // Token 2 (or an earlier copy of it) stops the request with tokens after it.
+  EXPECT_EQ(out.finish->reason, RequestFinishReason::kError);
+  EXPECT_EQ(out.finish->status.code(), absl::StatusCode::kInvalidArgument);
+  ExpectAllFree(*engine);
+}
+
 TEST(PdHandoffRealModelTest, DisaggregatedMatchesColocated) {
   const std::string path = testing::DefaultModelPath();
   if (!std::ifstream(path).good()) GTEST_SKIP() << "no model at " << path;

@@ -1,0 +1,89 @@
+// The data path of the NCCL KV transport, shared by the sender
+// (nccl_kv_transport.h), the receiver (nccl_receiver.h) and the one-rank
+// loopback the single-GPU test runs:
+//
+//   sender:   PackKvBlocks -> pinned host staging -> CopyToDevice (stream)
+//             -> GroupStart, one ncclSend per segment, GroupEnd -> WaitStream
+//   receiver: GroupStart, one ncclRecv per segment, GroupEnd -> CopyToHost
+//             (stream) -> WaitStream -> UnpackKvBlocks into the KvExport bytes
+//
+// Everything is on the pair's dedicated stream, so stream order makes the
+// sends wait for the upload and the download wait for the receives.
+//
+// Thread safety: a NcclStaging is used by one thread at a time.
+#ifndef TANDEM_SERVICES_TRANSFER_NCCL_KV_PATH_H_
+#define TANDEM_SERVICES_TRANSFER_NCCL_KV_PATH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "services/transfer/kv_block_packing.h"
+#include "services/transfer/nccl_ops.h"
+
+namespace tandem::transfer {
+
+// A pinned host buffer and a device buffer of the same size, grown on demand
+// (kept between transfers of a pair).
+class NcclStaging {
+ public:
+  explicit NcclStaging(NcclOps* ops) : ops_(ops) {}
+  ~NcclStaging();
+  NcclStaging(const NcclStaging&) = delete;
+  NcclStaging& operator=(const NcclStaging&) = delete;
+
+  // Ensures both buffers hold at least `bytes`; ResourceExhausted when the
+  // allocation fails.
+  absl::Status Reserve(int64_t bytes);
+  char* host() const { return host_; }
+  void* device() const { return device_; }
+  int64_t capacity() const { return capacity_; }
+
+ private:
+  void Free();
+  NcclOps* ops_;
+  char* host_ = nullptr;
+  void* device_ = nullptr;
+  int64_t capacity_ = 0;
+};
+
+// Packs `payload` (layout.payload_bytes() bytes) into staging.host() and
+// enqueues the upload to staging.device(). REQUIRES: staging reserved.
+absl::Status StageForSend(NcclOps& ops, const KvBlockLayout& layout, const char* payload,
+                          NcclStaging& staging, NcclOps::Stream stream);
+// One Send / Recv per segment; call between GroupStart and GroupEnd.
+absl::Status EnqueueSends(NcclOps& ops, NcclOps::Comm comm, int peer, const NcclStaging& staging,
+                          const std::vector<KvSegment>& segments, NcclOps::Stream stream);
+absl::Status EnqueueRecvs(NcclOps& ops, NcclOps::Comm comm, int peer, NcclStaging& staging,
+                          const std::vector<KvSegment>& segments, NcclOps::Stream stream);
+// Enqueues the download of staging.device() to staging.host().
+absl::Status EnqueueDownload(NcclOps& ops, const KvBlockLayout& layout, NcclStaging& staging,
+                             NcclOps::Stream stream);
+
+// Runs the whole sender path (stage, grouped sends, wait) to `peer`.
+absl::Status SendKvBlocks(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stream, int peer,
+                          const KvBlockLayout& layout, int64_t blocks_per_segment,
+                          const char* payload, NcclStaging& staging, absl::Time deadline);
+// Posts the receiver path (grouped receives + download) from `peer`; the
+// caller then waits with ops.WaitStream and unpacks from staging.host().
+absl::Status PostRecvKvBlocks(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stream, int peer,
+                              const KvBlockLayout& layout, int64_t blocks_per_segment,
+                              NcclStaging& staging, absl::Time deadline);
+
+// One rank sending to itself: pack, upload, ONE group with the sends and the
+// receives to rank `self`, download, unpack. Returns the received payload.
+// This is the single-GPU test of the data path (NCCL refuses two ranks on
+// one device); the two-rank path runs the same functions split across ranks.
+absl::StatusOr<std::string> LoopbackKvBlocks(NcclOps& ops, NcclOps::Comm comm,
+                                             NcclOps::Stream stream, int self,
+                                             const KvBlockLayout& layout,
+                                             int64_t blocks_per_segment, const char* payload,
+                                             NcclStaging& send_staging, NcclStaging& recv_staging,
+                                             absl::Time deadline);
+
+}  // namespace tandem::transfer
+
+#endif  // TANDEM_SERVICES_TRANSFER_NCCL_KV_PATH_H_

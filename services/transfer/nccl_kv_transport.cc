@@ -1,0 +1,266 @@
+#include "services/transfer/nccl_kv_transport.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "services/common/grpc_status.h"
+#include "services/transfer/host_kv_transport.h"
+#include "services/transfer/kv_block_packing.h"
+#include "services/transfer/nccl_kv_path.h"
+
+namespace tandem::transfer {
+namespace {
+
+constexpr int kSenderRank = 0;
+constexpr int kReceiverRank = 1;
+
+std::string RandomPeerId() {
+  std::random_device rd;
+  return absl::StrFormat("prefill-%d-%08x%08x", getpid(), rd(), rd());
+}
+
+// The transport's own failures are Unavailable, except timeouts.
+absl::Status TransportError(const std::string& address, absl::string_view what,
+                            const absl::Status& st) {
+  const absl::StatusCode code = absl::IsDeadlineExceeded(st) ? absl::StatusCode::kDeadlineExceeded
+                                                             : absl::StatusCode::kUnavailable;
+  return absl::Status(code,
+                      absl::StrCat("NCCL KV transfer to ", address, ": ", what, ": ", st.message()));
+}
+
+absl::Status WithPeer(const std::string& address, absl::string_view what, const absl::Status& st) {
+  return absl::Status(st.code(),
+                      absl::StrCat("NCCL KV transfer to ", address, ": ", what, ": ", st.message()));
+}
+
+}  // namespace
+
+struct NcclKvTransport::Pair {
+  explicit Pair(NcclOps* ops) : staging(ops) {}
+  absl::Mutex mu;  // held for a whole transfer: one at a time per pair
+  std::shared_ptr<tandem::v1::DecodeWorker::Stub> stub;
+  NcclOps::Comm comm = nullptr;
+  NcclOps::Stream stream = nullptr;
+  uint64_t generation = 0;
+  NcclStaging staging;
+};
+
+NcclKvTransport::NcclKvTransport(std::shared_ptr<NcclOps> ops, NcclTransportOptions options)
+    : ops_(std::move(ops)), options_(std::move(options)) {
+  if (options_.peer_id.empty()) options_.peer_id = RandomPeerId();
+}
+
+NcclKvTransport::~NcclKvTransport() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [address, pair] : pairs_) {
+    absl::MutexLock plock(&pair->mu);
+    Drop(*pair);
+  }
+}
+
+std::shared_ptr<NcclKvTransport::Pair> NcclKvTransport::PairFor(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  auto& pair = pairs_[address];
+  if (pair == nullptr) {
+    pair = std::make_shared<Pair>(ops_.get());
+    pair->stub = tandem::v1::DecodeWorker::NewStub(MakeWorkerChannel(address, options_.security));
+  }
+  return pair;
+}
+
+bool NcclKvTransport::HasComm(const std::string& address) {
+  std::shared_ptr<Pair> pair;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pairs_.find(address);
+    if (it == pairs_.end()) return false;
+    pair = it->second;
+  }
+  absl::MutexLock lock(&pair->mu);
+  return pair->comm != nullptr;
+}
+
+void NcclKvTransport::Drop(Pair& pair) {
+  if (pair.comm != nullptr) ops_->CommAbort(pair.comm);
+  if (pair.stream != nullptr) ops_->StreamDestroy(pair.stream);
+  pair.comm = nullptr;
+  pair.stream = nullptr;
+}
+
+absl::Status NcclKvTransport::Connect(Pair& pair, const std::string& address,
+                                      const tandem::v1::KvCompatibility& compat,
+                                      absl::Time deadline) {
+  Drop(pair);
+  absl::StatusOr<NcclUniqueId> id = ops_->GetUniqueId();
+  if (!id.ok()) return TransportError(address, "ncclGetUniqueId", id.status());
+  const uint64_t generation = ++pair.generation;
+  const absl::Time connect_deadline = std::min(deadline, absl::Now() + options_.connect_timeout);
+
+  tandem::v1::NcclConnectRequest request;
+  request.set_peer_id(options_.peer_id);
+  request.set_comm_generation(generation);
+  request.set_unique_id(id->data(), id->size());
+  *request.mutable_compat() = compat;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(connect_deadline));
+  tandem::v1::NcclConnectResponse response;
+  grpc::Status rpc_status;
+  std::atomic<bool> rpc_done{false};
+  // Both ranks must be inside ncclCommInitRank at the same time: the RPC
+  // (whose handler runs the peer's init) on its own thread, ours here.
+  std::thread rpc([&] {
+    rpc_status = pair.stub->NcclConnect(&context, request, &response);
+    rpc_done.store(true);
+  });
+  // Stop waiting for the peer as soon as its NcclConnect failed.
+  absl::StatusOr<NcclOps::Comm> comm =
+      ops_->CommInitRank(*id, 2, kSenderRank, connect_deadline,
+                         [&] { return rpc_done.load() && !rpc_status.ok(); });
+  if (!comm.ok()) context.TryCancel();
+  rpc.join();
+  if (!rpc_status.ok()) {
+    if (comm.ok()) ops_->CommAbort(*comm);
+    return WithPeer(address, "NcclConnect", services::FromGrpcStatus(rpc_status));
+  }
+  if (!comm.ok()) return TransportError(address, "ncclCommInitRank", comm.status());
+  absl::StatusOr<NcclOps::Stream> stream = ops_->StreamCreate();
+  if (!stream.ok()) {
+    ops_->CommAbort(*comm);
+    return TransportError(address, "stream", stream.status());
+  }
+  pair.comm = *comm;
+  pair.stream = *stream;
+  ++num_connects_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KvSendResult> NcclKvTransport::Send(const KvTransferTarget& target,
+                                                   const tandem::v1::KvCompatibility& compat,
+                                                   const engine::KvExport& kv,
+                                                   absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  std::shared_ptr<Pair> pair = PairFor(target.address);
+  absl::MutexLock lock(&pair->mu);
+  for (int attempt = 0;; ++attempt) {
+    if (pair->comm == nullptr) {
+      TANDEM_RETURN_IF_ERROR(Connect(*pair, target.address, compat, deadline));
+    }
+    bool stale = false;
+    absl::StatusOr<KvSendResult> result = SendOnce(*pair, target, compat, kv, deadline, &stale);
+    if (stale && attempt == 0) {
+      Drop(*pair);
+      continue;
+    }
+    if (result.ok()) result->seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    return result;
+  }
+}
+
+absl::StatusOr<KvSendResult> NcclKvTransport::SendOnce(Pair& pair, const KvTransferTarget& target,
+                                                       const tandem::v1::KvCompatibility& compat,
+                                                       const engine::KvExport& kv,
+                                                       absl::Time deadline, bool* stale) {
+  const std::string& address = target.address;
+  absl::StatusOr<KvBlockLayout> layout = MakeKvBlockLayout(
+      kv.num_tokens(), kv.bytes_per_token, compat.block_size(), compat.num_layers());
+  if (!layout.ok()) return WithPeer(address, "KV export", layout.status());
+  if (static_cast<int64_t>(kv.bytes.size()) != layout->payload_bytes()) {
+    return absl::InvalidArgumentError("NCCL KV transfer: KV export size != tokens x bytes_per_token");
+  }
+  const int32_t blocks_per_segment = BlocksPerSegment(*layout, options_.max_segment_bytes);
+
+  grpc::ClientContext context;
+  if (deadline != absl::InfiniteFuture()) context.set_deadline(absl::ToChronoTime(deadline));
+  std::unique_ptr<grpc::ClientReaderWriter<tandem::v1::NcclPushKvRequest,
+                                           tandem::v1::NcclPushKvResponse>>
+      stream = pair.stub->NcclPushKv(&context);
+  tandem::v1::NcclPushKvRequest request;
+  tandem::v1::NcclPushBegin* begin = request.mutable_begin();
+  begin->set_peer_id(options_.peer_id);
+  begin->set_comm_generation(pair.generation);
+  *begin->mutable_header() = HostKvTransport::MakeHeader(target, compat, kv);
+  begin->set_blocks_per_segment(blocks_per_segment);
+  tandem::v1::NcclPushKvResponse response;
+  // 1. The receiver accepts the header (or rejects it: then nothing was posted).
+  const bool read = stream->Write(request) && stream->Read(&response);
+  if (!read || !response.has_ready()) {
+    if (read) context.TryCancel();  // a message other than `ready`: end the stream
+    const grpc::Status st = stream->Finish();
+    if (st.error_code() == grpc::StatusCode::ABORTED) *stale = true;
+    // A timeout or a broken stream leaves it unknown whether the receiver
+    // posted its receive; a fresh communicator is the safe state.
+    if (st.ok() || st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+        st.error_code() == grpc::StatusCode::CANCELLED) {
+      Drop(pair);
+    }
+    if (st.ok()) return absl::UnavailableError(absl::StrCat(
+        "NCCL KV transfer to ", address, ": the receiver ended the stream without accepting"));
+    return WithPeer(address, "receiver", services::FromGrpcStatus(st));
+  }
+  // 2. Payload.
+  const absl::Time nccl_deadline = std::min(deadline, absl::Now() + options_.transfer_timeout);
+  absl::Status sent = SendKvBlocks(*ops_, pair.comm, pair.stream, kReceiverRank, *layout,
+                                   blocks_per_segment, kv.bytes.data(), pair.staging, nccl_deadline);
+  if (!sent.ok()) {
+    Drop(pair);           // ncclCommAbort here ...
+    context.TryCancel();  // ... and the receiver aborts its side and the reservation
+    stream->Finish();
+    return TransportError(address, "ncclSend", sent);
+  }
+  // 3. The receiver's result.
+  request.mutable_sent();
+  const bool wrote = stream->Write(request) && stream->WritesDone();
+  const bool got = wrote && stream->Read(&response) && response.has_done();
+  const grpc::Status st = stream->Finish();
+  if (!st.ok() || !got) {
+    Drop(pair);  // the receiver aborted its communicator
+    if (!st.ok()) return WithPeer(address, "receiver", services::FromGrpcStatus(st));
+    return absl::UnavailableError(
+        absl::StrCat("NCCL KV transfer to ", address, ": no result from the receiver"));
+  }
+  KvSendResult result;
+  result.num_bytes = response.done().bytes_received();
+  result.lease_seconds = response.done().lease_seconds();
+  if (result.num_bytes != static_cast<int64_t>(kv.bytes.size())) {
+    return absl::DataLossError(
+        absl::StrCat("NCCL KV transfer to ", address, ": receiver counted a different size"));
+  }
+  return result;
+}
+
+absl::Status CheckKvTransportKind(const std::string& kind) {
+  if (kind == "host" || kind == "nccl") return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--kv-transport: '", kind, "' is not one of host, nccl"));
+}
+
+absl::StatusOr<std::shared_ptr<NcclOps>> NcclOpsForTransport(const std::string& kind,
+                                                             std::shared_ptr<NcclOps> given) {
+  TANDEM_RETURN_IF_ERROR(CheckKvTransportKind(kind));
+  if (kind == "host") return std::shared_ptr<NcclOps>();
+  if (given != nullptr) return given;
+  return MakeCudaNcclOps(0);
+}
+
+absl::StatusOr<std::unique_ptr<KvTransport>> MakeKvTransport(
+    const std::string& kind, std::shared_ptr<NcclOps> ops,
+    const services::ChannelSecurity& security) {
+  TANDEM_ASSIGN_OR_RETURN(ops, NcclOpsForTransport(kind, std::move(ops)));
+  if (kind == "host") {
+    return std::unique_ptr<KvTransport>(
+        std::make_unique<HostKvTransport>(kMaxChunkBytes, security));
+  }
+  NcclTransportOptions options;
+  options.security = security;
+  return std::unique_ptr<KvTransport>(
+      std::make_unique<NcclKvTransport>(std::move(ops), std::move(options)));
+}
+
+}  // namespace tandem::transfer

@@ -1,0 +1,103 @@
+// NcclKvTransport: the sender (prefill side) of the NCCL KV transport
+// (docs/nccl.md). The header goes over gRPC, the payload by ncclSend.
+//
+// Per decode worker address there is one pair: a communicator of 2 ranks
+// (prefill = rank 0, decode = rank 1), its dedicated stream and a staging
+// buffer (pinned host + device). The communicator is made lazily at the first
+// transfer: GetUniqueId, then DecodeWorker.NcclConnect (unique id, peer id,
+// generation) while this side runs CommInitRank at the same time (both ranks
+// must be inside init together); both bounded by connect_timeout.
+//
+// One transfer (serialized per pair: NCCL operations on one communicator are
+// ordered), on one DecodeWorker.NcclPushKv stream:
+//   1. -> begin{header, blocks_per_segment}; the receiver validates the
+//      header (transfer::ValidateKvHeader), reserves the size in its
+//      KvLeaseTable and posts its ncclRecv, then <- ready. A rejection ends
+//      the stream before any NCCL operation on either side (the error is the
+//      receiver's: FailedPrecondition, InvalidArgument, ResourceExhausted).
+//   2. pack the KvExport into blocks (kv_block_packing.h), upload, grouped
+//      ncclSend per segment, wait for the stream (transfer_timeout).
+//   3. -> sent; <- done{bytes_received, lease_seconds} once the receiver
+//      unpacked and committed the lease.
+// Failure or timeout after `ready`: this side aborts the pair's communicator
+// (ncclCommAbort) and drops it (the next transfer makes a new one), cancels
+// the stream so that the receiver aborts its communicator and its
+// reservation, and returns Unavailable / DeadlineExceeded naming the peer.
+// ABORTED from the receiver at step 1 means it has no (or another)
+// communicator for us (it restarted, or aborted after a failure): the pair is
+// re-created and the transfer retried once.
+//
+// Thread safety: Send is thread-safe; transfers to different decode workers
+// run concurrently.
+#ifndef TANDEM_SERVICES_TRANSFER_NCCL_KV_TRANSPORT_H_
+#define TANDEM_SERVICES_TRANSFER_NCCL_KV_TRANSPORT_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "services/common/tls.h"
+#include "services/transfer/kv_transport.h"
+#include "services/transfer/nccl_ops.h"
+#include "tandem/v1/worker.grpc.pb.h"
+
+namespace tandem::transfer {
+
+struct NcclTransportOptions {
+  absl::Duration connect_timeout = absl::Seconds(60);   // NcclConnect + comm init
+  absl::Duration transfer_timeout = absl::Seconds(60);  // the NCCL part of one transfer
+  int64_t max_segment_bytes = int64_t{64} << 20;        // bytes per ncclSend (whole blocks)
+  std::string peer_id;                                  // empty: random per instance
+  services::ChannelSecurity security;                   // of the gRPC channels (default plaintext)
+};
+
+class NcclKvTransport final : public KvTransport {
+ public:
+  NcclKvTransport(std::shared_ptr<NcclOps> ops, NcclTransportOptions options = {});
+  ~NcclKvTransport() override;  // aborts every communicator
+
+  absl::StatusOr<KvSendResult> Send(const KvTransferTarget& target,
+                                    const tandem::v1::KvCompatibility& compat,
+                                    const engine::KvExport& kv, absl::Time deadline) override;
+
+  const std::string& peer_id() const { return options_.peer_id; }
+  int num_connects() const { return num_connects_.load(); }  // communicators made
+  bool HasComm(const std::string& address);                  // a live pair to address
+
+ private:
+  struct Pair;
+  std::shared_ptr<Pair> PairFor(const std::string& address);
+  absl::Status Connect(Pair& pair, const std::string& address,
+                       const tandem::v1::KvCompatibility& compat, absl::Time deadline);
+  void Drop(Pair& pair);
+  absl::StatusOr<KvSendResult> SendOnce(Pair& pair, const KvTransferTarget& target,
+                                        const tandem::v1::KvCompatibility& compat,
+                                        const engine::KvExport& kv, absl::Time deadline,
+                                        bool* stale);
+
+  const std::shared_ptr<NcclOps> ops_;
+  NcclTransportOptions options_;
+  std::atomic<int> num_connects_{0};
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Pair>> pairs_ ABSL_GUARDED_BY(mu_);
+};
+
+// InvalidArgument unless kind is "host" or "nccl".
+absl::Status CheckKvTransportKind(const std::string& kind);
+// For a worker's --kv-transport (call before loading the model): null for
+// "host"; `given` or the CUDA ops (MakeCudaNcclOps(0): Unavailable with a
+// clear message without NCCL or a GPU) for "nccl"; InvalidArgument otherwise.
+absl::StatusOr<std::shared_ptr<NcclOps>> NcclOpsForTransport(const std::string& kind,
+                                                             std::shared_ptr<NcclOps> given);
+// "host" -> HostKvTransport; "nccl" -> NcclKvTransport on `ops` (made by
+// NcclOpsForTransport when null); channels with `security`.
+absl::StatusOr<std::unique_ptr<KvTransport>> MakeKvTransport(
+    const std::string& kind, std::shared_ptr<NcclOps> ops,
+    const services::ChannelSecurity& security = {});
+
+}  // namespace tandem::transfer
+
+#endif  // TANDEM_SERVICES_TRANSFER_NCCL_KV_TRANSPORT_H_

@@ -1,0 +1,244 @@
+#include "services/transfer/nccl_receiver.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "services/common/compat.h"
+#include "services/common/grpc_status.h"
+#include "services/transfer/kv_block_packing.h"
+#include "services/transfer/nccl_kv_path.h"
+
+namespace tandem::transfer {
+namespace {
+
+constexpr int kSenderRank = 0;
+constexpr int kReceiverRank = 1;
+constexpr absl::Duration kWaitSlice = absl::Milliseconds(20);
+
+absl::Time RpcDeadline(grpc::ServerContext* context, absl::Duration cap) {
+  const absl::Time capped = absl::Now() + cap;
+  if (context->deadline() == std::chrono::system_clock::time_point::max()) return capped;
+  return std::min(capped, absl::FromChrono(context->deadline()));
+}
+
+grpc::Status Error(grpc::StatusCode code, absl::string_view message) {
+  return grpc::Status(code, std::string(message));
+}
+
+}  // namespace
+
+struct NcclKvReceiver::Pair {
+  Pair(NcclOps* o, uint64_t gen, NcclOps::Comm c, NcclOps::Stream s)
+      : ops(o), generation(gen), comm(c), stream(s), staging(o) {}
+  ~Pair() {
+    // Before the staging buffers are freed (members go after this body).
+    if (comm != nullptr) ops->CommAbort(comm);
+    if (stream != nullptr) ops->StreamDestroy(stream);
+  }
+  NcclOps* const ops;
+  const uint64_t generation;
+  absl::Mutex mu;  // held by the transfer in flight
+  NcclOps::Comm comm;  // null once aborted
+  NcclOps::Stream stream;
+  std::atomic<bool> superseded{false};  // a newer NcclConnect of the same peer
+  NcclStaging staging;
+};
+
+NcclKvReceiver::NcclKvReceiver(std::shared_ptr<NcclOps> ops, NcclReceiverConfig config,
+                               KvLeaseTable* leases)
+    : ops_(std::move(ops)), config_(std::move(config)), leases_(leases) {}
+
+NcclKvReceiver::~NcclKvReceiver() {
+  absl::MutexLock lock(&mu_);
+  pairs_.clear();  // each Pair aborts its communicator
+}
+
+int NcclKvReceiver::num_peers() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(pairs_.size());
+}
+
+void NcclKvReceiver::Fail(const std::string& peer_id, const std::shared_ptr<Pair>& pair) {
+  // REQUIRES: pair->mu held by the caller.
+  if (pair->comm != nullptr) {
+    ops_->CommAbort(pair->comm);
+    ++num_aborts_;
+  }
+  if (pair->stream != nullptr) ops_->StreamDestroy(pair->stream);
+  pair->comm = nullptr;
+  pair->stream = nullptr;
+  absl::MutexLock lock(&mu_);
+  auto it = pairs_.find(peer_id);
+  if (it != pairs_.end() && it->second == pair) pairs_.erase(it);
+}
+
+grpc::Status NcclKvReceiver::Connect(grpc::ServerContext* context,
+                                     const tandem::v1::NcclConnectRequest* request,
+                                     tandem::v1::NcclConnectResponse* response) {
+  const std::string& peer = request->peer_id();
+  if (peer.empty() || peer.size() > 256) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT, "NcclConnect: peer_id must be 1-256 bytes");
+  }
+  if (request->unique_id().size() != kNcclUniqueIdBytes) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("NcclConnect: unique_id has ", request->unique_id().size(),
+                              " bytes, not ", kNcclUniqueIdBytes));
+  }
+  if (absl::Status st = services::CheckCompat(config_.compat, request->compat()); !st.ok()) {
+    return services::ToGrpcStatus(st);
+  }
+  if (config_.draining && config_.draining()) {
+    return Error(grpc::StatusCode::UNAVAILABLE, "draining");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!pairs_.contains(peer) && static_cast<int>(pairs_.size()) >= config_.max_peers) {
+      return Error(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                   absl::StrCat("NcclConnect: already ", pairs_.size(), " NCCL peers"));
+    }
+  }
+  NcclUniqueId id;
+  std::copy(request->unique_id().begin(), request->unique_id().end(), id.begin());
+  // This handler's thread runs our rank's init while the sender runs its own.
+  absl::StatusOr<NcclOps::Comm> comm =
+      ops_->CommInitRank(id, 2, kReceiverRank, RpcDeadline(context, config_.connect_timeout),
+                         [context] { return context->IsCancelled(); });
+  if (!comm.ok()) {
+    return services::ToGrpcStatus(absl::Status(
+        absl::IsDeadlineExceeded(comm.status()) ? absl::StatusCode::kDeadlineExceeded
+                                                : absl::StatusCode::kUnavailable,
+        absl::StrCat("NcclConnect: ncclCommInitRank: ", comm.status().message())));
+  }
+  absl::StatusOr<NcclOps::Stream> stream = ops_->StreamCreate();
+  if (!stream.ok()) {
+    ops_->CommAbort(*comm);
+    return services::ToGrpcStatus(absl::UnavailableError(
+        absl::StrCat("NcclConnect: stream: ", stream.status().message())));
+  }
+  auto pair = std::make_shared<Pair>(ops_.get(), request->comm_generation(), *comm, *stream);
+  std::shared_ptr<Pair> old;
+  {
+    absl::MutexLock lock(&mu_);
+    auto& slot = pairs_[peer];
+    old = std::move(slot);
+    slot = pair;
+  }
+  // The old communicator is aborted when its last user lets go (a transfer
+  // in flight on it sees `superseded` and fails).
+  if (old != nullptr) old->superseded.store(true);
+  return grpc::Status::OK;
+}
+
+grpc::Status NcclKvReceiver::PushKv(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<tandem::v1::NcclPushKvResponse, tandem::v1::NcclPushKvRequest>*
+        stream) {
+  tandem::v1::NcclPushKvRequest msg;
+  if (!stream->Read(&msg) || !msg.has_begin()) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                 "NcclPushKv: the first message must be `begin`");
+  }
+  const tandem::v1::NcclPushBegin& begin = msg.begin();
+  const tandem::v1::KvTransferHeader& header = begin.header();
+  // Everything below is checked before any NCCL operation is posted.
+  absl::Status st = ValidateKvHeader(header, config_.compat, config_.bytes_per_token,
+                                     config_.max_tokens, config_.vocab_size);
+  if (!st.ok()) return services::ToGrpcStatus(st);
+  if (config_.draining && config_.draining()) {
+    return Error(grpc::StatusCode::UNAVAILABLE, "draining");
+  }
+  absl::StatusOr<KvBlockLayout> layout =
+      MakeKvBlockLayout(header.num_tokens(), header.bytes_per_token(), config_.compat.block_size(),
+                        config_.compat.num_layers());
+  if (!layout.ok()) return services::ToGrpcStatus(layout.status());
+  st = CheckBlocksPerSegment(*layout, begin.blocks_per_segment());
+  if (!st.ok()) return services::ToGrpcStatus(st);
+  const std::string peer = begin.peer_id();
+  std::shared_ptr<Pair> pair;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pairs_.find(peer);
+    if (it != pairs_.end()) pair = it->second;
+  }
+  if (pair == nullptr || pair->generation != begin.comm_generation()) {
+    return Error(grpc::StatusCode::ABORTED,
+                 absl::StrCat("NcclPushKv: no NCCL communicator for peer '", peer,
+                              "' generation ", begin.comm_generation(), " (connect again)"));
+  }
+  if (!pair->mu.TryLock()) {
+    return Error(grpc::StatusCode::ABORTED,
+                 "NcclPushKv: a transfer is already in flight on this communicator");
+  }
+  struct Unlock {
+    absl::Mutex* mu;
+    ~Unlock() { mu->Unlock(); }
+  } unlock{&pair->mu};  // releases the TryLock
+  if (pair->comm == nullptr || pair->superseded.load()) {
+    return Error(grpc::StatusCode::ABORTED, "NcclPushKv: the communicator was aborted");
+  }
+  const std::string& handle = header.kv_handle();
+  st = leases_->Reserve(handle, header.total_bytes(), config_.free_bytes());
+  if (!st.ok()) return services::ToGrpcStatus(st, context);
+
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = RpcDeadline(context, config_.transfer_timeout);
+  // From here on every failure releases both sides: our communicator is
+  // aborted (the sender reconnects) and the reservation dropped.
+  auto fail = [&](grpc::StatusCode code, absl::string_view what) {
+    Fail(peer, pair);
+    leases_->Abort(handle);
+    return Error(code, absl::StrCat("NcclPushKv from '", peer, "': ", what));
+  };
+  st = PostRecvKvBlocks(*ops_, pair->comm, pair->stream, kSenderRank, *layout,
+                        begin.blocks_per_segment(), pair->staging, deadline);
+  if (!st.ok()) {
+    return fail(absl::IsResourceExhausted(st) ? grpc::StatusCode::RESOURCE_EXHAUSTED
+                                              : grpc::StatusCode::UNAVAILABLE,
+                absl::StrCat("posting ncclRecv: ", st.message()));
+  }
+  tandem::v1::NcclPushKvResponse reply;
+  reply.mutable_ready();
+  if (!stream->Write(reply)) return fail(grpc::StatusCode::CANCELLED, "the sender went away");
+  // Wait for the payload in slices: the sender may cancel, a newer connect
+  // may replace this communicator.
+  while (true) {
+    const absl::Time slice = std::min(deadline, absl::Now() + kWaitSlice);
+    st = ops_->WaitStream(pair->comm, pair->stream, slice);
+    if (st.ok()) break;
+    if (!absl::IsDeadlineExceeded(st)) {
+      return fail(grpc::StatusCode::UNAVAILABLE, absl::StrCat("ncclRecv: ", st.message()));
+    }
+    if (absl::Now() >= deadline) {
+      return fail(grpc::StatusCode::DEADLINE_EXCEEDED, "timed out waiting for the payload");
+    }
+    if (context->IsCancelled()) return fail(grpc::StatusCode::CANCELLED, "the sender cancelled");
+    if (pair->superseded.load()) {
+      return fail(grpc::StatusCode::ABORTED, "the communicator was replaced");
+    }
+  }
+  if (!stream->Read(&msg) || !msg.has_sent()) {
+    return fail(grpc::StatusCode::CANCELLED, "the sender did not confirm the send");
+  }
+  auto kv = std::make_shared<engine::KvExport>();
+  kv->token_ids.assign(header.token_ids().begin(), header.token_ids().end());
+  kv->num_layers = config_.compat.num_layers();
+  kv->num_kv_heads = config_.compat.num_kv_heads();
+  kv->head_dim = config_.compat.head_dim();
+  kv->bytes_per_token = header.bytes_per_token();
+  kv->bytes.resize(static_cast<size_t>(layout->payload_bytes()));  // == total_bytes (validated)
+  UnpackKvBlocks(*layout, pair->staging.host(), kv->bytes.data());
+  const int64_t received = static_cast<int64_t>(kv->bytes.size());
+  leases_->Commit(handle, std::move(kv));
+  if (config_.on_received) {
+    config_.on_received(received, absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  reply.mutable_done()->set_bytes_received(received);
+  reply.mutable_done()->set_lease_seconds(absl::ToDoubleSeconds(leases_->lease()));
+  stream->Write(reply);
+  return grpc::Status::OK;
+}
+
+}  // namespace tandem::transfer
