@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # README command 2: installs everything, builds, and runs the whole test suite:
-# unit + integration tests (ctest), the deployment checks (deploy/check.sh),
+# unit + integration tests (ctest), the same under ASan + UBSan
+# (scripts/test_sanitizers.sh), the deployment checks (deploy/check.sh),
 # then the GGUF parser fuzzer for a bounded time on its seed corpus (clang +
 # libFuzzer).
 set -euo pipefail
@@ -12,6 +13,13 @@ bash scripts/build.sh
 
 echo "[test] ctest" >&2
 (cd build && ctest --output-on-failure -j"$(nproc)" --timeout 600)
+
+# The same unit + integration tests built with ASan + UBSan (build-asan/);
+# any sanitizer report fails. TANDEM_SANITIZERS=0 skips it (quick local runs).
+if [ "${TANDEM_SANITIZERS:-1}" != "0" ]; then
+  echo "[test] ASan + UBSan" >&2
+  bash scripts/test_sanitizers.sh
+fi
 
 # Deployment artefacts: kustomize renders, schemas, yamllint, promtool,
 # hadolint, and the dashboard's metric names against a live `tandem serve`.

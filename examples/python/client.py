@@ -10,6 +10,10 @@ into a temporary directory, so nothing generated is checked in.
 Streams the text deltas to stdout, then prints the finish reason, usage and
 timings of the final message on stderr. Exit code 1 on a gRPC error (the
 status code and message are printed).
+
+A router started with --api-key-file needs --api-key (or $TANDEM_API_KEY);
+one on TLS needs --tls-ca, and on mTLS also --tls-cert / --tls-key
+(docs/security.md).
 """
 import argparse
 import importlib
@@ -48,7 +52,14 @@ def main():
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=60.0, help="gRPC deadline in seconds")
+    ap.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY", ""),
+                    help="sent as 'authorization: Bearer <key>' (default $TANDEM_API_KEY)")
+    ap.add_argument("--tls-ca", help="PEM CA of the router's certificate (turns TLS on)")
+    ap.add_argument("--tls-cert", help="PEM client certificate (router on mTLS)")
+    ap.add_argument("--tls-key", help="PEM private key of --tls-cert")
     args = ap.parse_args()
+    if bool(args.tls_cert) != bool(args.tls_key):
+        ap.error("--tls-cert and --tls-key go together")
 
     pb2, pb2_grpc = load_stubs()
     req = pb2.GenerateRequest(
@@ -60,10 +71,22 @@ def main():
     else:
         req.text = args.prompt
 
-    with grpc.insecure_channel(args.server) as channel:
+    metadata = [("authorization", f"Bearer {args.api_key}")] if args.api_key else None
+    if args.tls_ca or args.tls_cert:
+        def read(path):
+            with open(path, "rb") as f:
+                return f.read()
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=read(args.tls_ca) if args.tls_ca else None,
+            private_key=read(args.tls_key) if args.tls_key else None,
+            certificate_chain=read(args.tls_cert) if args.tls_cert else None)
+        channel = grpc.secure_channel(args.server, creds)
+    else:
+        channel = grpc.insecure_channel(args.server)
+    with channel:
         stub = pb2_grpc.GenerationStub(channel)
         try:
-            for resp in stub.Generate(req, timeout=args.timeout):
+            for resp in stub.Generate(req, timeout=args.timeout, metadata=metadata):
                 sys.stdout.write(resp.text)
                 sys.stdout.flush()
                 if resp.finish_reason != pb2.FINISH_REASON_UNSPECIFIED:

@@ -320,6 +320,8 @@ int RunServe(int argc, char** argv) {
       "--max-tokens 32 --stream%s%s\n",
       router_address.c_str(), f.tls.enabled() ? " --tls-ca CA [--tls-cert C --tls-key K]" : "",
       f.api_key_file.empty() ? "" : " --api-key KEY");
+  std::printf("  security: %s%s\n", services::DescribeTls(f.tls).c_str(),
+              f.api_key_file.empty() ? "" : ", API key required");
   std::printf("ready\n");
   std::fflush(stdout);
 

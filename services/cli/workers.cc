@@ -15,6 +15,7 @@
 #include "services/cli/security_flags.h"
 #include "services/decode/decode_server.h"
 #include "services/prefill/prefill_server.h"
+#include "services/transfer/nccl_kv_transport.h"
 
 namespace tandem::cli {
 namespace {
@@ -35,6 +36,7 @@ struct WorkerFlags {
   int64_t max_waiting_requests = 256;    // engine waiting queue: past it RESOURCE_EXHAUSTED
   int64_t max_waiting_tokens = 1 << 18;  // (docs/operations.md, Overload)
   services::TlsOptions tls;              // docs/security.md
+  std::string kv_transport = "host";     // docs/nccl.md
 };
 
 template <typename Server>
@@ -60,6 +62,9 @@ int RunWorker(const char* role, int argc, char** argv) {
   p.AddInt("max-waiting-tokens", &f.max_waiting_tokens, 1, int64_t{1} << 32,
            "tokens of the waiting requests at most (prompt, + output so far for decode)");
   AddServerTlsFlags(p, f.tls);
+  p.AddString("kv-transport", &f.kv_transport,
+              "KV handoff prefill -> decode: host (gRPC) or nccl (GPUs, docs/nccl.md); "
+              "both roles must agree");
   auto usage = [role](const std::string& m) {
     std::fprintf(stderr, "tandem %s: %s\n", role, m.c_str());
     return kExitUsage;
@@ -70,6 +75,9 @@ int RunWorker(const char* role, int argc, char** argv) {
     return kExitOk;
   }
   if (absl::Status s = services::ValidateServerTls(f.tls); !s.ok()) {
+    return usage(std::string(s.message()));
+  }
+  if (absl::Status s = transfer::CheckKvTransportKind(f.kv_transport); !s.ok()) {
     return usage(std::string(s.message()));
   }
   auto path = ResolveModelPath(f.model);
@@ -99,6 +107,7 @@ int RunWorker(const char* role, int argc, char** argv) {
   config.router_address = f.router;
   config.tls = f.tls;
   config.kv_lease = absl::Seconds(f.kv_lease_seconds);
+  config.kv_transport = f.kv_transport;
 
   BlockStopSignals();
   auto server = Server::Start(config);

@@ -9,6 +9,7 @@
 #include "services/common/convert.h"
 #include "services/common/grpc_status.h"
 #include "services/transfer/kv_transport.h"
+#include "services/transfer/nccl_kv_transport.h"
 
 namespace tandem::decode {
 namespace {
@@ -220,11 +221,54 @@ grpc::Status DecodeServiceImpl::GetStats(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status DecodeServiceImpl::NcclConnect(grpc::ServerContext* context,
+                                            const tandem::v1::NcclConnectRequest* request,
+                                            tandem::v1::NcclConnectResponse* response) {
+  if (nccl_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this decode worker runs --kv-transport=host");
+  }
+  return nccl_->Connect(context, request, response);
+}
+
+grpc::Status DecodeServiceImpl::NcclPushKv(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<tandem::v1::NcclPushKvResponse, tandem::v1::NcclPushKvRequest>*
+        stream) {
+  ActiveRpc active(&active_rpcs_);
+  if (nccl_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this decode worker runs --kv-transport=host");
+  }
+  return nccl_->PushKv(context, stream);
+}
+
+void DecodeServiceImpl::EnableNccl(std::shared_ptr<transfer::NcclOps> ops) {
+  engine::Engine& engine = runtime_->engine();
+  const engine::ModelConfig& mc = engine.model().config();
+  transfer::NcclReceiverConfig rc;
+  rc.compat = runtime_->compat();
+  rc.bytes_per_token = engine.kv_bytes_per_token();
+  rc.max_tokens = mc.context_length - 1;
+  rc.vocab_size = mc.vocab_size;
+  rc.free_bytes = [this] { return FreeKvBytes(runtime_->engine(), runtime_->compat().block_size()); };
+  rc.draining = [this] { return draining_.load(); };
+  rc.on_received = [this](int64_t bytes, double seconds) {
+    runtime_->metrics().kv_transfer_bytes->Inc(static_cast<double>(bytes));
+    runtime_->metrics().kv_transfer_time->Observe(seconds);
+  };
+  nccl_ = std::make_unique<transfer::NcclKvReceiver>(std::move(ops), std::move(rc), &leases_);
+}
+
 absl::StatusOr<std::unique_ptr<DecodeServer>> DecodeServer::Start(
     const services::WorkerServerConfig& config) {
   std::unique_ptr<DecodeServer> s(new DecodeServer());
+  // Before the model load: --kv-transport=nccl without NCCL or a GPU fails fast.
+  TANDEM_ASSIGN_OR_RETURN(std::shared_ptr<transfer::NcclOps> nccl_ops,
+                          transfer::NcclOpsForTransport(config.kv_transport, config.nccl_ops));
   TANDEM_ASSIGN_OR_RETURN(s->runtime_, services::WorkerRuntime::Create(config, "decode"));
   s->service_ = std::make_unique<DecodeServiceImpl>(s->runtime_.get(), config.kv_lease);
+  if (nccl_ops != nullptr) s->service_->EnableNccl(std::move(nccl_ops));
   s->service_->leases().StartReaper(std::min(absl::Seconds(1), config.kv_lease / 4));
   services::WorkerRuntime* rt = s->runtime_.get();
   DecodeServiceImpl* svc = s->service_.get();

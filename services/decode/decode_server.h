@@ -33,6 +33,7 @@
 #include "services/common/worker_host.h"
 #include "services/common/worker_runtime.h"
 #include "services/transfer/kv_lease_table.h"
+#include "services/transfer/nccl_receiver.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::decode {
@@ -50,6 +51,17 @@ class DecodeServiceImpl final : public tandem::v1::DecodeWorker::Service {
                          tandem::v1::ReleaseKvResponse* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const tandem::v1::WorkerStatsRequest* request,
                         tandem::v1::WorkerStats* response) override;
+  // NCCL KV transport (docs/nccl.md): forwarded to the NcclKvReceiver;
+  // FAILED_PRECONDITION when this worker runs --kv-transport=host.
+  grpc::Status NcclConnect(grpc::ServerContext* context,
+                           const tandem::v1::NcclConnectRequest* request,
+                           tandem::v1::NcclConnectResponse* response) override;
+  grpc::Status NcclPushKv(grpc::ServerContext* context,
+                          grpc::ServerReaderWriter<tandem::v1::NcclPushKvResponse,
+                                                   tandem::v1::NcclPushKvRequest>* stream) override;
+  // Receive KV over NCCL with `ops` (--kv-transport=nccl). Call before serving.
+  void EnableNccl(std::shared_ptr<transfer::NcclOps> ops);
+  transfer::NcclKvReceiver* nccl_receiver() { return nccl_.get(); }
 
   transfer::KvLeaseTable& leases() { return leases_; }
   void set_draining(bool draining) { draining_.store(draining); }
@@ -60,6 +72,7 @@ class DecodeServiceImpl final : public tandem::v1::DecodeWorker::Service {
   transfer::KvLeaseTable leases_;
   std::atomic<bool> draining_{false};
   std::atomic<int> active_rpcs_{0};  // PushKv + Decode being served
+  std::unique_ptr<transfer::NcclKvReceiver> nccl_;  // after leases_: destroyed first
 };
 
 class DecodeServer {

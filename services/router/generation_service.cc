@@ -37,8 +37,13 @@ GenerationServiceImpl::GenerationServiceImpl(Options options) : options_(std::mo
 
 grpc::Status GenerationServiceImpl::Fail(const absl::Status& status, grpc::ServerContext* context) {
   if (options_.metrics != nullptr) options_.metrics->RequestErrors(status.code())->Inc();
-  // RESOURCE_EXHAUSTED from an engine / worker queue: RetryInfo + trailer.
-  return services::ToGrpcStatus(status, context, options_.retry_after);
+  if (status.code() != absl::StatusCode::kResourceExhausted) return services::ToGrpcStatus(status);
+  // An engine / worker queue is full: the router's retry hint (RetryInfo +
+  // trailer), whatever the worker suggested.
+  return services::ToGrpcStatus(
+      absl::ResourceExhaustedError(absl::StrFormat("%s; retry after %s", status.message(),
+                                                   absl::FormatDuration(options_.retry_after))),
+      context, options_.retry_after);
 }
 
 grpc::Status GenerationServiceImpl::Authenticate(const grpc::ServerContext* context) {

@@ -5,6 +5,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "services/common/fault_injection.h"
 #include "services/common/grpc_status.h"
 
 namespace tandem::transfer {
@@ -61,6 +62,8 @@ absl::StatusOr<KvSendResult> HostKvTransport::Send(const KvTransferTarget& targe
   tandem::v1::KvChunk chunk;
   *chunk.mutable_header() = MakeHeader(target, compat, kv);
   bool ok = writer->Write(chunk);
+  static const absl::Duration fault_delay = services::FaultDelay(services::kFaultKvPushDelay);
+  if (fault_delay > absl::ZeroDuration()) absl::SleepFor(fault_delay);  // tests only
   const int64_t total = static_cast<int64_t>(kv.bytes.size());
   for (int64_t off = 0; ok && off < total; off += chunk_bytes_) {
     const int64_t n = std::min(chunk_bytes_, total - off);

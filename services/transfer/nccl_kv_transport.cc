@@ -125,7 +125,8 @@ absl::Status NcclKvTransport::Connect(Pair& pair, const std::string& address,
                          [&] { return rpc_done.load() && !rpc_status.ok(); });
   if (!comm.ok()) context.TryCancel();
   rpc.join();
-  if (!rpc_status.ok()) {
+  // The peer's error, unless it is only our own TryCancel after our init failed.
+  if (!rpc_status.ok() && (comm.ok() || rpc_status.error_code() != grpc::StatusCode::CANCELLED)) {
     if (comm.ok()) ops_->CommAbort(*comm);
     return WithPeer(address, "NcclConnect", services::FromGrpcStatus(rpc_status));
   }

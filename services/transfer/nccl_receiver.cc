@@ -141,7 +141,7 @@ grpc::Status NcclKvReceiver::PushKv(
     return Error(grpc::StatusCode::INVALID_ARGUMENT,
                  "NcclPushKv: the first message must be `begin`");
   }
-  const tandem::v1::NcclPushBegin& begin = msg.begin();
+  const tandem::v1::NcclPushBegin begin = msg.begin();  // a copy: msg is read again below
   const tandem::v1::KvTransferHeader& header = begin.header();
   // Everything below is checked before any NCCL operation is posted.
   absl::Status st = ValidateKvHeader(header, config_.compat, config_.bytes_per_token,

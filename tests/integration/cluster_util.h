@@ -131,6 +131,7 @@ class ServeProcess {
     return "";
   }
   const std::string& dir() const { return dir_; }
+  pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = -1;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <optional>
 #include <random>
@@ -70,7 +71,7 @@ tandem::v1::GenerateRequest TextRequest(int max_tokens, uint64_t seed) {
 tandem::v1::GenerateRequest TokenRequest(int n, int max_tokens, uint64_t seed) {
   tandem::v1::GenerateRequest req;
   std::mt19937 rng(static_cast<uint32_t>(seed));
-  for (int i = 0; i < n; ++i) req.mutable_token_ids()->add_token_ids(300 + rng() % 20000);
+  for (int i = 0; i < n; ++i) req.mutable_token_ids()->add_ids(300 + rng() % 20000);
   req.mutable_sampling()->set_temperature(0.8);
   req.mutable_sampling()->set_seed(seed);
   req.mutable_stop()->set_max_tokens(max_tokens);
@@ -114,8 +115,10 @@ int64_t RssBytes(int pid) {
   return 0;
 }
 
-// Value of the first sample of `name` with `phase="router"` in /metrics.
-double RouterMetric(const Endpoint& router, const std::string& name) {
+// Value of the first sample of `name` with `phase="router"` (and `also` in
+// its labels) in the router's /metrics; -1 when absent.
+double RouterMetric(const Endpoint& router, const std::string& name,
+                    const std::string& also = "") {
   const int port = std::stoi(router.metrics_address.substr(router.metrics_address.rfind(':') + 1));
   const std::string body = HttpGetBody(port, "/metrics");
   const std::string prefix = name + "{phase=\"router\"";
@@ -123,6 +126,7 @@ double RouterMetric(const Endpoint& router, const std::string& name) {
     if (pos > 0 && body[pos - 1] != '\n') continue;
     const size_t end = body.find('\n', pos);
     const std::string line = body.substr(pos, end - pos);
+    if (line.find(also) == std::string::npos) continue;
     return std::stod(line.substr(line.rfind(' ') + 1));
   }
   return -1;
@@ -137,6 +141,8 @@ struct Tally {
 
 // Every call either finished OK (a full stream) or was RESOURCE_EXHAUSTED
 // with both retry hints equal to `retry` and `why` in the message.
+// gRPC's own refusal when the router's server threads are all busy carries
+// the same hints (RetryHintInterceptor) and is accepted as well.
 Tally Check(const std::vector<Outcome>& outcomes, int max_tokens, absl::Duration retry,
             const std::string& why) {
   Tally t;
@@ -156,10 +162,14 @@ Tally Check(const std::vector<Outcome>& outcomes, int max_tokens, absl::Duration
     t.max_rejected_s = std::max(t.max_rejected_s, o.seconds);
     EXPECT_EQ(o.retry_info, retry) << i << ": no RetryInfo detail: " << o.status.error_message();
     EXPECT_EQ(o.trailer, retry) << i << ": no retry-after-ms trailer";
-    EXPECT_NE(o.status.error_message().find(why), std::string::npos) << o.status.error_message();
+    const std::string& m = o.status.error_message();
+    EXPECT_TRUE(m.find(why) != std::string::npos || m.find("Threadpool Exhausted") != std::string::npos)
+        << m;
     EXPECT_NE(o.status.error_message().find("retry after"), std::string::npos)
         << o.status.error_message();
   }
+  std::printf("[overload] %d ok (slowest %.3f s), %d RESOURCE_EXHAUSTED (slowest %.3f s)\n", t.ok,
+              t.max_ok_s, t.exhausted, t.max_rejected_s);
   return t;
 }
 
@@ -210,10 +220,13 @@ TEST(OverloadTest, RouterInflightBoundRejectsBurstFastWithBoundedMemory) {
 #else
   constexpr int64_t kRssBound = int64_t{64} << 20;
 #endif
+  std::printf("[overload] router RSS %.1f MiB before, peak %.1f MiB\n", rss_before / 1048576.0,
+              rss_peak.load() / 1048576.0);
   EXPECT_LT(rss_peak.load() - rss_before, kRssBound)
       << "router RSS " << rss_before << " -> peak " << rss_peak.load();
   // The router counted what it refused and holds nothing now.
-  EXPECT_GE(RouterMetric(router, "tandem_request_errors_total"), t.exhausted);
+  EXPECT_GE(RouterMetric(router, "tandem_request_errors_total", "RESOURCE_EXHAUSTED"),
+            t.exhausted);
   EXPECT_EQ(RouterMetric(router, "tandem_num_requests_running"), 0);
   EXPECT_EQ(RouterMetric(router, "tandem_num_inflight_tokens"), 0);
 

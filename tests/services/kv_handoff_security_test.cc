@@ -125,31 +125,38 @@ TEST_F(KvHandoffSecurityTest, CompatMismatchesAreRefusedNamingTheField) {
                          const std::string& message) {
     v1::KvChunk h = Header(10);
     mutate(h.mutable_header()->mutable_compat());
-    if (rehash) h.mutable_header()->mutable_compat()->set_hash(
-        services::CompatHash(h.header().compat()));
+    if (rehash)
+      h.mutable_header()->mutable_compat()->set_hash(services::CompatHash(h.header().compat()));
     cases.push_back({name, {h, Data(10 * bpt_)}, grpc::StatusCode::FAILED_PRECONDITION, message});
   };
-  with_compat("hash only", [](v1::KvCompatibility* c) { c->set_hash(c->hash() ^ 1); }, false,
-              "compat.hash");
-  with_compat("no compat at all", [](v1::KvCompatibility* c) { c->Clear(); }, false,
-              "compat.model_name");
-  with_compat("block size", [](v1::KvCompatibility* c) { c->set_block_size(32); }, true,
-              "compat.block_size is 32");
-  with_compat("dtype", [](v1::KvCompatibility* c) { c->set_kv_dtype("f16"); }, true,
-              "compat.kv_dtype is f16");
-  with_compat("layers", [](v1::KvCompatibility* c) { c->set_num_layers(7); }, true,
-              "compat.num_layers");
-  with_compat("kv heads", [](v1::KvCompatibility* c) { c->set_num_kv_heads(8); }, true,
-              "compat.num_kv_heads");
-  with_compat("head dim", [](v1::KvCompatibility* c) { c->set_head_dim(128); }, true,
-              "compat.head_dim");
-  with_compat("model", [](v1::KvCompatibility* c) { c->set_model_name("other"); }, true,
-              "compat.model_name is other");
-  with_compat("weights", [](v1::KvCompatibility* c) { c->set_model_fingerprint(12345); }, true,
-              "compat.model_fingerprint");
+  with_compat(
+      "hash only", [](v1::KvCompatibility* c) { c->set_hash(c->hash() ^ 1); }, false,
+      "compat.hash");
+  with_compat(
+      "no compat at all", [](v1::KvCompatibility* c) { c->Clear(); }, false, "compat.model_name");
+  with_compat(
+      "block size", [](v1::KvCompatibility* c) { c->set_block_size(32); }, true,
+      "compat.block_size is 32");
+  with_compat(
+      "dtype", [](v1::KvCompatibility* c) { c->set_kv_dtype("f16"); }, true,
+      "compat.kv_dtype is f16");
+  with_compat(
+      "layers", [](v1::KvCompatibility* c) { c->set_num_layers(7); }, true, "compat.num_layers");
+  with_compat(
+      "kv heads", [](v1::KvCompatibility* c) { c->set_num_kv_heads(8); }, true,
+      "compat.num_kv_heads");
+  with_compat(
+      "head dim", [](v1::KvCompatibility* c) { c->set_head_dim(128); }, true, "compat.head_dim");
+  with_compat(
+      "model", [](v1::KvCompatibility* c) { c->set_model_name("other"); }, true,
+      "compat.model_name is other");
+  with_compat(
+      "weights", [](v1::KvCompatibility* c) { c->set_model_fingerprint(12345); }, true,
+      "compat.model_fingerprint");
   // Our hash, copied, over a different block size: still refused.
-  with_compat("forged hash", [](v1::KvCompatibility* c) { c->set_block_size(8); }, false,
-              "compat.block_size is 8");
+  with_compat(
+      "forged hash", [](v1::KvCompatibility* c) { c->set_block_size(8); }, false,
+      "compat.block_size is 8");
   for (const Case& k : cases) {
     const grpc::Status st = Push(k.chunks);
     EXPECT_EQ(st.error_code(), k.code) << k.name << ": " << st.error_message();
@@ -166,7 +173,9 @@ TEST_F(KvHandoffSecurityTest, SizeAndFramingViolationsAreRefusedAndLeaveNothing)
     v1::KvChunk h = Header(10);
     h.mutable_header()->set_bytes_per_token(bpt_ * 2);
     h.mutable_header()->set_total_bytes(10 * bpt_ * 2);
-    cases.push_back({"bytes_per_token", {h, Data(10 * bpt_)}, grpc::StatusCode::INVALID_ARGUMENT,
+    cases.push_back({"bytes_per_token",
+                     {h, Data(10 * bpt_)},
+                     grpc::StatusCode::INVALID_ARGUMENT,
                      "bytes_per_token"});
   }
   {
@@ -183,8 +192,10 @@ TEST_F(KvHandoffSecurityTest, SizeAndFramingViolationsAreRefusedAndLeaveNothing)
   {
     v1::KvChunk h = Header(10);
     h.mutable_header()->set_total_bytes(10 * bpt_ - 1);
-    cases.push_back({"total_bytes off by one", {h, Data(10 * bpt_ - 1)},
-                     grpc::StatusCode::INVALID_ARGUMENT, "total_bytes"});
+    cases.push_back({"total_bytes off by one",
+                     {h, Data(10 * bpt_ - 1)},
+                     grpc::StatusCode::INVALID_ARGUMENT,
+                     "total_bytes"});
   }
   {
     v1::KvChunk h = Header(10);
@@ -228,9 +239,6 @@ TEST_F(KvHandoffSecurityTest, SizeAndFramingViolationsAreRefusedAndLeaveNothing)
                    grpc::StatusCode::INVALID_ARGUMENT,
                    "the first message must be the header"});
   cases.push_back({"empty stream", {}, grpc::StatusCode::INVALID_ARGUMENT, "empty stream"});
-  // Beyond the free KV capacity (64 blocks x 16 tokens; the context bounds
-  // num_tokens at 1023, so fill with two leases' worth first is not needed:
-  // 1023 tokens fit, so use a capacity-sized reservation held by a slow push).
   for (const Case& k : cases) {
     const grpc::Status st = Push(k.chunks);
     EXPECT_EQ(st.error_code(), k.code) << k.name << ": " << st.error_message();

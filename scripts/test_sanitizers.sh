@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# ASan + UBSan: builds build-asan (RelWithDebInfo, -fsanitize=address,undefined,
+# every UBSan finding fatal) and runs the unit and integration tests with it
+# (ctest labels common kernels engine cli services integration fuzz). The
+# integration tests start this build's `tandem` binary, so the router and
+# worker processes run instrumented too. Every sanitizer report (ASan, LSan,
+# UBSan) goes to a log file per process; any such file fails the run, also
+# when it came from a child process whose exit code nobody checks.
+#
+# Called by scripts/test.sh after the normal ctest (TANDEM_SANITIZERS=0 skips
+# it there). Extra arguments go to ctest, e.g. -R overload.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${TANDEM_ASAN_BUILD_DIR:-build-asan}
+JOBS=${TANDEM_JOBS:-$(nproc)}
+
+# Tests left out of the sanitizer run (ctest names, regex), with the reason.
+# Keep this short: every excluded test still runs in the normal build.
+EXCLUDE=(
+)
+
+start=$(date +%s)
+echo "[sanitizers] configuring and building $BUILD_DIR (ASan + UBSan)" >&2
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DTANDEM_SANITIZE=address,undefined -DTANDEM_CUDA=OFF \
+  -DCMAKE_C_FLAGS=-fno-sanitize-recover=undefined \
+  -DCMAKE_CXX_FLAGS=-fno-sanitize-recover=undefined >/dev/null
+ninja -C "$BUILD_DIR" -j"$JOBS"
+built=$(date +%s)
+echo "[sanitizers] build took $((built - start)) s" >&2
+
+logs=$(mktemp -d /tmp/tandem_sanitizers.XXXXXX)
+trap 'rm -rf "$logs"' EXIT
+# halt_on_error: the first report ends the process (UBSan also by
+# -fno-sanitize-recover). log_path: one file per reporting process.
+export ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:check_initialization_order=1:strict_init_order=1:log_path=$logs/asan"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$logs/ubsan"
+
+exclude_regex=""
+if [ ${#EXCLUDE[@]} -gt 0 ]; then
+  exclude_regex=$(IFS='|'; echo "${EXCLUDE[*]}")
+fi
+status=0
+(cd "$BUILD_DIR" && ctest --output-on-failure -j"$JOBS" --timeout 1200 \
+  -L '^(common|kernels|engine|cli|services|integration|fuzz)$' \
+  ${exclude_regex:+-E "$exclude_regex"} "$@") || status=$?
+finished=$(date +%s)
+
+reports=$(find "$logs" -type f | sort)
+if [ -n "$reports" ]; then
+  echo "[sanitizers] sanitizer reports:" >&2
+  for f in $reports; do
+    echo "=== $f" >&2
+    cat "$f" >&2
+  done
+  status=1
+fi
+echo "[sanitizers] tests took $((finished - built)) s (total $((finished - start)) s)" >&2
+if [ "$status" -ne 0 ]; then
+  echo "[sanitizers] FAILED" >&2
+  exit "$status"
+fi
+echo "[sanitizers] clean: no ASan, LSan or UBSan report" >&2

@@ -1,0 +1,611 @@
+// Faults with real processes on loopback (docs/faults.md):
+//  - kill -9 of a decode worker during 16 concurrent sampled streams (2
+//    decode workers): every stream completes with exactly the tokens of a
+//    fault-free colocated run; zero blocks / leases left; the migration is
+//    counted; the recovery time (kill -> next token) is printed;
+//  - kill -9 of a prefill worker during the prefill of 8 requests (2 prefill
+//    workers), and of the prefill worker in the middle of its KV push;
+//  - client cancellation while queued, in prefill, during the transfer, in
+//    decode and in the last step: zero blocks and leases on every worker
+//    (their GetStats) well before any lease could expire;
+//  - drain: SIGTERM of a decode worker under load fails no stream and the
+//    worker exits 0; a rolling restart of every worker under load loses no
+//    request; kill -9 of the router leaves no blocks on the workers.
+// (Lease expiry of an unclaimed handoff: tests/services/pd_workers_test.cc.)
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "tandem/v1/generation.grpc.pb.h"
+#include "tandem/v1/worker.grpc.pb.h"
+#include "tests/integration/cluster_util.h"
+#include "tests/util/http_get.h"
+#include "tests/util/subprocess.h"
+
+namespace tandem::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* const kPrompts[] = {
+    "The capital of France is",     "Once upon a time",    "def fibonacci(n):",
+    "The three primary colors are", "Water boils at",      "My favourite animal is",
+    "In 1969, the first man on",    "The quick brown fox",
+};
+
+// A long prompt (~ n words) so that prefill takes a while.
+std::string LongPrompt(int n, int variant) {
+  std::string s = "Story " + std::to_string(variant) + ":";
+  const char* words[] = {"river", "stone", "light", "north", "garden", "signal", "copper", "cloud"};
+  for (int i = 0; i < n; ++i) s += std::string(" ") + words[(i * 7 + variant) % 8];
+  return s;
+}
+
+tandem::v1::GenerateRequest Request(const std::string& prompt, uint64_t seed, int max_tokens,
+                                    double temperature = 0.8) {
+  tandem::v1::GenerateRequest req;
+  req.set_text(prompt);
+  req.mutable_sampling()->set_temperature(temperature);
+  req.mutable_sampling()->set_seed(seed);
+  req.mutable_stop()->set_max_tokens(max_tokens);
+  req.mutable_stop()->set_ignore_eos(true);  // fixed lengths: long, comparable streams
+  return req;
+}
+
+struct Result {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  std::vector<Clock::time_point> token_times;  // one per token
+  std::string text;
+  tandem::v1::FinishReason reason = tandem::v1::FINISH_REASON_UNSPECIFIED;
+};
+
+std::unique_ptr<tandem::v1::Generation::Stub> Client(const std::string& address) {
+  return tandem::v1::Generation::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+// Streams one request. `cancel(r)` is asked after every message and before
+// the first; true cancels the call.
+// `started(ctx)` (optional) gets the call's context, e.g. to TryCancel it
+// from another thread.
+Result Stream(tandem::v1::Generation::Stub& stub, const tandem::v1::GenerateRequest& req,
+              const std::function<bool(const Result&)>& cancel = nullptr,
+              std::atomic<int>* tokens_seen = nullptr,
+              const std::function<void(grpc::ClientContext*)>& started = nullptr) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
+  if (started) started(&ctx);
+  Result r;
+  auto reader = stub.Generate(&ctx, req);
+  tandem::v1::GenerateResponse resp;
+  bool cancelled = false;
+  while (reader->Read(&resp)) {
+    const auto now = Clock::now();
+    for (int32_t id : resp.token_ids()) {
+      r.tokens.push_back(id);
+      r.token_times.push_back(now);
+    }
+    if (tokens_seen != nullptr) tokens_seen->fetch_add(resp.token_ids_size());
+    r.text += resp.text();
+    if (resp.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) r.reason = resp.finish_reason();
+    if (!cancelled && cancel && cancel(r)) {
+      ctx.TryCancel();
+      cancelled = true;
+    }
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+std::vector<Result> RunAll(const std::string& address,
+                           const std::vector<tandem::v1::GenerateRequest>& reqs,
+                           std::atomic<int>* tokens_seen = nullptr) {
+  auto stub = Client(address);
+  std::vector<Result> out(reqs.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    threads.emplace_back([&, i] { out[i] = Stream(*stub, reqs[i], nullptr, tokens_seen); });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// The tokens a fault-free colocated server produces for `reqs`.
+std::vector<Result> Baseline(const std::vector<tandem::v1::GenerateRequest>& reqs) {
+  ServeProcess colocated;
+  const std::string err = colocated.Start({"--colocated"});
+  EXPECT_EQ(err, "") << err;
+  std::vector<Result> out = RunAll(colocated.Address("router"), reqs);
+  EXPECT_EQ(colocated.Stop(), 0);
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_TRUE(out[i].status.ok()) << "baseline " << i << ": " << out[i].status.error_message();
+  }
+  return out;
+}
+
+void ExpectSameStreams(const std::vector<Result>& got, const std::vector<Result>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(got[i].status.ok()) << "request " << i << ": " << got[i].status.error_message();
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+    EXPECT_EQ(got[i].text, want[i].text) << "request " << i;
+    EXPECT_EQ(got[i].reason, want[i].reason) << "request " << i;
+  }
+}
+
+absl::StatusOr<tandem::v1::WorkerStats> Stats(const std::string& role, const std::string& address) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  tandem::v1::WorkerStats stats;
+  grpc::Status s = role == "prefill"
+                       ? tandem::v1::PrefillWorker::NewStub(channel)->GetStats(&ctx, {}, &stats)
+                       : tandem::v1::DecodeWorker::NewStub(channel)->GetStats(&ctx, {}, &stats);
+  if (!s.ok()) return absl::UnavailableError(s.error_message());
+  return stats;
+}
+
+// Polls until `pred(stats)` holds (true) or `timeout` passes (false).
+bool WaitStats(const std::string& role, const std::string& address,
+               const std::function<bool(const tandem::v1::WorkerStats&)>& pred,
+               std::chrono::milliseconds timeout) {
+  const auto give_up = Clock::now() + timeout;
+  while (Clock::now() < give_up) {
+    auto s = Stats(role, address);
+    if (s.ok() && pred(*s)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+bool Clean(const tandem::v1::WorkerStats& s) {
+  return s.num_blocks_used() == 0 && s.num_leases() == 0 && s.num_leased_blocks() == 0 &&
+         s.num_running() == 0 && s.num_waiting() == 0;
+}
+
+// Every live worker of `endpoints` holds no block, lease or request within
+// `within` (much shorter than the lease, so it was released, not expired).
+void ExpectNoKvInUse(const std::vector<Endpoint>& endpoints, const std::vector<int>& dead_pids,
+                     std::chrono::milliseconds within = std::chrono::milliseconds(5000)) {
+  for (const Endpoint& e : endpoints) {
+    if (e.role == "router" ||
+        std::find(dead_pids.begin(), dead_pids.end(), e.pid) != dead_pids.end()) {
+      continue;
+    }
+    const bool clean = WaitStats(e.role, e.grpc_address, Clean, within);
+    auto s = Stats(e.role, e.grpc_address);
+    ASSERT_TRUE(s.ok()) << e.role << " " << e.grpc_address << ": " << s.status();
+    EXPECT_TRUE(clean) << e.role << " " << e.grpc_address << ": blocks used "
+                       << s->num_blocks_used() << ", leases " << s->num_leases()
+                       << ", leased blocks " << s->num_leased_blocks() << ", running "
+                       << s->num_running() << ", waiting " << s->num_waiting();
+  }
+}
+
+std::vector<Endpoint> Workers(const ServeProcess& p, const std::string& role) {
+  std::vector<Endpoint> out;
+  for (const Endpoint& e : p.endpoints()) {
+    if (e.role == role) out.push_back(e);
+  }
+  return out;
+}
+
+// Sum of the samples of `metric` whose label set contains `label` ("" = all).
+double MetricSum(const std::string& metrics_address, const std::string& metric,
+                 const std::string& label = "") {
+  const int port = std::stoi(metrics_address.substr(metrics_address.rfind(':') + 1));
+  std::istringstream body(HttpGetBody(port, "/metrics"));
+  double sum = 0;
+  for (std::string line; std::getline(body, line);) {
+    if (line.rfind(metric, 0) != 0 || (line.size() > metric.size() && line[metric.size()] != '{' &&
+                                       line[metric.size()] != ' ')) {
+      continue;
+    }
+    if (!label.empty() && line.find(label) == std::string::npos) continue;
+    sum += std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
+}
+
+// A `tandem <args>` process of its own (standalone router / workers).
+class Proc {
+ public:
+  explicit Proc(std::vector<std::string> args) {
+    char dir_template[] = "/tmp/tandem_proc_XXXXXX";
+    log_ = std::string(mkdtemp(dir_template)) + "/log";
+    args.insert(args.begin(), TandemBinary());
+    pid_ = fork();
+    if (pid_ == 0) {
+      FILE* log = std::fopen(log_.c_str(), "w");
+      dup2(fileno(log), STDOUT_FILENO);
+      dup2(fileno(log), STDERR_FILENO);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~Proc() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  void Signal(int sig) { kill(pid_, sig); }
+  // Exit code (128 + signal when killed); -1 when still running at `timeout`.
+  int Wait(std::chrono::seconds timeout) {
+    const auto give_up = Clock::now() + timeout;
+    while (Clock::now() < give_up) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+  std::string Log() const {
+    std::ifstream f(log_);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_;
+};
+
+std::string Local(int port) { return "127.0.0.1:" + std::to_string(port); }
+
+std::vector<std::string> WorkerArgs(const std::string& role, int port, int router_port,
+                                    std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {role,           "--host", "127.0.0.1", "--port",
+                                std::to_string(port), "--router", Local(router_port),
+                                "--kv-cache-memory", "256MiB", "--threads", "1"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+TEST(FaultsTest, DecodeKilledMidStreamMigratesWithTheSameTokens) {
+  std::vector<tandem::v1::GenerateRequest> reqs;
+  for (int i = 0; i < 16; ++i) reqs.push_back(Request(kPrompts[i % 8], 2000 + i, 40));
+  const std::vector<Result> want = Baseline(reqs);
+
+  ServeProcess cluster;
+  ASSERT_EQ(cluster.Start({"--prefill-workers", "1", "--decode-workers", "2", "--threads", "1"}),
+            "");
+  const std::vector<Endpoint> decode = Workers(cluster, "decode");
+  ASSERT_EQ(decode.size(), 2u);
+  std::atomic<int> seen{0};
+  Clock::time_point killed_at;
+  std::thread killer([&] {
+    while (seen.load() < 16 * 10) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    killed_at = Clock::now();
+    kill(decode[0].pid, SIGKILL);
+  });
+  const std::vector<Result> got = RunAll(cluster.Address("router"), reqs, &seen);
+  killer.join();
+  ExpectSameStreams(got, want);
+
+  // Recovery: from the kill to each stream's next token (the streams that
+  // were on the killed worker are the slow ones).
+  std::vector<double> gaps_ms;
+  for (const Result& r : got) {
+    for (const auto& t : r.token_times) {
+      if (t > killed_at) {
+        gaps_ms.push_back(std::chrono::duration<double, std::milli>(t - killed_at).count());
+        break;
+      }
+    }
+  }
+  std::sort(gaps_ms.begin(), gaps_ms.end());
+  ASSERT_FALSE(gaps_ms.empty());
+  std::printf("[faults] kill -9 decode: kill -> next token, over %zu streams: median %.0f ms, "
+              "max %.0f ms\n",
+              gaps_ms.size(), gaps_ms[gaps_ms.size() / 2], gaps_ms.back());
+  RecordProperty("recovery_max_ms", static_cast<int>(gaps_ms.back()));
+  const std::string router_metrics = cluster.endpoints()[0].metrics_address;
+  EXPECT_GE(MetricSum(router_metrics, "tandem_request_migrations_total", "decode_failed"), 1);
+  EXPECT_GE(MetricSum(router_metrics, "tandem_migration_recovery_seconds_count"), 1);
+  ExpectNoKvInUse(cluster.endpoints(), {decode[0].pid});
+  EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
+}
+
+TEST(FaultsTest, PrefillKilledDuringPrefillIsRetriedElsewhere) {
+  std::vector<tandem::v1::GenerateRequest> reqs;
+  for (int i = 0; i < 8; ++i) reqs.push_back(Request(LongPrompt(300, i), 3000 + i, 6));
+  const std::vector<Result> want = Baseline(reqs);
+
+  ServeProcess cluster;
+  ASSERT_EQ(cluster.Start({"--prefill-workers", "2", "--decode-workers", "1", "--threads", "1"}),
+            "");
+  const std::vector<Endpoint> prefill = Workers(cluster, "prefill");
+  ASSERT_EQ(prefill.size(), 2u);
+  std::thread killer([&] {
+    // Once the victim is computing a prompt (or has one queued).
+    WaitStats("prefill", prefill[0].grpc_address,
+              [](const tandem::v1::WorkerStats& s) { return s.num_running() > 0; },
+              std::chrono::milliseconds(20000));
+    kill(prefill[0].pid, SIGKILL);
+  });
+  const std::vector<Result> got = RunAll(cluster.Address("router"), reqs);
+  killer.join();
+  ExpectSameStreams(got, want);
+  const std::string router_metrics = cluster.endpoints()[0].metrics_address;
+  EXPECT_GE(MetricSum(router_metrics, "tandem_request_migrations_total", "prefill_failed"), 1);
+  ExpectNoKvInUse(cluster.endpoints(), {prefill[0].pid});
+  EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
+}
+
+// The push is held after its header (fault hook), the prefill worker doing
+// it is killed: the decode worker drops the partial handoff and the request
+// completes through the other prefill worker, with the same tokens.
+TEST(FaultsTest, PrefillKilledMidTransferLeavesNoReservation) {
+  const std::vector<tandem::v1::GenerateRequest> reqs = {Request(LongPrompt(60, 9), 4000, 12)};
+  const std::vector<Result> want = Baseline(reqs);
+  setenv("TANDEM_FAULT_KV_PUSH_DELAY_MS", "1500", 1);
+  ServeProcess cluster;
+  const std::string err =
+      cluster.Start({"--prefill-workers", "2", "--decode-workers", "1", "--threads", "1"});
+  unsetenv("TANDEM_FAULT_KV_PUSH_DELAY_MS");
+  ASSERT_EQ(err, "");
+  const std::vector<Endpoint> prefill = Workers(cluster, "prefill");
+  const Endpoint decode = Workers(cluster, "decode")[0];
+  int victim = -1;
+  std::thread killer([&] {
+    // The push is in flight: the decode worker holds its reservation.
+    if (!WaitStats("decode", decode.grpc_address,
+                   [](const tandem::v1::WorkerStats& s) { return s.num_leases() > 0; },
+                   std::chrono::milliseconds(20000))) {
+      return;
+    }
+    for (int i = 0; i < 2; ++i) {
+      auto s = Stats("prefill", prefill[i].grpc_address);
+      if (s.ok() && s->num_active_rpcs() > 0) victim = i;
+    }
+    if (victim >= 0) kill(prefill[victim].pid, SIGKILL);
+  });
+  const std::vector<Result> got = RunAll(cluster.Address("router"), reqs);
+  killer.join();
+  ASSERT_GE(victim, 0) << "no prefill worker was seen pushing";
+  ExpectSameStreams(got, want);
+  ExpectNoKvInUse(cluster.endpoints(), {prefill[victim].pid});
+  EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
+}
+
+// Cancel at each stage; every worker must be clean long before the 60 s
+// lease could expire (so the release, not the expiry, freed them).
+TEST(FaultsTest, CancelAtEveryStageLeavesNoBlocksOrLeases) {
+  setenv("TANDEM_FAULT_KV_PUSH_DELAY_MS", "400", 1);
+  ServeProcess cluster;
+  const std::string err = cluster.Start({"--prefill-workers", "1", "--decode-workers", "1",
+                                         "--kv-lease-seconds", "60", "--threads", "1"});
+  unsetenv("TANDEM_FAULT_KV_PUSH_DELAY_MS");
+  ASSERT_EQ(err, "");
+  const Endpoint prefill = Workers(cluster, "prefill")[0];
+  const Endpoint decode = Workers(cluster, "decode")[0];
+  auto stub = Client(cluster.Address("router"));
+
+  // Runs `n` copies of `req` at once, cancelling each when `when()` says so
+  // (polled every message and every 5 ms).
+  auto run_cancelled = [&](const char* stage, const tandem::v1::GenerateRequest& req, int n,
+                           const std::function<bool()>& when,
+                           const std::function<bool(const Result&)>& per_stream = nullptr) {
+    std::vector<std::thread> threads;
+    std::vector<Result> results(n);
+    std::mutex ctx_mu;
+    std::vector<grpc::ClientContext*> contexts(n, nullptr);
+    std::vector<bool> finished(n, false);
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] {
+        results[i] = Stream(*stub, req, per_stream, nullptr, [&](grpc::ClientContext* ctx) {
+          std::lock_guard<std::mutex> lock(ctx_mu);
+          contexts[i] = ctx;
+        });
+        std::lock_guard<std::mutex> lock(ctx_mu);
+        finished[i] = true;
+      });
+    }
+    if (when) {
+      const auto give_up = Clock::now() + std::chrono::seconds(30);
+      bool reached = false;
+      while (!(reached = when()) && Clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      EXPECT_TRUE(reached) << stage << ": the stage was never observed";
+      std::lock_guard<std::mutex> lock(ctx_mu);
+      for (int i = 0; i < n; ++i) {
+        if (contexts[i] != nullptr && !finished[i]) contexts[i]->TryCancel();
+      }
+    }
+    for (auto& t : threads) t.join();
+    int num_cancelled = 0;
+    for (const Result& r : results) num_cancelled += r.status.error_code() == grpc::StatusCode::CANCELLED;
+    EXPECT_GE(num_cancelled, 1) << stage << ": no call was cancelled";
+    for (const Result& r : results) {
+      // Cancelled (or, when the cancel lost the race with the finish, OK).
+      EXPECT_TRUE(r.status.ok() || r.status.error_code() == grpc::StatusCode::CANCELLED)
+          << stage << ": " << r.status.error_message();
+    }
+    SCOPED_TRACE(stage);
+    ExpectNoKvInUse(cluster.endpoints(), {});
+  };
+  auto prefill_has = [&](std::function<bool(const tandem::v1::WorkerStats&)> pred) {
+    return [&, pred] {
+      auto s = Stats("prefill", prefill.grpc_address);
+      return s.ok() && pred(*s);
+    };
+  };
+  auto decode_has = [&](std::function<bool(const tandem::v1::WorkerStats&)> pred) {
+    return [&, pred] {
+      auto s = Stats("decode", decode.grpc_address);
+      return s.ok() && pred(*s);
+    };
+  };
+  // Queued behind other prompts on the prefill worker (prompts longer than
+  // one step's token budget, so one runs chunk by chunk while others wait).
+  run_cancelled("queued", Request(LongPrompt(1200, 1), 1, 8), 3,
+                prefill_has([](const auto& s) { return s.num_waiting() > 0; }));
+  // Computing the prompt (between its chunks).
+  run_cancelled("in prefill", Request(LongPrompt(1500, 2), 2, 8), 1,
+                prefill_has([](const auto& s) { return s.num_running() > 0; }));
+  // Pushing the KV (held after the header by the fault hook).
+  run_cancelled("during transfer", Request(LongPrompt(50, 3), 3, 8), 1,
+                decode_has([](const auto& s) { return s.num_leases() > 0; }));
+  // Decoding, after 3 tokens.
+  run_cancelled("in decode", Request(kPrompts[0], 4, 200), 2, nullptr,
+                [](const Result& r) { return r.tokens.size() >= 3; });
+  // At the last step (max_tokens 12, cancel once 11 arrived).
+  run_cancelled("last step", Request(kPrompts[1], 5, 12), 2, nullptr,
+                [](const Result& r) { return r.tokens.size() >= 11; });
+  EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
+}
+
+TEST(FaultsTest, DrainOfADecodeWorkerUnderLoadFailsNoStream) {
+  std::vector<tandem::v1::GenerateRequest> reqs;
+  for (int i = 0; i < 12; ++i) reqs.push_back(Request(kPrompts[i % 8], 5000 + i, 40));
+  const std::vector<Result> want = Baseline(reqs);
+  ServeProcess cluster;
+  ASSERT_EQ(cluster.Start({"--prefill-workers", "1", "--decode-workers", "2", "--threads", "1",
+                           "--drain-seconds", "60"}),
+            "");
+  const Endpoint victim = Workers(cluster, "decode")[0];
+  std::atomic<int> seen{0};
+  std::vector<Result> late;
+  std::thread drainer([&] {
+    while (seen.load() < 12 * 5) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    kill(victim.pid, SIGTERM);
+    // New requests after the SIGTERM go to the other worker.
+    std::vector<tandem::v1::GenerateRequest> more(reqs.begin(), reqs.begin() + 4);
+    late = RunAll(cluster.Address("router"), more);
+  });
+  const std::vector<Result> got = RunAll(cluster.Address("router"), reqs, &seen);
+  drainer.join();
+  ExpectSameStreams(got, want);
+  ExpectSameStreams(late, std::vector<Result>(want.begin(), want.begin() + 4));
+  // The drained worker exited 0 (its parent, tandem serve, logs how).
+  const auto give_up = Clock::now() + std::chrono::seconds(20);
+  const std::string exited = "pid " + std::to_string(victim.pid) + " exited (code 0)";
+  while (cluster.Log().find(exited) == std::string::npos && Clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(cluster.Log().find(exited), std::string::npos) << cluster.Log();
+  ExpectNoKvInUse(cluster.endpoints(), {victim.pid});
+  EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
+}
+
+// Router + 2 prefill + 2 decode as separate processes; every worker is
+// SIGTERMed (drain, exit 0) and replaced, one at a time, under a steady load.
+TEST(FaultsTest, RollingRestartOfEveryWorkerLosesNoRequest) {
+  const int router_port = FreePort();
+  Proc router({"router", "--host", "127.0.0.1", "--port", std::to_string(router_port),
+               "--metrics-port", "-1"});
+  struct Slot {
+    std::string role;
+    int port;
+    std::unique_ptr<Proc> proc;
+  };
+  std::vector<Slot> slots;
+  for (const char* role : {"prefill", "prefill", "decode", "decode"}) {
+    const int port = FreePort();
+    slots.push_back({role, port, std::make_unique<Proc>(WorkerArgs(role, port, router_port))});
+  }
+  auto ready = [&](const Slot& s) {
+    return WaitStats(s.role, Local(s.port), [](const auto&) { return true; },
+                     std::chrono::milliseconds(60000));
+  };
+  for (const Slot& s : slots) ASSERT_TRUE(ready(s)) << s.role << "\n" << s.proc->Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // registered + polled healthy
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> done{0};
+  std::mutex mu;
+  std::vector<std::string> failures;
+  std::vector<std::thread> load;
+  for (int c = 0; c < 3; ++c) {
+    load.emplace_back([&, c] {
+      auto stub = Client(Local(router_port));
+      for (int i = 0; !stop.load(); ++i) {
+        const Result r = Stream(*stub, Request(kPrompts[(c + i) % 8], 100 * c + i, 16));
+        if (!r.status.ok() || r.tokens.size() != 16) {
+          std::lock_guard<std::mutex> lock(mu);
+          failures.push_back(r.status.error_message() + " (" + std::to_string(r.tokens.size()) +
+                             " tokens)");
+        }
+        done.fetch_add(1);
+      }
+    });
+  }
+  for (Slot& s : slots) {
+    const int before = done.load();
+    while (done.load() < before + 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    s.proc->Signal(SIGTERM);
+    const int code = s.proc->Wait(std::chrono::seconds(40));
+    EXPECT_EQ(code, 0) << s.role << " did not drain cleanly\n" << s.proc->Log();
+    s.port = FreePort();
+    s.proc = std::make_unique<Proc>(WorkerArgs(s.role, s.port, router_port));
+    ASSERT_TRUE(ready(s)) << s.proc->Log();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  }
+  stop = true;
+  for (auto& t : load) t.join();
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failed, first: " << failures[0]
+                                << "\nrouter:\n"
+                                << router.Log();
+  EXPECT_GE(done.load(), 8);
+  router.Signal(SIGTERM);
+  EXPECT_EQ(router.Wait(std::chrono::seconds(40)), 0) << router.Log();
+}
+
+TEST(FaultsTest, RouterKilledLeavesNoBlocksOnTheWorkers) {
+  const int router_port = FreePort();
+  auto router = std::make_unique<Proc>(std::vector<std::string>{
+      "router", "--host", "127.0.0.1", "--port", std::to_string(router_port), "--metrics-port",
+      "-1"});
+  const int pp = FreePort(), dp = FreePort();
+  Proc prefill(WorkerArgs("prefill", pp, router_port));
+  Proc decode(WorkerArgs("decode", dp, router_port, {"--kv-lease-seconds", "3"}));
+  ASSERT_TRUE(WaitStats("prefill", Local(pp), [](const auto&) { return true; },
+                        std::chrono::milliseconds(60000)));
+  ASSERT_TRUE(WaitStats("decode", Local(dp), [](const auto&) { return true; },
+                        std::chrono::milliseconds(60000)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  std::atomic<int> seen{0};
+  std::vector<std::thread> streams;
+  for (int i = 0; i < 4; ++i) {
+    streams.emplace_back([&, i] {
+      auto stub = Client(Local(router_port));
+      Stream(*stub, Request(i % 2 ? kPrompts[i] : LongPrompt(200, i), 10 + i, 200), nullptr, &seen);
+    });
+  }
+  while (seen.load() < 4) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  router->Signal(SIGKILL);
+  router->Wait(std::chrono::seconds(5));
+  for (auto& t : streams) t.join();  // they fail (router gone)
+  // Streams are cancelled on the workers, handoffs released or expired (3 s).
+  std::vector<Endpoint> workers = {{"prefill", 0, Local(pp), ""}, {"decode", 0, Local(dp), ""}};
+  ExpectNoKvInUse(workers, {}, std::chrono::milliseconds(8000));
+}
+
+}  // namespace
+}  // namespace tandem::testing
