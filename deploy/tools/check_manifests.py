@@ -34,9 +34,9 @@ PODMONITOR = REPO / "deploy/prometheus/operator/podmonitor.yaml"
 FETCH_SH = REPO / "scripts/fetch_model.sh"
 DEFAULT_DRAIN_SECONDS = 30
 DRAIN_MARGIN_SECONDS = 5
-# Flags the manifests use that later issues add (drain: --drain-seconds is
-# designed for but not passed; NCCL: the gpu overlay's transport flag).
-PENDING_FLAGS = {"kv-transport"}
+# Flags the manifests use that later issues add (none left: --kv-transport,
+# the gpu overlay's NCCL transport flag, exists since docs/nccl.md).
+PENDING_FLAGS = set()
 
 
 def pods(objs):

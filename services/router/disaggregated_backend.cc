@@ -84,7 +84,7 @@ class DisaggregatedCall final : public BackendCall {
   bool Arm(grpc::ClientContext* ctx) {
     absl::MutexLock lock(&mu_);
     active_ = ctx;
-    worker_failed_ = false;
+    failed_worker_ = nullptr;
     return !cancelled_;
   }
   void Disarm() {
@@ -95,14 +95,15 @@ class DisaggregatedCall final : public BackendCall {
     absl::MutexLock lock(&mu_);
     return cancelled_;
   }
-  bool worker_failed() {
+  // The worker the pool declared failed during the RPC in flight, if any.
+  const Worker* failed_worker() {
     absl::MutexLock lock(&mu_);
-    return worker_failed_;
+    return failed_worker_;
   }
-  // The pool declared the worker of the RPC in flight failed: cut it.
-  void OnWorkerFailed() {
+  // The pool declared `w` (which the RPC in flight depends on) failed: cut it.
+  void OnWorkerFailed(const Worker* w) {
     absl::MutexLock lock(&mu_);
-    worker_failed_ = true;
+    if (failed_worker_ == nullptr) failed_worker_ = w;
     if (active_ != nullptr) active_->TryCancel();
   }
 
@@ -110,7 +111,7 @@ class DisaggregatedCall final : public BackendCall {
   class WatchScope {
    public:
     WatchScope(DisaggregatedCall* call, Worker& w)
-        : w_(w), id_(WorkerPool::Watch(w, [call] { call->OnWorkerFailed(); })) {}
+        : w_(w), id_(WorkerPool::Watch(w, [call, p = &w] { call->OnWorkerFailed(p); })) {}
     ~WatchScope() { WorkerPool::Unwatch(w_, id_); }
 
    private:
@@ -190,26 +191,33 @@ class DisaggregatedCall final : public BackendCall {
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + kWorkerRpcLimit));
       grpc::Status s;
       {
-        WatchScope watch(this, *prefill);
+        // The push hangs on the decode worker too when that one hangs.
+        WatchScope watch_prefill(this, *prefill);
+        WatchScope watch_decode(this, *decode);
         s = Arm(&ctx) ? prefill->prefill->Prefill(&ctx, req, &first)
                       : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
       }
       Disarm();
       WorkerPool::DonePrefill(*prefill, static_cast<int64_t>(request_.prompt_token_ids.size()));
       if (!s.ok()) {
-        ReleaseKv(*decode, handle);
+        const Worker* failed = failed_worker();
+        if (failed != decode.get()) ReleaseKv(*decode, handle);  // a hung one would stall us
         WorkerPool::DoneDecode(*decode);
-        const bool failed = worker_failed();
         if (cancelled()) {
           FinishCancelled();
           return Failure::kNone;
         }
         last_error_ = absl::StrFormat("prefill worker %s: %s", prefill->address, s.error_message());
+        if (failed == decode.get()) {
+          last_error_ = absl::StrFormat("decode worker %s missed its health checks during the push",
+                                        decode->address);
+          return Failure::kTransfer;
+        }
         if (s.error_code() == grpc::StatusCode::ABORTED) {  // the push failed
           WorkerPool::ReportFailure(*decode);
           return Failure::kTransfer;
         }
-        if (failed || WorkerFault(s.error_code())) {
+        if (failed != nullptr || WorkerFault(s.error_code())) {
           WorkerPool::ReportFailure(*prefill);
           return Failure::kPrefill;
         }
@@ -277,8 +285,8 @@ class DisaggregatedCall final : public BackendCall {
       Finish(reason, absl::OkStatus());
       return Failure::kNone;
     }
-    if (!handle.empty()) ReleaseKv(*decode, handle);
-    const bool failed = worker_failed();
+    const bool failed = failed_worker() != nullptr;
+    if (!handle.empty() && !failed) ReleaseKv(*decode, handle);
     if (cancelled()) {
       FinishCancelled();
       return Failure::kNone;
@@ -348,7 +356,7 @@ class DisaggregatedCall final : public BackendCall {
 
   absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool worker_failed_ ABSL_GUARDED_BY(mu_) = false;  // set by the pool's watch
+  const Worker* failed_worker_ ABSL_GUARDED_BY(mu_) = nullptr;  // set by the pool's watch
   grpc::ClientContext* active_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread thread_;
 };

@@ -5,8 +5,8 @@
 // (kv_lease_table.h) until Decode claims it.
 //
 // Implementations: HostKvTransport (bytes over the DecodeWorker.PushKv gRPC
-// stream; host_kv_transport.h). An NCCL transport (later issue) implements
-// the same Send with the header over gRPC and the payload by ncclSend.
+// stream; host_kv_transport.h) and NcclKvTransport (the header over gRPC, the
+// payload by ncclSend; nccl_kv_transport.h, docs/nccl.md).
 //
 // Thread safety: Send may be called from many threads at once.
 #ifndef TANDEM_SERVICES_TRANSFER_KV_TRANSPORT_H_

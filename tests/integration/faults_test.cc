@@ -3,6 +3,8 @@
 //    decode workers): every stream completes with exactly the tokens of a
 //    fault-free colocated run; zero blocks / leases left; the migration is
 //    counted; the recovery time (kill -> next token) is printed;
+//  - a decode worker that hangs (SIGSTOP) is found by the health polls and
+//    its streams migrate;
 //  - kill -9 of a prefill worker during the prefill of 8 requests (2 prefill
 //    workers), and of the prefill worker in the middle of its KV push;
 //  - client cancellation while queued, in prefill, during the transfer, in
@@ -328,6 +330,35 @@ TEST(FaultsTest, DecodeKilledMidStreamMigratesWithTheSameTokens) {
   EXPECT_GE(MetricSum(router_metrics, "tandem_request_migrations_total", "decode_failed"), 1);
   EXPECT_GE(MetricSum(router_metrics, "tandem_migration_recovery_seconds_count"), 1);
   ExpectNoKvInUse(cluster.endpoints(), {decode[0].pid});
+  EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
+}
+
+// A decode worker that hangs (SIGSTOP: its sockets stay open, nothing
+// errors) is declared failed by the router's health polls; the streams
+// waiting on it are cut and migrated, with the same tokens.
+TEST(FaultsTest, HungDecodeWorkerIsDetectedByHealthChecksAndMigrated) {
+  std::vector<tandem::v1::GenerateRequest> reqs;
+  for (int i = 0; i < 8; ++i) reqs.push_back(Request(kPrompts[i], 2500 + i, 40));
+  const std::vector<Result> want = Baseline(reqs);
+  ServeProcess cluster;
+  ASSERT_EQ(cluster.Start({"--prefill-workers", "1", "--decode-workers", "2", "--threads", "1"}),
+            "");
+  const Endpoint victim = Workers(cluster, "decode")[0];
+  std::atomic<int> seen{0};
+  std::thread staller([&] {
+    while (seen.load() < 8 * 8) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    kill(victim.pid, SIGSTOP);
+  });
+  const auto start = Clock::now();
+  const std::vector<Result> got = RunAll(cluster.Address("router"), reqs, &seen);
+  staller.join();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf("[faults] SIGSTOP decode: all 8 streams done in %.1f s\n", seconds);
+  ExpectSameStreams(got, want);
+  const std::string router_metrics = cluster.endpoints()[0].metrics_address;
+  EXPECT_GE(MetricSum(router_metrics, "tandem_request_migrations_total", "decode_failed"), 1);
+  kill(victim.pid, SIGCONT);  // it finds its streams cancelled and frees them
+  ExpectNoKvInUse(cluster.endpoints(), {}, std::chrono::milliseconds(15000));
   EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
 }
 
