@@ -71,7 +71,8 @@ absl::Status Run(const FakeOp& op, absl::Time deadline) {
         g->mu.AwaitWithDeadline(absl::Condition(
                                     +[](FakeComm* c) { return c->aborted.load(); }, op.comm),
                                 deadline);
-        if (op.comm->aborted.load()) return absl::UnavailableError("fake NCCL: communicator aborted");
+        if (op.comm->aborted.load())
+          return absl::UnavailableError("fake NCCL: communicator aborted");
         return absl::DeadlineExceededError("fake NCCL: send did not complete");
       }
       absl::MutexLock lock(&g->mu);
@@ -82,7 +83,8 @@ absl::Status Run(const FakeOp& op, absl::Time deadline) {
     case FakeOp::kRecv: {
       FakeCommGroup* g = op.comm->group.get();
       if (op.comm->aborted.load()) return absl::UnavailableError("fake NCCL: communicator aborted");
-      if (op.fail) return absl::InternalError("fake NCCL: injected receive error (ncclRemoteError)");
+      if (op.fail)
+        return absl::InternalError("fake NCCL: injected receive error (ncclRemoteError)");
       absl::MutexLock lock(&g->mu);
       auto& ch = g->channels[{op.peer, op.comm->rank}];
       struct Arg {
@@ -133,7 +135,8 @@ absl::StatusOr<NcclOps::Comm> FakeNcclOps::CommInitRank(const NcclUniqueId& id, 
   }
   if (faults_.fail_init.load()) return absl::UnavailableError("fake NCCL: injected init error");
   if (faults_.hang_init.load()) {
-    while (absl::Now() < deadline && !(cancelled && cancelled())) absl::SleepFor(absl::Milliseconds(5));
+    while (absl::Now() < deadline && !(cancelled && cancelled()))
+      absl::SleepFor(absl::Milliseconds(5));
     return absl::DeadlineExceededError("fake NCCL: ncclCommInitRank timed out (injected)");
   }
   const std::string key(id.data(), id.size());
@@ -154,7 +157,8 @@ absl::StatusOr<NcclOps::Comm> FakeNcclOps::CommInitRank(const NcclUniqueId& id, 
     while (true) {
       const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(10));
       ok = group->mu.AwaitWithDeadline(
-          absl::Condition(+[](FakeCommGroup* g) { return g->joined >= g->nranks; }, group.get()),
+          absl::Condition(
+              +[](FakeCommGroup* g) { return g->joined >= g->nranks; }, group.get()),
           slice);
       if (ok || absl::Now() >= deadline) break;
       if (cancelled && cancelled()) {
@@ -253,13 +257,14 @@ absl::Status FakeNcclOps::GroupEnd(Comm comm, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-absl::Status FakeNcclOps::Send(Comm comm, const void* buf, int64_t bytes, int peer,
-                               Stream stream) {
+absl::Status FakeNcclOps::Send(Comm comm, const void* buf, int64_t bytes, int peer, Stream stream) {
   auto* c = static_cast<FakeComm*>(comm);
-  if (c == nullptr || c->aborted.load()) return absl::UnavailableError("fake NCCL: no communicator");
-  if (peer < 0 || peer >= c->group->nranks) return absl::InvalidArgumentError("fake NCCL: bad peer");
+  if (c == nullptr || c->aborted.load())
+    return absl::UnavailableError("fake NCCL: no communicator");
+  if (peer < 0 || peer >= c->group->nranks)
+    return absl::InvalidArgumentError("fake NCCL: bad peer");
   ++num_sends_;
-  FakeOp op{FakeOp::kSend, c, nullptr, buf, bytes, peer, faults_.fail_send.load(),
+  FakeOp op{FakeOp::kSend,           c, nullptr, buf, bytes, peer, faults_.fail_send.load(),
             faults_.hang_send.load()};
   if (tl_group.depth > 0) {
     tl_group.ops.emplace_back(static_cast<FakeStream*>(stream), op);
@@ -271,8 +276,10 @@ absl::Status FakeNcclOps::Send(Comm comm, const void* buf, int64_t bytes, int pe
 
 absl::Status FakeNcclOps::Recv(Comm comm, void* buf, int64_t bytes, int peer, Stream stream) {
   auto* c = static_cast<FakeComm*>(comm);
-  if (c == nullptr || c->aborted.load()) return absl::UnavailableError("fake NCCL: no communicator");
-  if (peer < 0 || peer >= c->group->nranks) return absl::InvalidArgumentError("fake NCCL: bad peer");
+  if (c == nullptr || c->aborted.load())
+    return absl::UnavailableError("fake NCCL: no communicator");
+  if (peer < 0 || peer >= c->group->nranks)
+    return absl::InvalidArgumentError("fake NCCL: bad peer");
   ++num_recvs_;
   FakeOp op{FakeOp::kRecv, c, buf, nullptr, bytes, peer, faults_.fail_recv.load(), false};
   if (tl_group.depth > 0) {

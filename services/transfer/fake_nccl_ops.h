@@ -45,12 +45,12 @@ class FakeNcclFabric {
 };
 
 struct FakeNcclFaults {
-  std::atomic<bool> fail_init{false};  // CommInitRank -> Unavailable
-  std::atomic<bool> hang_init{false};  // CommInitRank never joins -> deadline
-  std::atomic<bool> fail_send{false};  // a Send fails when it runs (async error)
-  std::atomic<bool> hang_send{false};  // a Send never completes -> deadline
-  std::atomic<bool> fail_recv{false};  // a Recv fails when it runs
-  std::atomic<bool> fail_alloc{false}; // DeviceAlloc -> ResourceExhausted
+  std::atomic<bool> fail_init{false};   // CommInitRank -> Unavailable
+  std::atomic<bool> hang_init{false};   // CommInitRank never joins -> deadline
+  std::atomic<bool> fail_send{false};   // a Send fails when it runs (async error)
+  std::atomic<bool> hang_send{false};   // a Send never completes -> deadline
+  std::atomic<bool> fail_recv{false};   // a Recv fails when it runs
+  std::atomic<bool> fail_alloc{false};  // DeviceAlloc -> ResourceExhausted
 };
 
 class FakeNcclOps final : public NcclOps {
@@ -59,8 +59,8 @@ class FakeNcclOps final : public NcclOps {
   ~FakeNcclOps() override;
 
   FakeNcclFaults& faults() { return faults_; }
-  int num_inits() const { return num_inits_.load(); }     // communicators made
-  int num_aborts() const { return num_aborts_.load(); }   // CommAbort calls on live comms
+  int num_inits() const { return num_inits_.load(); }    // communicators made
+  int num_aborts() const { return num_aborts_.load(); }  // CommAbort calls on live comms
   int num_live_comms() const { return num_inits_.load() - num_aborts_.load(); }
   int64_t num_sends() const { return num_sends_.load(); }  // Send calls
   int64_t num_recvs() const { return num_recvs_.load(); }  // Recv calls

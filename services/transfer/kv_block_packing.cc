@@ -9,9 +9,12 @@ namespace tandem::transfer {
 
 absl::StatusOr<KvBlockLayout> MakeKvBlockLayout(int64_t num_tokens, int64_t bytes_per_token,
                                                 int64_t block_size, int64_t num_layers) {
-  if (num_tokens < 1) return absl::InvalidArgumentError(absl::StrCat("num_tokens ", num_tokens, " < 1"));
-  if (block_size < 1) return absl::InvalidArgumentError(absl::StrCat("block_size ", block_size, " < 1"));
-  if (num_layers < 1) return absl::InvalidArgumentError(absl::StrCat("num_layers ", num_layers, " < 1"));
+  if (num_tokens < 1)
+    return absl::InvalidArgumentError(absl::StrCat("num_tokens ", num_tokens, " < 1"));
+  if (block_size < 1)
+    return absl::InvalidArgumentError(absl::StrCat("block_size ", block_size, " < 1"));
+  if (num_layers < 1)
+    return absl::InvalidArgumentError(absl::StrCat("num_layers ", num_layers, " < 1"));
   if (bytes_per_token < 1 || bytes_per_token % (2 * num_layers) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "bytes_per_token ", bytes_per_token, " is not a positive multiple of 2 x num_layers"));
@@ -44,8 +47,8 @@ void PackKvBlocks(const KvBlockLayout& l, const char* src, char* dst) {
     for (int64_t r = 0; r < rows_per_token; ++r) {  // r = layer * 2 + (K|V)
       char* out = block + r * l.block_size * l.row_bytes;
       for (int64_t j = 0; j < n; ++j) {
-        std::memcpy(out + j * l.row_bytes,
-                    src + (first + j) * l.bytes_per_token + r * l.row_bytes, l.row_bytes);
+        std::memcpy(out + j * l.row_bytes, src + (first + j) * l.bytes_per_token + r * l.row_bytes,
+                    l.row_bytes);
       }
       if (n < l.block_size) std::memset(out + n * l.row_bytes, 0, (l.block_size - n) * l.row_bytes);
     }

@@ -20,8 +20,8 @@ absl::Status NcclStaging::Reserve(int64_t bytes) {
   Free();
   absl::StatusOr<void*> h = ops_->HostAlloc(bytes);
   if (!h.ok()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("NCCL staging: pinned host buffer of ", bytes, " bytes: ", h.status().message()));
+    return absl::ResourceExhaustedError(absl::StrCat("NCCL staging: pinned host buffer of ", bytes,
+                                                     " bytes: ", h.status().message()));
   }
   host_ = static_cast<char*>(*h);
   absl::StatusOr<void*> d = ops_->DeviceAlloc(bytes);
@@ -85,8 +85,9 @@ absl::Status SendKvBlocks(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stre
   TANDEM_RETURN_IF_ERROR(staging.Reserve(layout.staging_bytes()));
   TANDEM_RETURN_IF_ERROR(StageForSend(ops, layout, payload, staging, stream));
   const std::vector<KvSegment> segments = KvSegments(layout, blocks_per_segment);
-  TANDEM_RETURN_IF_ERROR(Grouped(
-      ops, comm, deadline, [&] { return EnqueueSends(ops, comm, peer, staging, segments, stream); }));
+  TANDEM_RETURN_IF_ERROR(Grouped(ops, comm, deadline, [&] {
+    return EnqueueSends(ops, comm, peer, staging, segments, stream);
+  }));
   return ops.WaitStream(comm, stream, deadline);
 }
 
@@ -95,8 +96,9 @@ absl::Status PostRecvKvBlocks(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream 
                               NcclStaging& staging, absl::Time deadline) {
   TANDEM_RETURN_IF_ERROR(staging.Reserve(layout.staging_bytes()));
   const std::vector<KvSegment> segments = KvSegments(layout, blocks_per_segment);
-  TANDEM_RETURN_IF_ERROR(Grouped(
-      ops, comm, deadline, [&] { return EnqueueRecvs(ops, comm, peer, staging, segments, stream); }));
+  TANDEM_RETURN_IF_ERROR(Grouped(ops, comm, deadline, [&] {
+    return EnqueueRecvs(ops, comm, peer, staging, segments, stream);
+  }));
   return EnqueueDownload(ops, layout, staging, stream);
 }
 

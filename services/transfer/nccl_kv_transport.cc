@@ -31,13 +31,13 @@ absl::Status TransportError(const std::string& address, absl::string_view what,
                             const absl::Status& st) {
   const absl::StatusCode code = absl::IsDeadlineExceeded(st) ? absl::StatusCode::kDeadlineExceeded
                                                              : absl::StatusCode::kUnavailable;
-  return absl::Status(code,
-                      absl::StrCat("NCCL KV transfer to ", address, ": ", what, ": ", st.message()));
+  return absl::Status(
+      code, absl::StrCat("NCCL KV transfer to ", address, ": ", what, ": ", st.message()));
 }
 
 absl::Status WithPeer(const std::string& address, absl::string_view what, const absl::Status& st) {
-  return absl::Status(st.code(),
-                      absl::StrCat("NCCL KV transfer to ", address, ": ", what, ": ", st.message()));
+  return absl::Status(
+      st.code(), absl::StrCat("NCCL KV transfer to ", address, ": ", what, ": ", st.message()));
 }
 
 }  // namespace
@@ -120,9 +120,8 @@ absl::Status NcclKvTransport::Connect(Pair& pair, const std::string& address,
     rpc_done.store(true);
   });
   // Stop waiting for the peer as soon as its NcclConnect failed.
-  absl::StatusOr<NcclOps::Comm> comm =
-      ops_->CommInitRank(*id, 2, kSenderRank, connect_deadline,
-                         [&] { return rpc_done.load() && !rpc_status.ok(); });
+  absl::StatusOr<NcclOps::Comm> comm = ops_->CommInitRank(
+      *id, 2, kSenderRank, connect_deadline, [&] { return rpc_done.load() && !rpc_status.ok(); });
   if (!comm.ok()) context.TryCancel();
   rpc.join();
   // The peer's error, unless it is only our own TryCancel after our init failed.
@@ -173,14 +172,15 @@ absl::StatusOr<KvSendResult> NcclKvTransport::SendOnce(Pair& pair, const KvTrans
       kv.num_tokens(), kv.bytes_per_token, compat.block_size(), compat.num_layers());
   if (!layout.ok()) return WithPeer(address, "KV export", layout.status());
   if (static_cast<int64_t>(kv.bytes.size()) != layout->payload_bytes()) {
-    return absl::InvalidArgumentError("NCCL KV transfer: KV export size != tokens x bytes_per_token");
+    return absl::InvalidArgumentError(
+        "NCCL KV transfer: KV export size != tokens x bytes_per_token");
   }
   const int32_t blocks_per_segment = BlocksPerSegment(*layout, options_.max_segment_bytes);
 
   grpc::ClientContext context;
   if (deadline != absl::InfiniteFuture()) context.set_deadline(absl::ToChronoTime(deadline));
-  std::unique_ptr<grpc::ClientReaderWriter<tandem::v1::NcclPushKvRequest,
-                                           tandem::v1::NcclPushKvResponse>>
+  std::unique_ptr<
+      grpc::ClientReaderWriter<tandem::v1::NcclPushKvRequest, tandem::v1::NcclPushKvResponse>>
       stream = pair.stub->NcclPushKv(&context);
   tandem::v1::NcclPushKvRequest request;
   tandem::v1::NcclPushBegin* begin = request.mutable_begin();
@@ -201,14 +201,16 @@ absl::StatusOr<KvSendResult> NcclKvTransport::SendOnce(Pair& pair, const KvTrans
         st.error_code() == grpc::StatusCode::CANCELLED) {
       Drop(pair);
     }
-    if (st.ok()) return absl::UnavailableError(absl::StrCat(
-        "NCCL KV transfer to ", address, ": the receiver ended the stream without accepting"));
+    if (st.ok())
+      return absl::UnavailableError(absl::StrCat(
+          "NCCL KV transfer to ", address, ": the receiver ended the stream without accepting"));
     return WithPeer(address, "receiver", services::FromGrpcStatus(st));
   }
   // 2. Payload.
   const absl::Time nccl_deadline = std::min(deadline, absl::Now() + options_.transfer_timeout);
-  absl::Status sent = SendKvBlocks(*ops_, pair.comm, pair.stream, kReceiverRank, *layout,
-                                   blocks_per_segment, kv.bytes.data(), pair.staging, nccl_deadline);
+  absl::Status sent =
+      SendKvBlocks(*ops_, pair.comm, pair.stream, kReceiverRank, *layout, blocks_per_segment,
+                   kv.bytes.data(), pair.staging, nccl_deadline);
   if (!sent.ok()) {
     Drop(pair);           // ncclCommAbort here ...
     context.TryCancel();  // ... and the receiver aborts its side and the reservation

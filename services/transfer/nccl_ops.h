@@ -75,8 +75,7 @@ class NcclOps {
   virtual absl::Status GroupStart() = 0;
   virtual absl::Status GroupEnd(Comm comm, absl::Time deadline) = 0;
   // ncclSend / ncclRecv of `bytes` bytes (ncclUint8) to / from `peer`.
-  virtual absl::Status Send(Comm comm, const void* buf, int64_t bytes, int peer,
-                            Stream stream) = 0;
+  virtual absl::Status Send(Comm comm, const void* buf, int64_t bytes, int peer, Stream stream) = 0;
   virtual absl::Status Recv(Comm comm, void* buf, int64_t bytes, int peer, Stream stream) = 0;
 
   // Waits until everything enqueued on `stream` completed: polls

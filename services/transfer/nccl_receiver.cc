@@ -40,7 +40,7 @@ struct NcclKvReceiver::Pair {
   }
   NcclOps* const ops;
   const uint64_t generation;
-  absl::Mutex mu;  // held by the transfer in flight
+  absl::Mutex mu;      // held by the transfer in flight
   NcclOps::Comm comm;  // null once aborted
   NcclOps::Stream stream;
   std::atomic<bool> superseded{false};  // a newer NcclConnect of the same peer
@@ -107,16 +107,16 @@ grpc::Status NcclKvReceiver::Connect(grpc::ServerContext* context,
       ops_->CommInitRank(id, 2, kReceiverRank, RpcDeadline(context, config_.connect_timeout),
                          [context] { return context->IsCancelled(); });
   if (!comm.ok()) {
-    return services::ToGrpcStatus(absl::Status(
-        absl::IsDeadlineExceeded(comm.status()) ? absl::StatusCode::kDeadlineExceeded
-                                                : absl::StatusCode::kUnavailable,
-        absl::StrCat("NcclConnect: ncclCommInitRank: ", comm.status().message())));
+    return services::ToGrpcStatus(
+        absl::Status(absl::IsDeadlineExceeded(comm.status()) ? absl::StatusCode::kDeadlineExceeded
+                                                             : absl::StatusCode::kUnavailable,
+                     absl::StrCat("NcclConnect: ncclCommInitRank: ", comm.status().message())));
   }
   absl::StatusOr<NcclOps::Stream> stream = ops_->StreamCreate();
   if (!stream.ok()) {
     ops_->CommAbort(*comm);
-    return services::ToGrpcStatus(absl::UnavailableError(
-        absl::StrCat("NcclConnect: stream: ", stream.status().message())));
+    return services::ToGrpcStatus(
+        absl::UnavailableError(absl::StrCat("NcclConnect: stream: ", stream.status().message())));
   }
   auto pair = std::make_shared<Pair>(ops_.get(), request->comm_generation(), *comm, *stream);
   std::shared_ptr<Pair> old;
@@ -165,8 +165,8 @@ grpc::Status NcclKvReceiver::PushKv(
   }
   if (pair == nullptr || pair->generation != begin.comm_generation()) {
     return Error(grpc::StatusCode::ABORTED,
-                 absl::StrCat("NcclPushKv: no NCCL communicator for peer '", peer,
-                              "' generation ", begin.comm_generation(), " (connect again)"));
+                 absl::StrCat("NcclPushKv: no NCCL communicator for peer '", peer, "' generation ",
+                              begin.comm_generation(), " (connect again)"));
   }
   if (!pair->mu.TryLock()) {
     return Error(grpc::StatusCode::ABORTED,

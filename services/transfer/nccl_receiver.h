@@ -68,7 +68,7 @@ class NcclKvReceiver {
                       grpc::ServerReaderWriter<tandem::v1::NcclPushKvResponse,
                                                tandem::v1::NcclPushKvRequest>* stream);
 
-  int num_peers();          // communicators held now
+  int num_peers();                                       // communicators held now
   int num_aborts() const { return num_aborts_.load(); }  // communicators aborted on failure
 
  private:

@@ -16,9 +16,9 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
-#include "grpcpp/security/server_credentials.h"
 #include "gtest/gtest.h"
 #include "services/common/compat.h"
 #include "services/transfer/kv_block_packing.h"
@@ -36,9 +36,9 @@ std::shared_ptr<NcclOps> OpsOrNull(int device) {
   return ops.ok() ? *ops : nullptr;
 }
 
-#define REQUIRE_DEVICE(ops, device)                                               \
-  std::shared_ptr<NcclOps> ops = OpsOrNull(device);                               \
-  if (ops == nullptr) {                                                           \
+#define REQUIRE_DEVICE(ops, device)                                                          \
+  std::shared_ptr<NcclOps> ops = OpsOrNull(device);                                          \
+  if (ops == nullptr) {                                                                      \
     GTEST_SKIP() << "no CUDA device " << device << ": " << MakeCudaNcclOps(device).status(); \
   }
 
@@ -92,8 +92,8 @@ TEST(NcclGpuTest, OneRankLoopbackThroughTheTransportPath) {
     NcclStaging send(ops.get()), recv(ops.get());
     // Awkward sizes (1 token, partial last blocks, many layers), then
     // SmolLM2-135M's geometry (30 layers, 3 KV heads x 64, f32) at 2048 tokens.
-    const std::vector<Geometry> cases = {{1, 16, 1, 1},    {17, 16, 2, 3},    {100, 16, 30, 8},
-                                         {5, 1, 4, 2},     {257, 256, 2, 64}, {2048, 16, 30, 192}};
+    const std::vector<Geometry> cases = {{1, 16, 1, 1}, {17, 16, 2, 3},    {100, 16, 30, 8},
+                                         {5, 1, 4, 2},  {257, 256, 2, 64}, {2048, 16, 30, 192}};
     for (const Geometry& g : cases) {
       const int64_t bpt = 2 * g.layers * g.row_floats * 4;
       absl::StatusOr<KvBlockLayout> l = MakeKvBlockLayout(g.tokens, bpt, g.block_size, g.layers);
@@ -107,9 +107,11 @@ TEST(NcclGpuTest, OneRankLoopbackThroughTheTransportPath) {
         ASSERT_TRUE(got.ok()) << got.status();
         EXPECT_TRUE(*got == payload) << g.tokens << " tokens, " << bps << " blocks per segment";
         const double s = absl::ToDoubleSeconds(absl::Now() - start);
-        std::printf("loopback %5lld tokens x %6lld B, %4lld blocks/segment: %8.3f ms (%.2f GB/s incl. packing)\n",
-                    static_cast<long long>(g.tokens), static_cast<long long>(bpt),
-                    static_cast<long long>(bps), s * 1e3, l->payload_bytes() / s / 1e9);
+        std::printf(
+            "loopback %5lld tokens x %6lld B, %4lld blocks/segment: %8.3f ms (%.2f GB/s incl. "
+            "packing)\n",
+            static_cast<long long>(g.tokens), static_cast<long long>(bpt),
+            static_cast<long long>(bps), s * 1e3, l->payload_bytes() / s / 1e9);
       }
     }
   }
@@ -175,9 +177,8 @@ TEST(NcclGpuTest, UnmatchedReceiveTimesOutAndAbortRecovers) {
     absl::StatusOr<KvBlockLayout> l = MakeKvBlockLayout(33, 2 * 2 * 8 * 4, 16, 2);
     ASSERT_TRUE(l.ok());
     const std::string payload = RandomBytes(l->payload_bytes(), 5);
-    absl::StatusOr<std::string> got = LoopbackKvBlocks(*ops, *comm, *stream, 0, *l, 1,
-                                                       payload.data(), send, recv,
-                                                       In(absl::Seconds(60)));
+    absl::StatusOr<std::string> got = LoopbackKvBlocks(
+        *ops, *comm, *stream, 0, *l, 1, payload.data(), send, recv, In(absl::Seconds(60)));
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_TRUE(*got == payload);
   }

@@ -14,9 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
-#include "grpcpp/security/server_credentials.h"
 #include "gtest/gtest.h"
 #include "services/common/compat.h"
 #include "services/common/convert.h"
@@ -89,12 +89,12 @@ TEST(KvBlockPackingTest, RoundTripAwkwardSizes) {
   struct Case {
     int64_t tokens, block_size, layers, row_floats;
   };
-  const std::vector<Case> cases = {{1, 16, 1, 1},   {1, 16, 30, 8},  {15, 16, 2, 3},
-                                   {16, 16, 2, 3},  {17, 16, 2, 3},  {33, 16, 30, 8},
-                                   {5, 1, 4, 2},    {100, 7, 64, 1}, {257, 256, 2, 64}};
+  const std::vector<Case> cases = {{1, 16, 1, 1},  {1, 16, 30, 8},  {15, 16, 2, 3},
+                                   {16, 16, 2, 3}, {17, 16, 2, 3},  {33, 16, 30, 8},
+                                   {5, 1, 4, 2},   {100, 7, 64, 1}, {257, 256, 2, 64}};
   for (const Case& c : cases) {
     SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << " block " << c.block_size
-                                    << " layers " << c.layers << " row " << c.row_floats);
+                                      << " layers " << c.layers << " row " << c.row_floats);
     const int64_t bpt = 2 * c.layers * c.row_floats * 4;
     absl::StatusOr<KvBlockLayout> l = MakeKvBlockLayout(c.tokens, bpt, c.block_size, c.layers);
     ASSERT_TRUE(l.ok()) << l.status();
@@ -170,7 +170,8 @@ TEST(NcclLoopbackTest, OneRankSendsToItself) {
   FakeNcclOps ops(fabric);
   absl::StatusOr<NcclUniqueId> id = ops.GetUniqueId();
   ASSERT_TRUE(id.ok());
-  absl::StatusOr<NcclOps::Comm> comm = ops.CommInitRank(*id, 1, 0, absl::Now() + absl::Seconds(5), {});
+  absl::StatusOr<NcclOps::Comm> comm =
+      ops.CommInitRank(*id, 1, 0, absl::Now() + absl::Seconds(5), {});
   ASSERT_TRUE(comm.ok()) << comm.status();
   absl::StatusOr<NcclOps::Stream> stream = ops.StreamCreate();
   ASSERT_TRUE(stream.ok());
@@ -200,7 +201,9 @@ TEST(NcclLoopbackTest, OneRankSendsToItself) {
 class TestDecodeService final : public v1::DecodeWorker::Service {
  public:
   TestDecodeService(std::shared_ptr<NcclOps> ops, absl::Duration transfer_timeout)
-      : ops_(std::move(ops)), transfer_timeout_(transfer_timeout), leases_(absl::Seconds(30), kBlock) {
+      : ops_(std::move(ops)),
+        transfer_timeout_(transfer_timeout),
+        leases_(absl::Seconds(30), kBlock) {
     Restart();
   }
 
@@ -550,8 +553,8 @@ TEST_F(NcclTransportTest, TwoSendersToOneReceiver) {
   for (int s = 0; s < 2; ++s) {
     threads.emplace_back([&, s] {
       for (int i = 0; i < 4; ++i) {
-        absl::StatusOr<KvSendResult> r = SendKv(s == 0 ? t1 : t2, *node,
-                                                absl::StrCat("s", s, "-", i), MakeKv(20, s * 10 + i));
+        absl::StatusOr<KvSendResult> r =
+            SendKv(s == 0 ? t1 : t2, *node, absl::StrCat("s", s, "-", i), MakeKv(20, s * 10 + i));
         EXPECT_TRUE(r.ok()) << r.status();
         if (r.ok()) ++ok;
       }
@@ -587,7 +590,8 @@ class NcclReceiverProtocolTest : public NcclTransportTest {
     auto* b = req.mutable_begin();
     b->set_peer_id("nobody");
     b->set_comm_generation(1);
-    *b->mutable_header() = HostKvTransport::MakeHeader({node_->address, "h", "r"}, TestCompat(), kv);
+    *b->mutable_header() =
+        HostKvTransport::MakeHeader({node_->address, "h", "r"}, TestCompat(), kv);
     b->set_blocks_per_segment(1);
     return req;
   }

@@ -19,16 +19,15 @@ namespace tandem::transfer {
 namespace {
 
 absl::Status CudaError(const char* what, cudaError_t e) {
-  return absl::UnavailableError(absl::StrCat(what, ": ", cudaGetErrorName(e), " (",
-                                             cudaGetErrorString(e), ")"));
+  return absl::UnavailableError(
+      absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
 }
 
 absl::Status NcclError(const char* what, ncclResult_t r, ncclComm_t comm = nullptr) {
   const char* last = ncclGetLastError(comm);
-  return absl::UnavailableError(absl::StrCat(what, ": ", ncclGetErrorString(r),
-                                             last != nullptr && *last != '\0' ? " (" : "",
-                                             last != nullptr ? last : "",
-                                             last != nullptr && *last != '\0' ? ")" : ""));
+  return absl::UnavailableError(
+      absl::StrCat(what, ": ", ncclGetErrorString(r), last != nullptr && *last != '\0' ? " (" : "",
+                   last != nullptr ? last : "", last != nullptr && *last != '\0' ? ")" : ""));
 }
 
 // Polls with a growing pause (20 us .. 1 ms).
@@ -223,14 +222,15 @@ absl::StatusOr<std::shared_ptr<NcclOps>> MakeCudaNcclOps(int device) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
-    return absl::UnavailableError(absl::StrCat("--kv-transport=nccl needs a CUDA device: ",
-                                               cudaGetErrorName(e), " (", cudaGetErrorString(e),
-                                               ")"));
-  }
-  if (count == 0) return absl::UnavailableError("--kv-transport=nccl needs a CUDA device: none found");
-  if (device < 0 || device >= count) {
     return absl::UnavailableError(
-        absl::StrCat("--kv-transport=nccl: CUDA device ", device, " of ", count, " does not exist"));
+        absl::StrCat("--kv-transport=nccl needs a CUDA device: ", cudaGetErrorName(e), " (",
+                     cudaGetErrorString(e), ")"));
+  }
+  if (count == 0)
+    return absl::UnavailableError("--kv-transport=nccl needs a CUDA device: none found");
+  if (device < 0 || device >= count) {
+    return absl::UnavailableError(absl::StrCat("--kv-transport=nccl: CUDA device ", device, " of ",
+                                               count, " does not exist"));
   }
   e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaFree(nullptr);  // creates the context now, not mid-transfer
