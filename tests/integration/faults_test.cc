@@ -424,6 +424,74 @@ TEST(FaultsTest, PrefillKilledMidTransferLeavesNoReservation) {
   EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
 }
 
+// The decode worker dies while the prefill worker pushes to it: the prefill
+// answers ABORTED (transfer failed), the router replays to the other decode
+// worker; same tokens.
+TEST(FaultsTest, DecodeKilledDuringThePushIsReplayedElsewhere) {
+  const std::vector<tandem::v1::GenerateRequest> reqs = {Request(LongPrompt(40, 5), 4100, 12)};
+  const std::vector<Result> want = Baseline(reqs);
+  setenv("TANDEM_FAULT_KV_PUSH_DELAY_MS", "1500", 1);
+  ServeProcess cluster;
+  const std::string err =
+      cluster.Start({"--prefill-workers", "1", "--decode-workers", "2", "--threads", "1"});
+  unsetenv("TANDEM_FAULT_KV_PUSH_DELAY_MS");
+  ASSERT_EQ(err, "");
+  const std::vector<Endpoint> decode = Workers(cluster, "decode");
+  int victim = -1;
+  std::thread killer([&] {
+    const auto give_up = Clock::now() + std::chrono::seconds(20);
+    while (victim < 0 && Clock::now() < give_up) {
+      for (int i = 0; i < 2; ++i) {
+        auto s = Stats("decode", decode[i].grpc_address);
+        if (s.ok() && s->num_leases() > 0) victim = i;
+      }
+    }
+    if (victim >= 0) kill(decode[victim].pid, SIGKILL);
+  });
+  const std::vector<Result> got = RunAll(cluster.Address("router"), reqs);
+  killer.join();
+  ASSERT_GE(victim, 0) << "no decode worker was seen receiving";
+  ExpectSameStreams(got, want);
+  const std::string router_metrics = cluster.endpoints()[0].metrics_address;
+  EXPECT_GE(MetricSum(router_metrics, "tandem_request_migrations_total", "transfer_failed"), 1);
+  ExpectNoKvInUse(cluster.endpoints(), {decode[victim].pid});
+  EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
+}
+
+// --migration-limit 0: a stream whose decode worker dies fails UNAVAILABLE
+// at once, naming the limit, and the others are unaffected.
+TEST(FaultsTest, MigrationLimitZeroFailsFastAndNamesTheLimit) {
+  std::vector<tandem::v1::GenerateRequest> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(Request(kPrompts[i], 6000 + i, 40));
+  ServeProcess cluster;
+  ASSERT_EQ(cluster.Start({"--prefill-workers", "1", "--decode-workers", "2", "--threads", "1",
+                           "--migration-limit", "0"}),
+            "");
+  const std::vector<Endpoint> decode = Workers(cluster, "decode");
+  std::atomic<int> seen{0};
+  std::thread killer([&] {
+    while (seen.load() < 6 * 8) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    kill(decode[0].pid, SIGKILL);
+  });
+  const std::vector<Result> got = RunAll(cluster.Address("router"), reqs, &seen);
+  killer.join();
+  int failed = 0, ok = 0;
+  for (const Result& r : got) {
+    if (r.status.ok()) {
+      ++ok;
+      EXPECT_EQ(r.tokens.size(), 40u);
+    } else {
+      ++failed;
+      EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+      EXPECT_NE(r.status.error_message().find("--migration-limit"), std::string::npos)
+          << r.status.error_message();
+    }
+  }
+  EXPECT_GE(failed, 1);
+  EXPECT_GE(ok, 1);
+  EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
+}
+
 // Cancel at each stage; every worker must be clean long before the 60 s
 // lease could expire (so the release, not the expiry, freed them).
 TEST(FaultsTest, CancelAtEveryStageLeavesNoBlocksOrLeases) {
