@@ -41,14 +41,36 @@ bool ParseKernelMode(const std::string& s, KernelMode* mode) {
   return true;
 }
 
+bool ActLevels::Parse(const std::string& s, ActLevels* out) {
+  if (s.size() != 5) return false;
+  int v[5];
+  for (int i = 0; i < 5; ++i) {
+    if (s[i] != '1' && s[i] != '2') return false;
+    v[i] = s[i] - '0';
+  }
+  *out = {v[0], v[1], v[2], v[3], v[4]};
+  return true;
+}
+
+std::string ActLevels::ToString() const {
+  return absl::StrCat(qkv, wo, gate_up, down, lm_head);
+}
+
+ActLevels DefaultActLevels(KernelMode mode) {
+  if (mode == KernelMode::kFastInt8) return {1, 1, 1, 1, 1};
+  return {2, 2, 2, 2, 2};
+}
+
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFile& file,
                                                              const LoadOptions& options) {
   TANDEM_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromGguf(file));
   TANDEM_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::Load(file, config));
   if (options.prefault) file.Prefault(options.progress);
   if (options.kernels != KernelMode::kReference) weights.Pack(options.pool);
-  return std::unique_ptr<LlamaModel>(
-      new LlamaModel(std::move(config), std::move(weights), options.pool, options.kernels));
+  const ActLevels levels =
+      options.act_levels != nullptr ? *options.act_levels : DefaultActLevels(options.kernels);
+  return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(config), std::move(weights),
+                                                    options.pool, options.kernels, levels));
 }
 
 absl::StatusOr<std::unique_ptr<KvCacheStorage>> LlamaModel::MakeKvCache(int64_t num_blocks,
@@ -80,9 +102,9 @@ std::string LlamaModel::Summary() const {
       mode_ == KernelMode::kReference
           ? std::string("reference (exact f32)")
           : absl::StrFormat(
-                "%s (%s, %s activations), %d/%d layers packed%s, %.1f MB repacked weights",
+                "%s (%s, activation levels qkv/o/gu/down/head %s), %d/%d layers packed%s, %.1f MB repacked weights",
                 mode_ == KernelMode::kFast ? "fast" : "fast-int8", kernels::QGemmIsa(),
-                act_levels() == 2 ? "int8x2" : "int8", weights_.num_packed_layers(), c.num_layers,
+                levels_.ToString(), weights_.num_packed_layers(), c.num_layers,
                 weights_.lm_head_p.empty() ? "" : " + LM head", weights_.packed_bytes() / 1e6));
 }
 
@@ -202,9 +224,8 @@ void LlamaModel::RunPackedLayer(int64_t layer, const ForwardBatch& b,
   const LayerWeights& w = weights_.layers[layer];
   const int64_t T = b.num_tokens(), qd = c.q_dim(), kvd = c.kv_dim();
   const int64_t width = qd + 2 * kvd;
-  const int levels = act_levels();
   kernels::RmsNormQuantize(s.x.data(), w.attn_norm.data(), T, c.hidden_size, c.rms_eps, &s.acts,
-                           levels);
+                           levels_.qkv);
   kernels::QGemm(w.qkv, s.acts, s.qkv.data(), width, false, pool_);
   for (int64_t t = 0; t < T; ++t) {
     const float* row = s.qkv.data() + t * width;
@@ -218,13 +239,13 @@ void LlamaModel::RunPackedLayer(int64_t layer, const ForwardBatch& b,
     }
   }
   Attend(layer, b, args, cache, s);
-  kernels::QuantizeActs(s.attn.data(), T, qd, &s.acts, levels);
+  kernels::QuantizeActs(s.attn.data(), T, qd, &s.acts, levels_.wo);
   kernels::QGemm(w.wo_p, s.acts, s.x.data(), c.hidden_size, true, pool_);
 
   kernels::RmsNormQuantize(s.x.data(), w.ffn_norm.data(), T, c.hidden_size, c.rms_eps, &s.acts,
-                           levels);
+                           levels_.gate_up);
   kernels::QGemm(w.gate_up, s.acts, s.gu.data(), 2 * c.ffn_size, false, pool_);
-  kernels::SiluMulQuantize(s.gu.data(), T, c.ffn_size, &s.acts, levels);
+  kernels::SiluMulQuantize(s.gu.data(), T, c.ffn_size, &s.acts, levels_.down);
   kernels::QGemm(w.down_p, s.acts, s.x.data(), c.hidden_size, true, pool_);
 }
 
@@ -238,7 +259,7 @@ void LlamaModel::LmHead(const ForwardBatch& b, Scratch& s, float* logits) const 
   }
   if (mode_ != KernelMode::kReference && !weights_.lm_head_p.empty()) {
     kernels::RmsNormQuantize(last.data(), weights_.output_norm.data(), L, c.hidden_size, c.rms_eps,
-                             &s.acts, act_levels());
+                             &s.acts, levels_.lm_head);
     kernels::QGemm(weights_.lm_head_p, s.acts, logits, c.vocab_size, false, pool_);
     return;
   }

@@ -59,6 +59,18 @@ struct ForwardBatch {
 // f32 path.
 enum class KernelMode { kFast, kFastInt8, kReference };
 
+// Activation levels (1: int8, 2: int8 + int8 residual) of each packed matmul
+// input on the fast path. Fixed per model at load, the same for every token
+// and batch, so determinism is unaffected by the mix.
+struct ActLevels {
+  int qkv = 2, wo = 2, gate_up = 2, down = 2, lm_head = 2;
+  // "QWGDH" digits, e.g. "22222" (tests, benchmarks); false on bad input.
+  static bool Parse(const std::string& s, ActLevels* out);
+  std::string ToString() const;
+};
+// The levels each mode runs with (kReference: unused).
+ActLevels DefaultActLevels(KernelMode mode);
+
 // "fast" / "fast-int8" / "reference" (flags, env); false on anything else.
 bool ParseKernelMode(const std::string& s, KernelMode* mode);
 
@@ -67,6 +79,8 @@ struct LoadOptions {
   bool prefault = true;        // touch all weight pages during Load
   gguf::ProgressFn progress;   // (bytes done, bytes total) while prefaulting
   KernelMode kernels = KernelMode::kFast;
+  // Overrides DefaultActLevels(kernels) when set (accuracy studies, benchmarks).
+  const ActLevels* act_levels = nullptr;
 };
 
 class LlamaModel {
@@ -78,7 +92,7 @@ class LlamaModel {
   const ModelWeights& weights() const { return weights_; }
   ThreadPool* pool() const { return pool_; }
   KernelMode kernel_mode() const { return mode_; }
-  int act_levels() const { return mode_ == KernelMode::kFastInt8 ? 1 : 2; }
+  const ActLevels& act_levels() const { return levels_; }
 
   // Multi-line start-up description: architecture, dims, parameter count,
   // tensor type counts, KV bytes per token.
@@ -99,8 +113,13 @@ class LlamaModel {
       int64_t num_blocks, int64_t block_size = KvCacheStorage::kDefaultBlockSize) const;
 
  private:
-  LlamaModel(ModelConfig config, ModelWeights weights, ThreadPool* pool, KernelMode mode)
-      : config_(std::move(config)), weights_(std::move(weights)), pool_(pool), mode_(mode) {}
+  LlamaModel(ModelConfig config, ModelWeights weights, ThreadPool* pool, KernelMode mode,
+             ActLevels levels)
+      : config_(std::move(config)),
+        weights_(std::move(weights)),
+        pool_(pool),
+        mode_(mode),
+        levels_(levels) {}
 
   struct Scratch;
   void RunLayer(int64_t layer, const ForwardBatch& batch, const kernels::PagedAttentionArgs& args,
@@ -116,6 +135,7 @@ class LlamaModel {
   ModelWeights weights_;
   ThreadPool* pool_;
   KernelMode mode_;
+  ActLevels levels_;
 };
 
 }  // namespace tandem::engine

@@ -136,11 +136,12 @@ void SiluMulQuantize(const float* gu, int64_t n, int64_t ffn, QuantizedActs* out
 void QGemm(const PackedWeight& w, const QuantizedActs& acts, float* y, int64_t ldy, bool accumulate,
            ThreadPool* pool);
 
-// Which SIMD path QGemm / QuantizeActs use: "avx512vnni", "avx2" or
-// "scalar" (from CPUID; TANDEM_KERNEL_ISA=avx2|scalar forces a lesser one).
+// Which SIMD path QGemm / QuantizeActs use: "amx" (AMX-INT8 tiles for >= 8
+// tokens, AVX-512 VNNI otherwise), "avx512vnni", "avx2" or "scalar" (from
+// CPUID; TANDEM_KERNEL_ISA=avx512vnni|avx2|scalar forces a lesser one).
 std::string QGemmIsa();
-// For tests: force a path ("avx512vnni", "avx2", "scalar"); false if the
-// CPU lacks it. Not thread-safe against concurrent QGemm calls.
+// For tests: force a path ("amx", "avx512vnni", "avx2", "scalar"); false if
+// the CPU (or OS) lacks it. Not thread-safe against concurrent QGemm calls.
 bool SetQGemmIsaForTesting(const std::string& isa);
 
 namespace ref {

@@ -1,8 +1,9 @@
 // Run-time ISA dispatch for QGemm and the fused activation-quantizing ops.
 //
-// The path is chosen once from CPUID (__builtin_cpu_supports): AVX-512 VNNI,
-// else AVX2 + FMA + F16C, else scalar. TANDEM_KERNEL_ISA=avx2|scalar forces
-// a lesser path (benchmarks, tests). QGemm and the activation quants are
+// The path is chosen once from CPUID (__builtin_cpu_supports): AMX-INT8
+// (with AVX-512 VNNI for small batches and the activation ops), else AVX-512
+// VNNI, else AVX2 + FMA + F16C, else scalar. TANDEM_KERNEL_ISA=
+// avx512vnni|avx2|scalar forces a lesser path (benchmarks, tests). QGemm and the activation quants are
 // bit-identical on every path; SiLU uses a SIMD exp on AVX-512 and libm
 // elsewhere (deterministic per machine, not across ISAs).
 #include "kernels/qgemm.h"
@@ -21,6 +22,7 @@ namespace {
 
 bool CpuHas(const std::string& isa) {
 #if defined(__x86_64__)
+  if (isa == "amx") return CpuHas("avx512vnni") && cpu::Avx512AmxImpl() != nullptr;
   if (isa == "avx512vnni") {
     return cpu::Avx512VnniImpl() != nullptr && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
@@ -35,6 +37,7 @@ bool CpuHas(const std::string& isa) {
 }
 
 const cpu::QGemmImpl* ImplFor(const std::string& isa) {
+  if (isa == "amx") return cpu::Avx512AmxImpl();
   if (isa == "avx512vnni") return cpu::Avx512VnniImpl();
   if (isa == "avx2") return cpu::Avx2Impl();
   return cpu::ScalarImpl();
@@ -43,9 +46,13 @@ const cpu::QGemmImpl* ImplFor(const std::string& isa) {
 const cpu::QGemmImpl* Detect() {
   const char* env = std::getenv("TANDEM_KERNEL_ISA");
   const std::string forced = env != nullptr ? env : "";
-  for (const char* isa : {"avx512vnni", "avx2", "scalar"}) {
-    if (forced == "scalar" && std::string(isa) != "scalar") continue;
-    if (forced == "avx2" && std::string(isa) == "avx512vnni") continue;
+  // Best first; a forced ISA skips everything above it.
+  static const char* const kOrder[] = {"amx", "avx512vnni", "avx2", "scalar"};
+  bool skip = false;
+  for (const char* isa : kOrder) skip = skip || forced == isa;
+  for (const char* isa : kOrder) {
+    if (skip && forced != isa) continue;
+    skip = false;
     if (CpuHas(isa)) return ImplFor(isa);
   }
   return cpu::ScalarImpl();

@@ -42,6 +42,9 @@ struct QGemmImpl {
 
 // Null when the TU was built without the ISA (non-x86 hosts).
 const QGemmImpl* Avx512VnniImpl();
+// AMX-INT8 GEMM for >= 8 tokens (VNNI below, VNNI's quantize / SiLU); null
+// also when the OS does not grant the tile state.
+const QGemmImpl* Avx512AmxImpl();
 const QGemmImpl* Avx2Impl();
 const QGemmImpl* ScalarImpl();
 

@@ -8,6 +8,7 @@
 #ifndef TANDEM_SERVICES_COMMON_WORKER_HOST_H_
 #define TANDEM_SERVICES_COMMON_WORKER_HOST_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,6 +22,18 @@
 #include "tandem/v1/worker.pb.h"
 
 namespace tandem::services {
+
+// Counts an RPC in flight while in scope (a worker's drain waits for 0).
+class ActiveRpc {
+ public:
+  explicit ActiveRpc(std::atomic<int>* n) : n_(n) { n_->fetch_add(1); }
+  ~ActiveRpc() { n_->fetch_sub(1); }
+  ActiveRpc(const ActiveRpc&) = delete;
+  ActiveRpc& operator=(const ActiveRpc&) = delete;
+
+ private:
+  std::atomic<int>* n_;
+};
 
 class WorkerHost {
  public:

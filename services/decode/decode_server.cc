@@ -22,16 +22,6 @@ int64_t FreeKvBytes(engine::Engine& engine, int32_t block_size) {
   return (s.num_blocks_total - s.num_blocks_used) * block_size * engine.kv_bytes_per_token();
 }
 
-// Counts an RPC in flight for the drain (DecodeServer::Drain waits for 0).
-class ActiveRpc {
- public:
-  explicit ActiveRpc(std::atomic<int>* n) : n_(n) { n_->fetch_add(1); }
-  ~ActiveRpc() { n_->fetch_sub(1); }
-
- private:
-  std::atomic<int>* n_;
-};
-
 grpc::Status Draining() {
   return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                       "this decode worker is draining (shutting down); retry on another");
@@ -52,7 +42,7 @@ DecodeServiceImpl::DecodeServiceImpl(services::WorkerRuntime* runtime, absl::Dur
 grpc::Status DecodeServiceImpl::PushKv(grpc::ServerContext* context,
                                        grpc::ServerReader<tandem::v1::KvChunk>* reader,
                                        tandem::v1::PushKvResponse* response) {
-  ActiveRpc active(&active_rpcs_);
+  services::ActiveRpc active(&active_rpcs_);
   engine::Engine& engine = runtime_->engine();
   const engine::ModelConfig& mc = engine.model().config();
   tandem::v1::KvChunk chunk;
@@ -128,7 +118,7 @@ grpc::Status DecodeServiceImpl::PushKv(grpc::ServerContext* context,
 grpc::Status DecodeServiceImpl::Decode(grpc::ServerContext* context,
                                        const tandem::v1::DecodeRequest* request,
                                        grpc::ServerWriter<tandem::v1::DecodeResponse>* writer) {
-  ActiveRpc active(&active_rpcs_);
+  services::ActiveRpc active(&active_rpcs_);
   engine::Engine& engine = runtime_->engine();
   // Draining: handoffs already leased here still run (their prefill is
   // done); new work goes elsewhere.
@@ -235,7 +225,7 @@ grpc::Status DecodeServiceImpl::NcclPushKv(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<tandem::v1::NcclPushKvResponse, tandem::v1::NcclPushKvRequest>*
         stream) {
-  ActiveRpc active(&active_rpcs_);
+  services::ActiveRpc active(&active_rpcs_);
   if (nccl_ == nullptr) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this decode worker runs --kv-transport=host");

@@ -19,15 +19,6 @@ bool DeadlinePassed(grpc::ServerContext* context) {
   return context->deadline() <= std::chrono::system_clock::now();
 }
 
-class ActiveRpc {
- public:
-  explicit ActiveRpc(std::atomic<int>* n) : n_(n) { n_->fetch_add(1); }
-  ~ActiveRpc() { n_->fetch_sub(1); }
-
- private:
-  std::atomic<int>* n_;
-};
-
 // A failed push names the decode worker and, when the failure is the
 // transport's or the receiver's going away, is ABORTED: the router then
 // knows the prefill worker is fine and the decode side is the suspect.
@@ -56,7 +47,7 @@ PrefillServiceImpl::PrefillServiceImpl(services::WorkerRuntime* runtime,
 grpc::Status PrefillServiceImpl::Prefill(grpc::ServerContext* context,
                                          const tandem::v1::PrefillRequest* request,
                                          tandem::v1::PrefillResponse* response) {
-  ActiveRpc active(&active_rpcs_);
+  services::ActiveRpc active(&active_rpcs_);
   if (draining_.load()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                         "this prefill worker is draining (shutting down); retry on another");

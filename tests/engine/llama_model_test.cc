@@ -304,6 +304,7 @@ struct GoldenBounds {
   double max_mean_kl;
   size_t greedy_tokens;  // leading greedy tokens that must match
   bool all_argmax;       // every clear-margin argmax must match
+  const ActLevels* levels = nullptr;  // overrides the mode's default
 };
 constexpr size_t kFastGreedyTokens = 32;
 
@@ -315,6 +316,7 @@ void CheckSmolLm2Goldens(const GoldenBounds& bounds) {
   ThreadPool pool(2);
   LoadOptions options{&pool, true, {}};
   options.kernels = bounds.mode;
+  options.act_levels = bounds.levels;
   auto loaded = LlamaModel::Load(**file, options);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const LlamaModel& m = **loaded;
@@ -388,6 +390,16 @@ TEST(SmolLm2GoldenTest, MatchesTransformers) {
 
 TEST(SmolLm2GoldenTest, FastKernelsCloseToTransformers) {
   CheckSmolLm2Goldens({KernelMode::kFast, 1e-2, kFastGreedyTokens, false});
+}
+
+// Accuracy study of other activation-level mixes: TANDEM_ACT_LEVELS=QWGDH
+// (digits 1 or 2 for qkv, o, gate|up, down, LM head), same bounds as kFast.
+TEST(SmolLm2GoldenTest, ActLevelsStudy) {
+  const char* env = std::getenv("TANDEM_ACT_LEVELS");
+  if (env == nullptr) GTEST_SKIP() << "set TANDEM_ACT_LEVELS=QWGDH";
+  ActLevels levels;
+  ASSERT_TRUE(ActLevels::Parse(env, &levels)) << env;
+  CheckSmolLm2Goldens({KernelMode::kFast, 1e-2, kFastGreedyTokens, false, &levels});
 }
 
 }  // namespace

@@ -37,6 +37,23 @@ inline int FreePort() {
   return ntohs(addr.sin_port);
 }
 
+// Forks and execs argv (argv[0] a path) with stdout and stderr going to
+// `log_file`; returns the child's pid.
+inline pid_t SpawnLogged(const std::vector<std::string>& argv, const std::string& log_file) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    FILE* log = std::fopen(log_file.c_str(), "w");
+    dup2(fileno(log), STDOUT_FILENO);
+    dup2(fileno(log), STDERR_FILENO);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
 struct Endpoint {
   std::string role;
   int pid = 0;
@@ -63,17 +80,7 @@ class ServeProcess {
                                      "--kv-cache-memory",
                                      "256MiB"};
     argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      FILE* log = std::fopen(log_file_.c_str(), "w");
-      dup2(fileno(log), STDOUT_FILENO);
-      dup2(fileno(log), STDERR_FILENO);
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
+    pid_ = SpawnLogged(argv, log_file_);
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
     while (std::chrono::steady_clock::now() < give_up) {
       int status = 0;

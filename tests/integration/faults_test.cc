@@ -233,17 +233,7 @@ class Proc {
     char dir_template[] = "/tmp/tandem_proc_XXXXXX";
     log_ = std::string(mkdtemp(dir_template)) + "/log";
     args.insert(args.begin(), TandemBinary());
-    pid_ = fork();
-    if (pid_ == 0) {
-      FILE* log = std::fopen(log_.c_str(), "w");
-      dup2(fileno(log), STDOUT_FILENO);
-      dup2(fileno(log), STDERR_FILENO);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    pid_ = SpawnLogged(args, log_);
   }
   ~Proc() {
     if (pid_ > 0) {
@@ -388,32 +378,49 @@ TEST(FaultsTest, PrefillKilledDuringPrefillIsRetriedElsewhere) {
   EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
 }
 
+// Starts `cluster` with every prefill worker holding each push 1.5 s after
+// its header (TANDEM_FAULT_KV_PUSH_DELAY_MS), so a test can act mid-transfer.
+std::string StartHoldingPushes(ServeProcess& cluster, std::vector<std::string> args,
+                               const char* delay_ms = "1500") {
+  setenv("TANDEM_FAULT_KV_PUSH_DELAY_MS", delay_ms, 1);
+  const std::string err = cluster.Start(std::move(args));
+  unsetenv("TANDEM_FAULT_KV_PUSH_DELAY_MS");
+  return err;
+}
+
+// The index of the first of `workers` whose stats satisfy `pred`, polling up
+// to 20 s; -1 when none did.
+int FindWorker(const std::vector<Endpoint>& workers,
+               const std::function<bool(const tandem::v1::WorkerStats&)>& pred) {
+  const auto give_up = Clock::now() + std::chrono::seconds(20);
+  while (Clock::now() < give_up) {
+    for (size_t i = 0; i < workers.size(); ++i) {
+      auto s = Stats(workers[i].role, workers[i].grpc_address);
+      if (s.ok() && pred(*s)) return static_cast<int>(i);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return -1;
+}
+
 // The push is held after its header (fault hook), the prefill worker doing
 // it is killed: the decode worker drops the partial handoff and the request
 // completes through the other prefill worker, with the same tokens.
 TEST(FaultsTest, PrefillKilledMidTransferLeavesNoReservation) {
   const std::vector<tandem::v1::GenerateRequest> reqs = {Request(LongPrompt(60, 9), 4000, 12)};
   const std::vector<Result> want = Baseline(reqs);
-  setenv("TANDEM_FAULT_KV_PUSH_DELAY_MS", "1500", 1);
   ServeProcess cluster;
-  const std::string err =
-      cluster.Start({"--prefill-workers", "2", "--decode-workers", "1", "--threads", "1"});
-  unsetenv("TANDEM_FAULT_KV_PUSH_DELAY_MS");
-  ASSERT_EQ(err, "");
+  ASSERT_EQ(StartHoldingPushes(cluster, {"--prefill-workers", "2", "--decode-workers", "1",
+                                         "--threads", "1"}),
+            "");
   const std::vector<Endpoint> prefill = Workers(cluster, "prefill");
-  const Endpoint decode = Workers(cluster, "decode")[0];
+  const std::vector<Endpoint> decode = Workers(cluster, "decode");
   int victim = -1;
   std::thread killer([&] {
-    // The push is in flight: the decode worker holds its reservation.
-    if (!WaitStats("decode", decode.grpc_address,
-                   [](const tandem::v1::WorkerStats& s) { return s.num_leases() > 0; },
-                   std::chrono::milliseconds(20000))) {
-      return;
-    }
-    for (int i = 0; i < 2; ++i) {
-      auto s = Stats("prefill", prefill[i].grpc_address);
-      if (s.ok() && s->num_active_rpcs() > 0) victim = i;
-    }
+    // The push is in flight (the decode worker holds its reservation): kill
+    // the prefill worker serving it.
+    if (FindWorker(decode, [](const auto& s) { return s.num_leases() > 0; }) < 0) return;
+    victim = FindWorker(prefill, [](const auto& s) { return s.num_active_rpcs() > 0; });
     if (victim >= 0) kill(prefill[victim].pid, SIGKILL);
   });
   const std::vector<Result> got = RunAll(cluster.Address("router"), reqs);
@@ -430,22 +437,14 @@ TEST(FaultsTest, PrefillKilledMidTransferLeavesNoReservation) {
 TEST(FaultsTest, DecodeKilledDuringThePushIsReplayedElsewhere) {
   const std::vector<tandem::v1::GenerateRequest> reqs = {Request(LongPrompt(40, 5), 4100, 12)};
   const std::vector<Result> want = Baseline(reqs);
-  setenv("TANDEM_FAULT_KV_PUSH_DELAY_MS", "1500", 1);
   ServeProcess cluster;
-  const std::string err =
-      cluster.Start({"--prefill-workers", "1", "--decode-workers", "2", "--threads", "1"});
-  unsetenv("TANDEM_FAULT_KV_PUSH_DELAY_MS");
-  ASSERT_EQ(err, "");
+  ASSERT_EQ(StartHoldingPushes(cluster, {"--prefill-workers", "1", "--decode-workers", "2",
+                                         "--threads", "1"}),
+            "");
   const std::vector<Endpoint> decode = Workers(cluster, "decode");
   int victim = -1;
   std::thread killer([&] {
-    const auto give_up = Clock::now() + std::chrono::seconds(20);
-    while (victim < 0 && Clock::now() < give_up) {
-      for (int i = 0; i < 2; ++i) {
-        auto s = Stats("decode", decode[i].grpc_address);
-        if (s.ok() && s->num_leases() > 0) victim = i;
-      }
-    }
+    victim = FindWorker(decode, [](const auto& s) { return s.num_leases() > 0; });
     if (victim >= 0) kill(decode[victim].pid, SIGKILL);
   });
   const std::vector<Result> got = RunAll(cluster.Address("router"), reqs);
@@ -495,12 +494,12 @@ TEST(FaultsTest, MigrationLimitZeroFailsFastAndNamesTheLimit) {
 // Cancel at each stage; every worker must be clean long before the 60 s
 // lease could expire (so the release, not the expiry, freed them).
 TEST(FaultsTest, CancelAtEveryStageLeavesNoBlocksOrLeases) {
-  setenv("TANDEM_FAULT_KV_PUSH_DELAY_MS", "400", 1);
   ServeProcess cluster;
-  const std::string err = cluster.Start({"--prefill-workers", "1", "--decode-workers", "1",
-                                         "--kv-lease-seconds", "60", "--threads", "1"});
-  unsetenv("TANDEM_FAULT_KV_PUSH_DELAY_MS");
-  ASSERT_EQ(err, "");
+  ASSERT_EQ(StartHoldingPushes(cluster,
+                               {"--prefill-workers", "1", "--decode-workers", "1",
+                                "--kv-lease-seconds", "60", "--threads", "1"},
+                               "400"),
+            "");
   const Endpoint prefill = Workers(cluster, "prefill")[0];
   const Endpoint decode = Workers(cluster, "decode")[0];
   auto stub = Client(cluster.Address("router"));

@@ -45,7 +45,7 @@ QuantMatrix MakeMatrix(TensorType type, int64_t rows, int64_t cols, uint32_t see
 
 std::vector<std::string> Isas() {
   std::vector<std::string> out;
-  for (const char* isa : {"avx512vnni", "avx2", "scalar"}) {
+  for (const char* isa : {"amx", "avx512vnni", "avx2", "scalar"}) {
     if (SetQGemmIsaForTesting(isa)) out.push_back(isa);
   }
   return out;

@@ -1,0 +1,236 @@
+// AMX-INT8 QGemm (Sapphire Rapids and later): the integer block dots of
+// 8 tokens x 16 rows come from one TDPBSUD per block and level (signed int8
+// activations as the A tile, the packed unsigned weight block as the B tile:
+// our 16-row interleave is exactly AMX's B layout), then the f32 steps of
+// ref::QGemm run on AVX-512 per token, so every output is bit-identical to
+// the reference and to the VNNI path (int32 block sums are exact).
+//
+// Loop order: per row group its weight blocks are unpacked once (4-bit:
+// nibbles to bytes) into a thread-local buffer with their f32 scales, then
+// every 8-token activation tile runs over all blocks with its 8 accumulators
+// in registers. Fewer than kAmxMinTokens tokens go to the VNNI kernel
+// (decode GEMV is bandwidth-bound; a mostly empty tile wastes the f32 work).
+//
+// Needs the OS to grant the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM,
+// Linux >= 5.16); Avx512AmxImpl() is null where CPUID, XCR0 or the kernel
+// say no. Compiled with the AVX-512 flags plus -mamx-tile -mamx-int8
+// (kernels/CMakeLists.txt).
+#include "kernels/cpu/qgemm_impl.h"
+
+#if defined(__x86_64__) && defined(__AMX_INT8__) && defined(__AMX_TILE__) && \
+    defined(__AVX512BW__) && defined(__linux__)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+namespace tandem::kernels::cpu {
+namespace {
+
+constexpr int64_t kAmxMinTokens = 8;
+constexpr int kTok = 8;  // A / C tile rows: one QuantizedActs tile
+
+// Tiles: A = activations (8 tokens x 32 int8), A2 = their level-2 quants,
+// B = one packed weight block (8 x 64 bytes: 4 quants of each of 16 rows per
+// 64-byte row), C / C2 = 8 tokens x 16 rows int32.
+// (The _tile_* intrinsics are macros that paste the number into the
+// register name, hence literals.)
+#define TANDEM_TMM_A 0
+#define TANDEM_TMM_A2 1
+#define TANDEM_TMM_B 2
+#define TANDEM_TMM_C 3
+#define TANDEM_TMM_C2 4
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TileConfig MakeConfig() {
+  TileConfig c;
+  c.colsb[TANDEM_TMM_A] = c.colsb[TANDEM_TMM_A2] = 32;
+  c.rows[TANDEM_TMM_A] = c.rows[TANDEM_TMM_A2] = kTok;
+  c.colsb[TANDEM_TMM_B] = 64;
+  c.rows[TANDEM_TMM_B] = 8;
+  c.colsb[TANDEM_TMM_C] = c.colsb[TANDEM_TMM_C2] = 64;
+  c.rows[TANDEM_TMM_C] = c.rows[TANDEM_TMM_C2] = kTok;
+  return c;
+}
+
+// Per-thread unpacked weights of one row group: nb blocks of 512 quant bytes,
+// then nb x (d[16], m[16]) as f32.
+struct GroupBuffer {
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, Free> mem;
+  int64_t capacity = 0;
+  uint8_t* Reserve(int64_t bytes) {
+    if (bytes > capacity) {
+      capacity = (bytes + 4095) / 4096 * 4096;
+      mem.reset(static_cast<uint8_t*>(std::aligned_alloc(64, capacity)));
+    }
+    return mem.get();
+  }
+};
+
+template <int kBits, bool kHasMin, bool kTwo>
+void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
+           int64_t ldy, bool accumulate) {
+  static const TileConfig config = MakeConfig();
+  thread_local GroupBuffer buffer;
+  const int64_t nb = w.num_blocks(), cb = w.chunk_bytes();
+  const int64_t quant_bytes = kBits == 4 ? nb * 512 : 0;
+  uint8_t* buf = buffer.Reserve(quant_bytes + nb * 128);
+  float* scales = reinterpret_cast<float*>(buf + quant_bytes);
+  const __m512 negoff = _mm512_set1_ps(-w.offset());
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const int64_t tiles = (a.n + kTok - 1) / kTok;
+  constexpr int64_t kStep = kActTile * kQBlock;  // bytes of one tile-block of quants
+  alignas(64) int32_t cbuf[kTok * 16];
+  alignas(64) int32_t cbuf2[kTok * 16];
+  _tile_loadconfig(&config);
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* c = w.chunk(g, 0);
+    for (int64_t b = 0; b < nb; ++b, c += cb) {
+      if constexpr (kBits == 4) {
+        uint8_t* dst = buf + b * 512;
+        for (int j = 0; j < 4; ++j) {
+          const __m512i p = _mm512_loadu_si512(c + 64 * j);
+          _mm512_store_si512(dst + 64 * j, _mm512_and_si512(p, low4));
+          _mm512_store_si512(dst + 64 * (4 + j), _mm512_and_si512(_mm512_srli_epi16(p, 4), low4));
+        }
+      }
+      const uint8_t* sc = c + kBits * 64;
+      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
+      __m512 mv;
+      if constexpr (kHasMin) {
+        mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
+      } else {
+        mv = _mm512_mul_ps(dv, negoff);
+      }
+      _mm512_store_ps(scales + b * 32, dv);
+      _mm512_store_ps(scales + b * 32 + 16, mv);
+    }
+    const int64_t valid_rows = std::min<int64_t>(kGroupRows, w.rows() - g * kGroupRows);
+    const __mmask16 rmask = static_cast<__mmask16>((1u << valid_rows) - 1u);
+    for (int64_t tt = 0; tt < tiles; ++tt) {
+      __m512 acc[kTok];
+#pragma GCC unroll 8
+      for (int t = 0; t < kTok; ++t) acc[t] = _mm512_setzero_ps();
+      const int64_t i0 = tt * nb * kActTile;
+      const int8_t* xq = a.qs.data() + i0 * kQBlock;
+      const int8_t* xq2 = kTwo ? a.qs2.data() + i0 * kQBlock : nullptr;
+      const float* xd = a.d.data() + i0;
+      const float* xsd = a.sd.data() + i0;
+      const uint8_t* wb = kBits == 4 ? buf : w.chunk(g, 0);
+      const int64_t wstride = kBits == 4 ? 512 : cb;
+      for (int64_t b = 0; b < nb; ++b) {
+        _tile_loadd(TANDEM_TMM_B, wb + b * wstride, 64);
+        _tile_loadd(TANDEM_TMM_A, xq + b * kStep, kQBlock);
+        _tile_zero(TANDEM_TMM_C);
+        _tile_dpbsud(TANDEM_TMM_C, TANDEM_TMM_A, TANDEM_TMM_B);
+        _tile_stored(TANDEM_TMM_C, cbuf, 64);
+        if constexpr (kTwo) {
+          _tile_loadd(TANDEM_TMM_A2, xq2 + b * kStep, kQBlock);
+          _tile_zero(TANDEM_TMM_C2);
+          _tile_dpbsud(TANDEM_TMM_C2, TANDEM_TMM_A2, TANDEM_TMM_B);
+          _tile_stored(TANDEM_TMM_C2, cbuf2, 64);
+        }
+        const __m512 dv = _mm512_load_ps(scales + b * 32);
+        const __m512 mv = _mm512_load_ps(scales + b * 32 + 16);
+#pragma GCC unroll 8
+        for (int t = 0; t < kTok; ++t) {
+          const int64_t k = b * kActTile + t;
+          const __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(xd[k]));
+          const __m512 t1 = _mm512_mul_ps(mv, _mm512_set1_ps(xsd[k]));
+          __m512i is = _mm512_load_si512(cbuf + 16 * t);
+          if constexpr (kTwo) {
+            is = _mm512_add_epi32(_mm512_slli_epi32(is, 8), _mm512_load_si512(cbuf2 + 16 * t));
+          }
+          acc[t] = _mm512_add_ps(acc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), ddx, t1));
+        }
+      }
+      const int64_t valid = std::min<int64_t>(kTok, a.n - tt * kTok);
+      for (int t = 0; t < valid; ++t) {
+        float* out = y + (tt * kTok + t) * ldy + g * kGroupRows;
+        __m512 v = acc[t];
+        if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(rmask, out), v);
+        _mm512_mask_storeu_ps(out, rmask, v);
+      }
+    }
+  }
+  _tile_release();
+}
+
+template <bool kTwo>
+void GemmL(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
+           int64_t ldy, bool accumulate) {
+  if (w.bits() == 4) {
+    (w.has_min() ? GemmT<4, true, kTwo> : GemmT<4, false, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
+  } else {
+    (w.has_min() ? GemmT<8, true, kTwo> : GemmT<8, false, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
+  }
+}
+
+void Gemm(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
+          int64_t ldy, bool accumulate) {
+  if (a.n < kAmxMinTokens) {
+    Avx512VnniImpl()->gemm(w, a, g0, g1, y, ldy, accumulate);
+    return;
+  }
+  (a.levels == 2 ? GemmL<true> : GemmL<false>)(w, a, g0, g1, y, ldy, accumulate);
+}
+
+// CPUID AMX-TILE + AMX-INT8, XCR0 tile state enabled, and the kernel's
+// permission for this process to use the tile data state.
+bool AmxUsable() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if (!(edx & (1u << 24)) || !(edx & (1u << 25))) return false;  // AMX-TILE, AMX-INT8
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return false;  // OSXSAVE
+  unsigned xlo, xhi;
+  __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+  if ((xlo & 0x60000u) != 0x60000u) return false;  // XTILECFG, XTILEDATA
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+QGemmImpl MakeImpl() {
+  QGemmImpl impl = *Avx512VnniImpl();
+  impl.name = "amx";
+  impl.gemm = Gemm;
+  return impl;
+}
+
+}  // namespace
+
+const QGemmImpl* Avx512AmxImpl() {
+  static const bool usable = Avx512VnniImpl() != nullptr && AmxUsable();
+  if (!usable) return nullptr;
+  static const QGemmImpl impl = MakeImpl();
+  return &impl;
+}
+
+}  // namespace tandem::kernels::cpu
+
+#else
+
+namespace tandem::kernels::cpu {
+const QGemmImpl* Avx512AmxImpl() { return nullptr; }
+}  // namespace tandem::kernels::cpu
+
+#endif
