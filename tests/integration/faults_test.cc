@@ -352,6 +352,32 @@ TEST(FaultsTest, HungDecodeWorkerIsDetectedByHealthChecksAndMigrated) {
   EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
 }
 
+// No prefill worker left: requests are prefilled by the decode workers, and
+// a decode worker dying mid-stream is replayed by decode-side prefill on the
+// other one; still the same tokens.
+TEST(FaultsTest, WithoutPrefillWorkersDecodeSidePrefillServesAndMigrates) {
+  std::vector<tandem::v1::GenerateRequest> reqs;
+  for (int i = 0; i < 8; ++i) reqs.push_back(Request(kPrompts[i], 7000 + i, 40));
+  const std::vector<Result> want = Baseline(reqs);
+  ServeProcess cluster;
+  ASSERT_EQ(cluster.Start({"--prefill-workers", "1", "--decode-workers", "2", "--threads", "1"}),
+            "");
+  kill(Workers(cluster, "prefill")[0].pid, SIGKILL);
+  const std::vector<Endpoint> decode = Workers(cluster, "decode");
+  std::atomic<int> seen{0};
+  std::thread killer([&] {
+    while (seen.load() < 8 * 8) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    kill(decode[0].pid, SIGKILL);
+  });
+  const std::vector<Result> got = RunAll(cluster.Address("router"), reqs, &seen);
+  killer.join();
+  ExpectSameStreams(got, want);
+  const std::string router_metrics = cluster.endpoints()[0].metrics_address;
+  EXPECT_GE(MetricSum(router_metrics, "tandem_request_migrations_total", "decode_failed"), 1);
+  ExpectNoKvInUse(cluster.endpoints(), {decode[0].pid, Workers(cluster, "prefill")[0].pid});
+  EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
+}
+
 TEST(FaultsTest, PrefillKilledDuringPrefillIsRetriedElsewhere) {
   std::vector<tandem::v1::GenerateRequest> reqs;
   for (int i = 0; i < 8; ++i) reqs.push_back(Request(LongPrompt(300, i), 3000 + i, 6));

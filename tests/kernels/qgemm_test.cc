@@ -4,6 +4,7 @@
 #include "kernels/qgemm.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -48,6 +49,13 @@ std::vector<std::string> Isas() {
   for (const char* isa : {"amx", "avx512vnni", "avx2", "scalar"}) {
     if (SetQGemmIsaForTesting(isa)) out.push_back(isa);
   }
+  static bool printed = false;
+  if (!printed) {
+    printed = true;
+    std::printf("ISA paths on this machine:");
+    for (const std::string& isa : out) std::printf(" %s", isa.c_str());
+    std::printf("\n");
+  }
   return out;
 }
 
@@ -76,7 +84,7 @@ TEST_P(QGemmTest, EveryIsaMatchesScalarReferenceBitForBit) {
     for (int64_t cols : {32, 96, 576}) {
       const QuantMatrix m = MakeMatrix(GetParam(), rows, cols, uint32_t(rows * 7 + cols));
       const PackedWeight p = PackedWeight::Pack(m.view, &pool);
-      for (int64_t n : {1, 2, 3, 5, 8, 9, 17, 37}) {
+      for (int64_t n : {1, 2, 3, 5, 7, 8, 9, 16, 17, 37, 64}) {
         for (int levels : kLevels) {
           const std::vector<float> x = Random(n * cols, uint32_t(n + rows), 3.f);
           QuantizedActs ref_acts, acts;
