@@ -11,6 +11,12 @@
 #include "kernels/qgemm.h"
 
 namespace tandem::engine {
+namespace {
+
+// Per-token passes run on the pool in chunks of at least this many tokens.
+constexpr int64_t kMinParallelTokens = 4;
+
+}  // namespace
 
 // Per-Forward activations, all row-major over the batch's tokens.
 struct LlamaModel::Scratch {
@@ -52,9 +58,7 @@ bool ActLevels::Parse(const std::string& s, ActLevels* out) {
   return true;
 }
 
-std::string ActLevels::ToString() const {
-  return absl::StrCat(qkv, wo, gate_up, down, lm_head);
-}
+std::string ActLevels::ToString() const { return absl::StrCat(qkv, wo, gate_up, down, lm_head); }
 
 ActLevels DefaultActLevels(KernelMode mode) {
   if (mode == KernelMode::kFastInt8) return {1, 1, 1, 1, 1};
@@ -69,8 +73,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFil
   if (options.kernels != KernelMode::kReference) weights.Pack(options.pool);
   const ActLevels levels =
       options.act_levels != nullptr ? *options.act_levels : DefaultActLevels(options.kernels);
-  return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(config), std::move(weights),
-                                                    options.pool, options.kernels, levels));
+  return std::unique_ptr<LlamaModel>(
+      new LlamaModel(std::move(config), std::move(weights), options.pool, options.kernels, levels));
 }
 
 absl::StatusOr<std::unique_ptr<KvCacheStorage>> LlamaModel::MakeKvCache(int64_t num_blocks,
@@ -101,11 +105,12 @@ std::string LlamaModel::Summary() const {
       c.KvBytesPerToken(sizeof(float)),
       mode_ == KernelMode::kReference
           ? std::string("reference (exact f32)")
-          : absl::StrFormat(
-                "%s (%s, activation levels qkv/o/gu/down/head %s), %d/%d layers packed%s, %.1f MB repacked weights",
-                mode_ == KernelMode::kFast ? "fast" : "fast-int8", kernels::QGemmIsa(),
-                levels_.ToString(), weights_.num_packed_layers(), c.num_layers,
-                weights_.lm_head_p.empty() ? "" : " + LM head", weights_.packed_bytes() / 1e6));
+          : absl::StrFormat("%s (%s, activation levels qkv/o/gu/down/head %s), %d/%d layers "
+                            "packed%s, %.1f MB repacked weights",
+                            mode_ == KernelMode::kFast ? "fast" : "fast-int8", kernels::QGemmIsa(),
+                            levels_.ToString(), weights_.num_packed_layers(), c.num_layers,
+                            weights_.lm_head_p.empty() ? "" : " + LM head",
+                            weights_.packed_bytes() / 1e6));
 }
 
 absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b, const KvCacheStorage& cache) const {
@@ -196,18 +201,23 @@ void LlamaModel::RunLayer(int64_t layer, const ForwardBatch& b,
   kernels::Add(s.x.data(), s.h.data(), T * c.hidden_size, s.x.data());
 }
 
+kernels::RopeParams LlamaModel::RopeOf() const {
+  kernels::RopeParams rope;
+  rope.style = config_.rope_style;
+  rope.rot_dim = config_.rope_dim;
+  rope.freq_base = config_.rope_freq_base;
+  rope.freq_scale = config_.rope_freq_scale;
+  rope.freq_factors = weights_.rope_freqs.empty() ? nullptr : weights_.rope_freqs.data();
+  return rope;
+}
+
 // RoPE on s.q / s.k, K/V into the cache, attention into s.attn.
 void LlamaModel::Attend(int64_t layer, const ForwardBatch& b,
                         const kernels::PagedAttentionArgs& args, KvCacheStorage* cache,
                         Scratch& s) const {
   const ModelConfig& c = config_;
   const int64_t T = b.num_tokens();
-  kernels::RopeParams rope;
-  rope.style = c.rope_style;
-  rope.rot_dim = c.rope_dim;
-  rope.freq_base = c.rope_freq_base;
-  rope.freq_scale = c.rope_freq_scale;
-  rope.freq_factors = weights_.rope_freqs.empty() ? nullptr : weights_.rope_freqs.data();
+  const kernels::RopeParams rope = RopeOf();
   kernels::RopeQK(s.q.data(), s.k.data(), b.positions.data(), T, c.num_heads, c.num_kv_heads,
                   c.head_dim, rope);
   kernels::WriteKv(cache->layout(), s.k.data(), s.v.data(), b.slot_mapping.data(), T,
@@ -225,27 +235,39 @@ void LlamaModel::RunPackedLayer(int64_t layer, const ForwardBatch& b,
   const int64_t T = b.num_tokens(), qd = c.q_dim(), kvd = c.kv_dim();
   const int64_t width = qd + 2 * kvd;
   kernels::RmsNormQuantize(s.x.data(), w.attn_norm.data(), T, c.hidden_size, c.rms_eps, &s.acts,
-                           levels_.qkv);
+                           levels_.qkv, pool_);
   kernels::QGemm(w.qkv, s.acts, s.qkv.data(), width, false, pool_);
-  for (int64_t t = 0; t < T; ++t) {
-    const float* row = s.qkv.data() + t * width;
-    std::copy_n(row, qd, s.q.data() + t * qd);
-    std::copy_n(row + qd, kvd, s.k.data() + t * kvd);
-    std::copy_n(row + qd + kvd, kvd, s.v.data() + t * kvd);
-    if (c.has_qkv_bias) {
-      kernels::Add(s.q.data() + t * qd, w.bq.data(), qd, s.q.data() + t * qd);
-      kernels::Add(s.k.data() + t * kvd, w.bk.data(), kvd, s.k.data() + t * kvd);
-      kernels::Add(s.v.data() + t * kvd, w.bv.data(), kvd, s.v.data() + t * kvd);
-    }
-  }
-  Attend(layer, b, args, cache, s);
-  kernels::QuantizeActs(s.attn.data(), T, qd, &s.acts, levels_.wo);
+  // Split Q|K|V (+ bias), RoPE and the K/V cache write, per token (each
+  // token's values are computed by one thread alone).
+  const kernels::RopeParams rope = RopeOf();
+  ThreadPool::Run(
+      pool_, T,
+      [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          const float* row = s.qkv.data() + t * width;
+          std::copy_n(row, qd, s.q.data() + t * qd);
+          std::copy_n(row + qd, kvd, s.k.data() + t * kvd);
+          std::copy_n(row + qd + kvd, kvd, s.v.data() + t * kvd);
+          if (c.has_qkv_bias) {
+            kernels::Add(s.q.data() + t * qd, w.bq.data(), qd, s.q.data() + t * qd);
+            kernels::Add(s.k.data() + t * kvd, w.bk.data(), kvd, s.k.data() + t * kvd);
+            kernels::Add(s.v.data() + t * kvd, w.bv.data(), kvd, s.v.data() + t * kvd);
+          }
+        }
+        kernels::RopeQK(s.q.data() + t0 * qd, s.k.data() + t0 * kvd, b.positions.data() + t0,
+                        t1 - t0, c.num_heads, c.num_kv_heads, c.head_dim, rope);
+        kernels::WriteKv(cache->layout(), s.k.data() + t0 * kvd, s.v.data() + t0 * kvd,
+                         b.slot_mapping.data() + t0, t1 - t0, cache->k(layer), cache->v(layer));
+      },
+      kMinParallelTokens);
+  kernels::PagedAttention(args, s.q.data(), cache->k(layer), cache->v(layer), s.attn.data(), pool_);
+  kernels::QuantizeActs(s.attn.data(), T, qd, &s.acts, levels_.wo, pool_);
   kernels::QGemm(w.wo_p, s.acts, s.x.data(), c.hidden_size, true, pool_);
 
   kernels::RmsNormQuantize(s.x.data(), w.ffn_norm.data(), T, c.hidden_size, c.rms_eps, &s.acts,
-                           levels_.gate_up);
+                           levels_.gate_up, pool_);
   kernels::QGemm(w.gate_up, s.acts, s.gu.data(), 2 * c.ffn_size, false, pool_);
-  kernels::SiluMulQuantize(s.gu.data(), T, c.ffn_size, &s.acts, levels_.down);
+  kernels::SiluMulQuantize(s.gu.data(), T, c.ffn_size, &s.acts, levels_.down, pool_);
   kernels::QGemm(w.down_p, s.acts, s.x.data(), c.hidden_size, true, pool_);
 }
 
@@ -259,7 +281,7 @@ void LlamaModel::LmHead(const ForwardBatch& b, Scratch& s, float* logits) const 
   }
   if (mode_ != KernelMode::kReference && !weights_.lm_head_p.empty()) {
     kernels::RmsNormQuantize(last.data(), weights_.output_norm.data(), L, c.hidden_size, c.rms_eps,
-                             &s.acts, levels_.lm_head);
+                             &s.acts, levels_.lm_head, pool_);
     kernels::QGemm(weights_.lm_head_p, s.acts, logits, c.vocab_size, false, pool_);
     return;
   }

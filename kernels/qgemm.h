@@ -120,15 +120,19 @@ struct QuantizedActs {
 inline constexpr int kDefaultActLevels = 2;
 
 // Quantizes x [n, cols] (cols % 32 == 0) into `out` with 1 or 2 levels.
-void QuantizeActs(const float* x, int64_t n, int64_t cols, QuantizedActs* out, int levels = 1);
+// These three split tokens over `pool` (may be null); each token's result
+// is computed by one thread alone, so the split changes nothing.
+void QuantizeActs(const float* x, int64_t n, int64_t cols, QuantizedActs* out, int levels = 1,
+                  ThreadPool* pool = nullptr);
 
 // Fused: y = RmsNorm(x) * weight (as kernels::RmsNorm) quantized into `out`.
 void RmsNormQuantize(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
-                     QuantizedActs* out, int levels = 1);
+                     QuantizedActs* out, int levels = 1, ThreadPool* pool = nullptr);
 
 // Fused SwiGLU: out = quantized silu(gu[t, :ffn]) * gu[t, ffn:] where gu is
 // the [n, 2 * ffn] output of a stacked gate|up matmul.
-void SiluMulQuantize(const float* gu, int64_t n, int64_t ffn, QuantizedActs* out, int levels = 1);
+void SiluMulQuantize(const float* gu, int64_t n, int64_t ffn, QuantizedActs* out, int levels = 1,
+                     ThreadPool* pool = nullptr);
 
 // y[t, r] (= or +=, see `accumulate`) dot of packed row r and token t, for
 // t < acts.n. ldy: row stride of y (>= w.rows()). With accumulate, y[t, r] =

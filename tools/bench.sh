@@ -7,7 +7,9 @@
 # Tandem (build-bench/bench/tandem_bench): pp512, tg128, aggregate decode at
 # batch 1/4/16/32/64, a memory-bandwidth probe and the decode bound it
 # implies. llama.cpp (llama-cpp-python in .venv-ref, created with
-# tools/setup_ref_env.sh when missing): pp512 and tg128. Every number is the
+# tools/setup_ref_env.sh when missing): pp512 and tg128, with llama.cpp's
+# extra (AMX) weight buffers off (they crash on our AMX VM; see
+# tools/bench_llamacpp.py --extra-bufts). Every number is the
 # median of --reps runs (default 5). The machine's load average is printed
 # before and after: on a shared machine, compare ratios, not absolutes.
 set -euo pipefail

@@ -22,7 +22,22 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--pp", type=int, default=512)
     p.add_argument("--tg", type=int, default=128)
+    p.add_argument("--extra-bufts", choices=("on", "off"), default="off",
+                   help="llama.cpp's extra weight buffer types (on x86 for Q4_1: the AMX "
+                        "repacking, which segfaults in ggml_backend_amx_mul_mat in 0.3.36 "
+                        "on our AMX VM); off runs its AVX-512 / VNNI kernels")
     a = p.parse_args()
+    if hasattr(llama_cpp.llama_model_params, "use_extra_bufts"):
+        # Llama() takes its model params from the low-level module's defaults.
+        low = llama_cpp.llama_cpp
+        default_params = low.llama_model_default_params
+
+        def model_params():
+            params = default_params()
+            params.use_extra_bufts = a.extra_bufts == "on"
+            return params
+
+        low.llama_model_default_params = model_params
     llm = llama_cpp.Llama(model_path=a.model, n_ctx=max(a.pp, a.tg) + 16, n_batch=a.pp,
                           n_ubatch=a.pp, n_threads=a.threads, n_threads_batch=a.threads,
                           verbose=False)
@@ -63,6 +78,7 @@ def main() -> int:
     pp = statistics.median(pp_run() for _ in range(a.reps))
     tg = statistics.median(tg_run() for _ in range(a.reps))
     print(json.dumps({"engine": "llama.cpp", "version": llama_cpp.__version__,
+                      "extra_bufts": a.extra_bufts,
                       "threads": a.threads, "reps": a.reps, "pp": a.pp, "pp_tok_s": round(pp, 2),
                       "tg": a.tg, "tg_tok_s": round(tg, 2)}))
     return 0

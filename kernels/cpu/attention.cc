@@ -8,6 +8,7 @@
 // (DotF32 order), max, exp (Exp16) and a sum whose order depends only on the
 // context length, then V accumulated in position order. Nothing depends on
 // other items, so outputs are bit-identical for any batch or thread count.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -56,6 +57,31 @@ void AttendOne(const PagedAttentionArgs& a, const int32_t* table, int64_t len, c
 constexpr int kMaxGroup = 8;
 constexpr int64_t kFastHeadDim = 64;
 
+// out[i] = sum of the 16 lanes of v[i]. Each output's lanes are added in
+// the same tree, whatever i: within each 128-bit quarter (e0 + e2) + (e1 +
+// e3), then quarters (q0 + q1) + (q2 + q3).
+inline __m512 TransposeSum16(const __m512* v) {
+  __m512 s[8], t[4], u[2];
+  for (int i = 0; i < 8; ++i) {
+    s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  // s[i], quarter L: keys 2i, 2i+1 interleaved: [a02, b02, a13, b13].
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(s[2 * i]), y = _mm512_castps_pd(s[2 * i + 1]);
+    t[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // t[i], quarter L: the quarter-L sums of keys 4i .. 4i+3.
+  for (int i = 0; i < 2; ++i) {
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  // u[i]: quarters (keys 8i..8i+3: q0+q1, q2+q3, keys 8i+4..: q0+q1, q2+q3).
+  return _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 // All `group` heads of one KV head, head_dim 64. p: [group, len] scratch.
 void AttendGroup64(const PagedAttentionArgs& a, const int32_t* table, int64_t len, const float* q,
                    int group, int64_t kvh, const float* k_cache, const float* v_cache,
@@ -68,18 +94,32 @@ void AttendGroup64(const PagedAttentionArgs& a, const int32_t* table, int64_t le
   for (int g = 0; g < group; ++g) {
     for (int c = 0; c < 4; ++c) qv[g][c] = _mm512_loadu_ps(q + g * kFastHeadDim + 16 * c);
   }
-  for (int64_t j = 0; j < len; ++j) {
-    const int64_t slot = int64_t(table[j / L.block_size]) * L.block_size + j % L.block_size;
-    const float* kr = k_cache + slot * width + kvh * kFastHeadDim;
-    const __m512 k0 = _mm512_loadu_ps(kr), k1 = _mm512_loadu_ps(kr + 16);
-    const __m512 k2 = _mm512_loadu_ps(kr + 32), k3 = _mm512_loadu_ps(kr + 48);
+  // Scores 16 keys at a time: per key a 16-lane partial product, then one
+  // transpose-reduce of the 16 partials gives the 16 dots in one register.
+  // Every key's dot sums its lanes in the same fixed tree (TransposeSum16),
+  // whichever slot of the 16 it has, so a score depends only on q and k.
+  const __m512 scale = _mm512_set1_ps(a.scale);
+  for (int64_t j0 = 0; j0 < len; j0 += 16) {
+    const int64_t nk = std::min<int64_t>(16, len - j0);
+    const float* kr[16];
+    for (int64_t i = 0; i < 16; ++i) {
+      const int64_t j = j0 + std::min(i, nk - 1);  // pad with the last key (masked off)
+      const int64_t slot = int64_t(table[j / L.block_size]) * L.block_size + j % L.block_size;
+      kr[i] = k_cache + slot * width + kvh * kFastHeadDim;
+    }
+    const __mmask16 m = nk == 16 ? __mmask16(0xffff) : cpu::TailMask(nk);
     for (int g = 0; g < group; ++g) {
-      // DotF32's order: chunk c into accumulator c % 2.
-      __m512 e = _mm512_fmadd_ps(qv[g][0], k0, _mm512_setzero_ps());
-      __m512 o = _mm512_fmadd_ps(qv[g][1], k1, _mm512_setzero_ps());
-      e = _mm512_fmadd_ps(qv[g][2], k2, e);
-      o = _mm512_fmadd_ps(qv[g][3], k3, o);
-      p[g * stride + j] = cpu::Reduce16(_mm512_add_ps(e, o)) * a.scale;
+      __m512 part[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        __m512 e = _mm512_mul_ps(qv[g][0], _mm512_loadu_ps(kr[i]));
+        __m512 o = _mm512_mul_ps(qv[g][1], _mm512_loadu_ps(kr[i] + 16));
+        e = _mm512_fmadd_ps(qv[g][2], _mm512_loadu_ps(kr[i] + 32), e);
+        o = _mm512_fmadd_ps(qv[g][3], _mm512_loadu_ps(kr[i] + 48), o);
+        part[i] = _mm512_add_ps(e, o);
+      }
+      _mm512_mask_storeu_ps(p.data() + g * stride + j0, m,
+                            _mm512_mul_ps(TransposeSum16(part), scale));
     }
   }
   float inv[kMaxGroup];

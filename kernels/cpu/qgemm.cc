@@ -3,9 +3,9 @@
 // The path is chosen once from CPUID (__builtin_cpu_supports): AMX-INT8
 // (with AVX-512 VNNI for small batches and the activation ops), else AVX-512
 // VNNI, else AVX2 + FMA + F16C, else scalar. TANDEM_KERNEL_ISA=
-// avx512vnni|avx2|scalar forces a lesser path (benchmarks, tests). QGemm and the activation quants are
-// bit-identical on every path; SiLU uses a SIMD exp on AVX-512 and libm
-// elsewhere (deterministic per machine, not across ISAs).
+// avx512vnni|avx2|scalar forces a lesser path (benchmarks, tests). QGemm and the activation quants
+// are bit-identical on every path; SiLU uses a SIMD exp on AVX-512 and libm elsewhere
+// (deterministic per machine, not across ISAs).
 #include "kernels/qgemm.h"
 
 #include <atomic>
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "kernels/cpu/qgemm_impl.h"
@@ -90,36 +91,56 @@ bool SetQGemmIsaForTesting(const std::string& isa) {
   return true;
 }
 
-void QuantizeActs(const float* x, int64_t n, int64_t cols, QuantizedActs* out, int levels) {
+namespace {
+
+// Tokens are independent, so the split over the pool never changes a result;
+// below kMinParallelTokens per chunk the dispatch costs more than it saves.
+constexpr int64_t kMinParallelTokens = 4;
+
+void ForTokens(ThreadPool* pool, int64_t n, absl::FunctionRef<void(int64_t, int64_t)> fn) {
+  ThreadPool::Run(pool, n, fn, kMinParallelTokens);
+}
+
+}  // namespace
+
+void QuantizeActs(const float* x, int64_t n, int64_t cols, QuantizedActs* out, int levels,
+                  ThreadPool* pool) {
   TANDEM_CHECK(cols % kQBlock == 0 && (levels == 1 || levels == 2));
   out->Resize(n, cols, levels);
   const QuantRowFn f = QuantRow();
-  for (int64_t t = 0; t < n; ++t) QuantizeOne(f, x + t * cols, t, out);
+  ForTokens(pool, n, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) QuantizeOne(f, x + t * cols, t, out);
+  });
 }
 
 void RmsNormQuantize(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
-                     QuantizedActs* out, int levels) {
+                     QuantizedActs* out, int levels, ThreadPool* pool) {
   TANDEM_CHECK(dim % kQBlock == 0 && (levels == 1 || levels == 2));
   out->Resize(n, dim, levels);
   const QuantRowFn f = QuantRow();
-  std::vector<float> row(dim);  // one normed row, still in L1 when quantized
-  for (int64_t t = 0; t < n; ++t) {
-    RmsNorm(x + t * dim, weight, 1, dim, eps, row.data());
-    QuantizeOne(f, row.data(), t, out);
-  }
+  ForTokens(pool, n, [&](int64_t t0, int64_t t1) {
+    std::vector<float> row(dim);  // one normed row, still in L1 when quantized
+    for (int64_t t = t0; t < t1; ++t) {
+      RmsNorm(x + t * dim, weight, 1, dim, eps, row.data());
+      QuantizeOne(f, row.data(), t, out);
+    }
+  });
 }
 
-void SiluMulQuantize(const float* gu, int64_t n, int64_t ffn, QuantizedActs* out, int levels) {
+void SiluMulQuantize(const float* gu, int64_t n, int64_t ffn, QuantizedActs* out, int levels,
+                     ThreadPool* pool) {
   TANDEM_CHECK(ffn % kQBlock == 0 && (levels == 1 || levels == 2));
   out->Resize(n, ffn, levels);
   const QuantRowFn f = QuantRow();
   auto silu = Impl().silu_mul != nullptr ? Impl().silu_mul : cpu::ScalarImpl()->silu_mul;
-  std::vector<float> row(ffn);
-  for (int64_t t = 0; t < n; ++t) {
-    const float* g = gu + t * 2 * ffn;
-    silu(g, g + ffn, ffn, row.data());
-    QuantizeOne(f, row.data(), t, out);
-  }
+  ForTokens(pool, n, [&](int64_t t0, int64_t t1) {
+    std::vector<float> row(ffn);
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* g = gu + t * 2 * ffn;
+      silu(g, g + ffn, ffn, row.data());
+      QuantizeOne(f, row.data(), t, out);
+    }
+  });
 }
 
 void QGemm(const PackedWeight& w, const QuantizedActs& acts, float* y, int64_t ldy, bool accumulate,

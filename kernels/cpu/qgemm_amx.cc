@@ -42,13 +42,22 @@ constexpr int kTok = 8;  // A / C tile rows: one QuantizedActs tile
 // Tiles: A = activations (8 tokens x 32 int8), A2 = their level-2 quants,
 // B = one packed weight block (8 x 64 bytes: 4 quants of each of 16 rows per
 // 64-byte row), C / C2 = 8 tokens x 16 rows int32.
-// (The _tile_* intrinsics are macros that paste the number into the
-// register name, hence literals.)
-#define TANDEM_TMM_A 0
-#define TANDEM_TMM_A2 1
-#define TANDEM_TMM_B 2
-#define TANDEM_TMM_C 3
-#define TANDEM_TMM_C2 4
+// tmm0 = A, tmm1 = A2, tmm2 = B, tmm3 / tmm4 = C / C2 of even blocks, tmm5 /
+// tmm6 of odd ones. Own asm instead of the _tile_* intrinsics so that the
+// compiler sees exactly which bytes a tile load reads and a store writes (the
+// intrinsics' loads declare no memory, their stores clobber all of it).
+#define TANDEM_TILE_LOAD(tmm, ptr, stride, bytes)                                 \
+  __asm__ volatile("tileloadd (%1,%2,1), %%tmm" #tmm                              \
+                   :                                                              \
+                   : "m"(*reinterpret_cast<const char(*)[bytes]>(ptr)), "r"(ptr), \
+                     "r"(static_cast<long>(stride)))
+#define TANDEM_TILE_STORE(tmm, ptr, stride, bytes)                \
+  __asm__ volatile("tilestored %%tmm" #tmm ", (%1,%2,1)"          \
+                   : "=m"(*reinterpret_cast<char(*)[bytes]>(ptr)) \
+                   : "r"(ptr), "r"(static_cast<long>(stride)))
+// C = A . B from zero (tilezero + tdpbsud: signed A, unsigned B).
+#define TANDEM_TILE_DP(c, a, b) \
+  __asm__ volatile("tilezero %%tmm" #c "\n\ttdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 
 struct alignas(64) TileConfig {
   uint8_t palette_id = 1;
@@ -60,12 +69,14 @@ struct alignas(64) TileConfig {
 
 TileConfig MakeConfig() {
   TileConfig c;
-  c.colsb[TANDEM_TMM_A] = c.colsb[TANDEM_TMM_A2] = 32;
-  c.rows[TANDEM_TMM_A] = c.rows[TANDEM_TMM_A2] = kTok;
-  c.colsb[TANDEM_TMM_B] = 64;
-  c.rows[TANDEM_TMM_B] = 8;
-  c.colsb[TANDEM_TMM_C] = c.colsb[TANDEM_TMM_C2] = 64;
-  c.rows[TANDEM_TMM_C] = c.rows[TANDEM_TMM_C2] = kTok;
+  c.colsb[0] = c.colsb[1] = 32;  // A, A2
+  c.rows[0] = c.rows[1] = kTok;
+  c.colsb[2] = 64;  // B
+  c.rows[2] = 8;
+  for (int i = 3; i <= 6; ++i) {  // C tiles
+    c.colsb[i] = 64;
+    c.rows[i] = kTok;
+  }
   return c;
 }
 
@@ -99,9 +110,11 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const int64_t tiles = (a.n + kTok - 1) / kTok;
   constexpr int64_t kStep = kActTile * kQBlock;  // bytes of one tile-block of quants
-  alignas(64) int32_t cbuf[kTok * 16];
-  alignas(64) int32_t cbuf2[kTok * 16];
+  alignas(64) int32_t cbuf[2][kTok * 16];
+  alignas(64) int32_t cbuf2[2][kTok * 16];
   _tile_loadconfig(&config);
+  // The unpacked weights below are read by tile loads (declared to the
+  // compiler through their "m" operands).
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* c = w.chunk(g, 0);
     for (int64_t b = 0; b < nb; ++b, c += cb) {
@@ -126,6 +139,8 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
     }
     const int64_t valid_rows = std::min<int64_t>(kGroupRows, w.rows() - g * kGroupRows);
     const __mmask16 rmask = static_cast<__mmask16>((1u << valid_rows) - 1u);
+    const uint8_t* wb = kBits == 4 ? buf : w.chunk(g, 0);
+    const int64_t wstride = kBits == 4 ? 512 : cb;
     for (int64_t tt = 0; tt < tiles; ++tt) {
       __m512 acc[kTok];
 #pragma GCC unroll 8
@@ -135,20 +150,42 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
       const int8_t* xq2 = kTwo ? a.qs2.data() + i0 * kQBlock : nullptr;
       const float* xd = a.d.data() + i0;
       const float* xsd = a.sd.data() + i0;
-      const uint8_t* wb = kBits == 4 ? buf : w.chunk(g, 0);
-      const int64_t wstride = kBits == 4 ? 512 : cb;
-      for (int64_t b = 0; b < nb; ++b) {
-        _tile_loadd(TANDEM_TMM_B, wb + b * wstride, 64);
-        _tile_loadd(TANDEM_TMM_A, xq + b * kStep, kQBlock);
-        _tile_zero(TANDEM_TMM_C);
-        _tile_dpbsud(TANDEM_TMM_C, TANDEM_TMM_A, TANDEM_TMM_B);
-        _tile_stored(TANDEM_TMM_C, cbuf, 64);
-        if constexpr (kTwo) {
-          _tile_loadd(TANDEM_TMM_A2, xq2 + b * kStep, kQBlock);
-          _tile_zero(TANDEM_TMM_C2);
-          _tile_dpbsud(TANDEM_TMM_C2, TANDEM_TMM_A2, TANDEM_TMM_B);
-          _tile_stored(TANDEM_TMM_C2, cbuf2, 64);
+      // Block b's integer dots go to tile set b % 2 and are stored to
+      // cbuf[b % 2] after block b + 1's dots are issued (tile ops run in
+      // order: a store right after its own dot would wait for it); then the
+      // f32 steps of block b run while the tiles compute block b + 1.
+      auto issue = [&](int64_t b) {
+        TANDEM_TILE_LOAD(2, wb + b * wstride, 64, 512);
+        TANDEM_TILE_LOAD(0, xq + b * kStep, kQBlock, 256);
+        if (b % 2 == 0) {
+          TANDEM_TILE_DP(3, 0, 2);
+        } else {
+          TANDEM_TILE_DP(5, 0, 2);
         }
+        if constexpr (kTwo) {
+          TANDEM_TILE_LOAD(1, xq2 + b * kStep, kQBlock, 256);
+          if (b % 2 == 0) {
+            TANDEM_TILE_DP(4, 1, 2);
+          } else {
+            TANDEM_TILE_DP(6, 1, 2);
+          }
+        }
+      };
+      auto store = [&](int64_t b) {
+        if (b % 2 == 0) {
+          TANDEM_TILE_STORE(3, cbuf[0], 64, 512);
+          if constexpr (kTwo) TANDEM_TILE_STORE(4, cbuf2[0], 64, 512);
+        } else {
+          TANDEM_TILE_STORE(5, cbuf[1], 64, 512);
+          if constexpr (kTwo) TANDEM_TILE_STORE(6, cbuf2[1], 64, 512);
+        }
+      };
+      issue(0);
+      for (int64_t b = 0; b < nb; ++b) {
+        if (b + 1 < nb) issue(b + 1);
+        store(b);
+        const int32_t* c1 = cbuf[b % 2];
+        const int32_t* c2 = cbuf2[b % 2];
         const __m512 dv = _mm512_load_ps(scales + b * 32);
         const __m512 mv = _mm512_load_ps(scales + b * 32 + 16);
 #pragma GCC unroll 8
@@ -156,15 +193,18 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
           const int64_t k = b * kActTile + t;
           const __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(xd[k]));
           const __m512 t1 = _mm512_mul_ps(mv, _mm512_set1_ps(xsd[k]));
-          __m512i is = _mm512_load_si512(cbuf + 16 * t);
+          __m512i is = _mm512_load_si512(c1 + 16 * t);
           if constexpr (kTwo) {
-            is = _mm512_add_epi32(_mm512_slli_epi32(is, 8), _mm512_load_si512(cbuf2 + 16 * t));
+            is = _mm512_add_epi32(_mm512_slli_epi32(is, 8), _mm512_load_si512(c2 + 16 * t));
           }
           acc[t] = _mm512_add_ps(acc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), ddx, t1));
         }
       }
       const int64_t valid = std::min<int64_t>(kTok, a.n - tt * kTok);
-      for (int t = 0; t < valid; ++t) {
+      // Constant indices keep acc[] in registers.
+#pragma GCC unroll 8
+      for (int t = 0; t < kTok; ++t) {
+        if (t >= valid) break;
         float* out = y + (tt * kTok + t) * ldy + g * kGroupRows;
         __m512 v = acc[t];
         if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(rmask, out), v);

@@ -302,8 +302,8 @@ TEST(TinyMhaGoldenTest, MatchesTransformers) {
 struct GoldenBounds {
   KernelMode mode;
   double max_mean_kl;
-  size_t greedy_tokens;  // leading greedy tokens that must match
-  bool all_argmax;       // every clear-margin argmax must match
+  size_t greedy_tokens;               // leading greedy tokens that must match
+  bool all_argmax;                    // every clear-margin argmax must match
   const ActLevels* levels = nullptr;  // overrides the mode's default
 };
 constexpr size_t kFastGreedyTokens = 32;
@@ -390,6 +390,19 @@ TEST(SmolLm2GoldenTest, MatchesTransformers) {
 
 TEST(SmolLm2GoldenTest, FastKernelsCloseToTransformers) {
   CheckSmolLm2Goldens({KernelMode::kFast, 1e-2, kFastGreedyTokens, false});
+}
+
+TEST(ActLevelsTest, ParseFormatAndDefaults) {
+  ActLevels l;
+  ASSERT_TRUE(ActLevels::Parse("21212", &l));
+  EXPECT_EQ(l.qkv, 2);
+  EXPECT_EQ(l.wo, 1);
+  EXPECT_EQ(l.down, 1);
+  EXPECT_EQ(l.ToString(), "21212");
+  EXPECT_FALSE(ActLevels::Parse("2121", &l));
+  EXPECT_FALSE(ActLevels::Parse("21213", &l));
+  EXPECT_EQ(DefaultActLevels(KernelMode::kFast).ToString(), "22222");
+  EXPECT_EQ(DefaultActLevels(KernelMode::kFastInt8).ToString(), "11111");
 }
 
 // Accuracy study of other activation-level mixes: TANDEM_ACT_LEVELS=QWGDH
