@@ -131,7 +131,9 @@ TEST_F(PdHandoffTest, ImportWithPrefixCacheHitAndChunkedPrefill) {
 }
 
 TEST_F(PdHandoffTest, ImportedSequenceSurvivesPreemption) {
-  // 10 blocks of 16: three imported sequences of 40 tokens that grow must preempt.
+  // 10 blocks of 16: three imported sequences of 40 tokens growing to 100
+  // (7 blocks each) must preempt as soon as any two overlap, however the
+  // engine thread interleaves with the submits.
   EngineConfig dc = TinyEngineConfig(10);
   auto prefill = MakeEngine(TinyEngineConfig(64), model());
   auto decode = MakeEngine(dc, model());
@@ -139,7 +141,7 @@ TEST_F(PdHandoffTest, ImportedSequenceSurvivesPreemption) {
   std::vector<EngineRequest> imports;
   std::vector<RequestHandle> handles;
   for (int i = 0; i < 3; ++i) {
-    EngineRequest r = MakeRequest(RandomPrompt(40, 256, 30 + i), 14, i % 2 ? 0.8 : 0.0, i);
+    EngineRequest r = MakeRequest(RandomPrompt(40, 256, 30 + i), 60, i % 2 ? 0.8 : 0.0, i);
     EngineRequest p = r;
     p.export_kv = true;
     CollectedOutput first = Collect(**prefill->Submit(p));

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -44,6 +45,18 @@ namespace tandem::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Waits scale by TANDEM_TEST_TIME_SCALE (scripts/test_sanitizers.sh sets it:
+// an engine step is several times slower under ASan, and cancels apply at
+// step boundaries).
+std::chrono::milliseconds Scaled(std::chrono::milliseconds ms) {
+  static const int scale = [] {
+    const char* v = std::getenv("TANDEM_TEST_TIME_SCALE");
+    const int n = v != nullptr ? std::atoi(v) : 1;
+    return n >= 1 && n <= 100 ? n : 1;
+  }();
+  return ms * scale;
+}
 
 const char* const kPrompts[] = {
     "The capital of France is",     "Once upon a time",    "def fibonacci(n):",
@@ -183,7 +196,8 @@ bool Clean(const tandem::v1::WorkerStats& s) {
 }
 
 // Every live worker of `endpoints` holds no block, lease or request within
-// `within` (much shorter than the lease, so it was released, not expired).
+// `within` (scaled; much shorter than the lease, so it was released, not
+// expired).
 void ExpectNoKvInUse(const std::vector<Endpoint>& endpoints, const std::vector<int>& dead_pids,
                      std::chrono::milliseconds within = std::chrono::milliseconds(5000)) {
   for (const Endpoint& e : endpoints) {
@@ -191,7 +205,7 @@ void ExpectNoKvInUse(const std::vector<Endpoint>& endpoints, const std::vector<i
         std::find(dead_pids.begin(), dead_pids.end(), e.pid) != dead_pids.end()) {
       continue;
     }
-    const bool clean = WaitStats(e.role, e.grpc_address, Clean, within);
+    const bool clean = WaitStats(e.role, e.grpc_address, Clean, Scaled(within));
     auto s = Stats(e.role, e.grpc_address);
     ASSERT_TRUE(s.ok()) << e.role << " " << e.grpc_address << ": " << s.status();
     EXPECT_TRUE(clean) << e.role << " " << e.grpc_address << ": blocks used "
@@ -517,13 +531,13 @@ TEST(FaultsTest, MigrationLimitZeroFailsFastAndNamesTheLimit) {
   EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
 }
 
-// Cancel at each stage; every worker must be clean long before the 60 s
+// Cancel at each stage; every worker must be clean long before the 300 s
 // lease could expire (so the release, not the expiry, freed them).
 TEST(FaultsTest, CancelAtEveryStageLeavesNoBlocksOrLeases) {
   ServeProcess cluster;
   ASSERT_EQ(StartHoldingPushes(cluster,
                                {"--prefill-workers", "1", "--decode-workers", "1",
-                                "--kv-lease-seconds", "60", "--threads", "1"},
+                                "--kv-lease-seconds", "300", "--threads", "1"},
                                "400"),
             "");
   const Endpoint prefill = Workers(cluster, "prefill")[0];
@@ -551,7 +565,7 @@ TEST(FaultsTest, CancelAtEveryStageLeavesNoBlocksOrLeases) {
       });
     }
     if (when) {
-      const auto give_up = Clock::now() + std::chrono::seconds(30);
+      const auto give_up = Clock::now() + Scaled(std::chrono::seconds(30));
       bool reached = false;
       while (!(reached = when()) && Clock::now() < give_up) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));

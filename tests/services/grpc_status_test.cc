@@ -95,7 +95,7 @@ TEST(GrpcStatusTest, ToGrpcStatusAddsDetailsOnlyForResourceExhausted) {
 TEST(GrpcStatusTest, RetryInfoDelayRejectsMalformedDetails) {
   for (const std::string& junk :
        {std::string(), std::string("\xff\xff\xff"), std::string("\x1a\x7f", 2),
-        std::string("\x08\x08\x1a\x05\x0a\x03abc", 9)}) {
+        std::string("\x08\x08\x1a\x05\x0a\x03" "abc", 9)}) {
     EXPECT_EQ(RetryInfoDelay(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "m", junk)),
               std::nullopt);
   }
