@@ -142,6 +142,21 @@ std::vector<Result> RunAll(const std::string& address,
   return out;
 }
 
+// Runs `reqs` concurrently on `address`; once `after_tokens` tokens have
+// arrived (all streams together), `fault()` runs on another thread.
+std::vector<Result> RunWithFault(const std::string& address,
+                                 const std::vector<tandem::v1::GenerateRequest>& reqs,
+                                 int after_tokens, const std::function<void()>& fault) {
+  std::atomic<int> seen{0};
+  std::thread t([&] {
+    while (seen.load() < after_tokens) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    fault();
+  });
+  std::vector<Result> out = RunAll(address, reqs, &seen);
+  t.join();
+  return out;
+}
+
 // The tokens a fault-free colocated server produces for `reqs`.
 std::vector<Result> Baseline(const std::vector<tandem::v1::GenerateRequest>& reqs) {
   ServeProcess colocated;
@@ -302,15 +317,11 @@ TEST(FaultsTest, DecodeKilledMidStreamMigratesWithTheSameTokens) {
             "");
   const std::vector<Endpoint> decode = Workers(cluster, "decode");
   ASSERT_EQ(decode.size(), 2u);
-  std::atomic<int> seen{0};
   Clock::time_point killed_at;
-  std::thread killer([&] {
-    while (seen.load() < 16 * 10) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const std::vector<Result> got = RunWithFault(cluster.Address("router"), reqs, 16 * 10, [&] {
     killed_at = Clock::now();
     kill(decode[0].pid, SIGKILL);
   });
-  const std::vector<Result> got = RunAll(cluster.Address("router"), reqs, &seen);
-  killer.join();
   ExpectSameStreams(got, want);
 
   // Recovery: from the kill to each stream's next token (the streams that
@@ -348,14 +359,9 @@ TEST(FaultsTest, HungDecodeWorkerIsDetectedByHealthChecksAndMigrated) {
   ASSERT_EQ(cluster.Start({"--prefill-workers", "1", "--decode-workers", "2", "--threads", "1"}),
             "");
   const Endpoint victim = Workers(cluster, "decode")[0];
-  std::atomic<int> seen{0};
-  std::thread staller([&] {
-    while (seen.load() < 8 * 8) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    kill(victim.pid, SIGSTOP);
-  });
   const auto start = Clock::now();
-  const std::vector<Result> got = RunAll(cluster.Address("router"), reqs, &seen);
-  staller.join();
+  const std::vector<Result> got =
+      RunWithFault(cluster.Address("router"), reqs, 8 * 8, [&] { kill(victim.pid, SIGSTOP); });
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   std::printf("[faults] SIGSTOP decode: all 8 streams done in %.1f s\n", seconds);
   ExpectSameStreams(got, want);
@@ -378,13 +384,8 @@ TEST(FaultsTest, WithoutPrefillWorkersDecodeSidePrefillServesAndMigrates) {
             "");
   kill(Workers(cluster, "prefill")[0].pid, SIGKILL);
   const std::vector<Endpoint> decode = Workers(cluster, "decode");
-  std::atomic<int> seen{0};
-  std::thread killer([&] {
-    while (seen.load() < 8 * 8) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    kill(decode[0].pid, SIGKILL);
-  });
-  const std::vector<Result> got = RunAll(cluster.Address("router"), reqs, &seen);
-  killer.join();
+  const std::vector<Result> got =
+      RunWithFault(cluster.Address("router"), reqs, 8 * 8, [&] { kill(decode[0].pid, SIGKILL); });
   ExpectSameStreams(got, want);
   const std::string router_metrics = cluster.endpoints()[0].metrics_address;
   EXPECT_GE(MetricSum(router_metrics, "tandem_request_migrations_total", "decode_failed"), 1);
@@ -507,13 +508,8 @@ TEST(FaultsTest, MigrationLimitZeroFailsFastAndNamesTheLimit) {
                            "--migration-limit", "0"}),
             "");
   const std::vector<Endpoint> decode = Workers(cluster, "decode");
-  std::atomic<int> seen{0};
-  std::thread killer([&] {
-    while (seen.load() < 6 * 8) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    kill(decode[0].pid, SIGKILL);
-  });
-  const std::vector<Result> got = RunAll(cluster.Address("router"), reqs, &seen);
-  killer.join();
+  const std::vector<Result> got =
+      RunWithFault(cluster.Address("router"), reqs, 6 * 8, [&] { kill(decode[0].pid, SIGKILL); });
   int failed = 0, ok = 0;
   for (const Result& r : got) {
     if (r.status.ok()) {
@@ -628,17 +624,13 @@ TEST(FaultsTest, DrainOfADecodeWorkerUnderLoadFailsNoStream) {
                            "--drain-seconds", "60"}),
             "");
   const Endpoint victim = Workers(cluster, "decode")[0];
-  std::atomic<int> seen{0};
   std::vector<Result> late;
-  std::thread drainer([&] {
-    while (seen.load() < 12 * 5) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const std::vector<Result> got = RunWithFault(cluster.Address("router"), reqs, 12 * 5, [&] {
     kill(victim.pid, SIGTERM);
     // New requests after the SIGTERM go to the other worker.
     std::vector<tandem::v1::GenerateRequest> more(reqs.begin(), reqs.begin() + 4);
     late = RunAll(cluster.Address("router"), more);
   });
-  const std::vector<Result> got = RunAll(cluster.Address("router"), reqs, &seen);
-  drainer.join();
   ExpectSameStreams(got, want);
   ExpectSameStreams(late, std::vector<Result>(want.begin(), want.begin() + 4));
   // The drained worker exited 0 (its parent, tandem serve, logs how).
