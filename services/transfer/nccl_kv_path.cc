@@ -1,5 +1,7 @@
 #include "services/transfer/nccl_kv_path.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
@@ -79,16 +81,28 @@ absl::Status Grouped(NcclOps& ops, NcclOps::Comm comm, absl::Time deadline, Body
 
 }  // namespace
 
+absl::Status WaitStreamInterruptible(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stream,
+                                     absl::Time deadline, const NcclInterrupt& interrupt) {
+  if (!interrupt) return ops.WaitStream(comm, stream, deadline);
+  while (true) {
+    const absl::Time slice = std::min(deadline, absl::Now() + kNcclWaitSlice);
+    absl::Status st = ops.WaitStream(comm, stream, slice);
+    if (!absl::IsDeadlineExceeded(st) || absl::Now() >= deadline) return st;
+    TANDEM_RETURN_IF_ERROR(interrupt());
+  }
+}
+
 absl::Status SendKvBlocks(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stream, int peer,
                           const KvBlockLayout& layout, int64_t blocks_per_segment,
-                          const char* payload, NcclStaging& staging, absl::Time deadline) {
+                          const char* payload, NcclStaging& staging, absl::Time deadline,
+                          const NcclInterrupt& interrupt) {
   TANDEM_RETURN_IF_ERROR(staging.Reserve(layout.staging_bytes()));
   TANDEM_RETURN_IF_ERROR(StageForSend(ops, layout, payload, staging, stream));
   const std::vector<KvSegment> segments = KvSegments(layout, blocks_per_segment);
   TANDEM_RETURN_IF_ERROR(Grouped(ops, comm, deadline, [&] {
     return EnqueueSends(ops, comm, peer, staging, segments, stream);
   }));
-  return ops.WaitStream(comm, stream, deadline);
+  return WaitStreamInterruptible(ops, comm, stream, deadline, interrupt);
 }
 
 absl::Status PostRecvKvBlocks(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stream, int peer,

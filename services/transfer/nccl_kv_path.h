@@ -15,6 +15,7 @@
 #define TANDEM_SERVICES_TRANSFER_NCCL_KV_PATH_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -63,10 +64,23 @@ absl::Status EnqueueRecvs(NcclOps& ops, NcclOps::Comm comm, int peer, NcclStagin
 absl::Status EnqueueDownload(NcclOps& ops, const KvBlockLayout& layout, NcclStaging& staging,
                              NcclOps::Stream stream);
 
-// Runs the whole sender path (stage, grouped sends, wait) to `peer`.
+// Asked between the slices of a wait: a non-OK status ends the wait with that
+// status (the caller then aborts the communicator). Empty: never interrupts.
+using NcclInterrupt = std::function<absl::Status()>;
+inline constexpr absl::Duration kNcclWaitSlice = absl::Milliseconds(20);
+
+// ops.WaitStream in slices of kNcclWaitSlice, asking `interrupt` between
+// them: OK once the stream drained, DeadlineExceeded at `deadline`, the
+// interrupt's status, or the ops' error (Unavailable / Internal).
+absl::Status WaitStreamInterruptible(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stream,
+                                     absl::Time deadline, const NcclInterrupt& interrupt);
+
+// Runs the whole sender path (stage, grouped sends, wait) to `peer`; the
+// wait ends early when `interrupt` says so (the request was cancelled).
 absl::Status SendKvBlocks(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stream, int peer,
                           const KvBlockLayout& layout, int64_t blocks_per_segment,
-                          const char* payload, NcclStaging& staging, absl::Time deadline);
+                          const char* payload, NcclStaging& staging, absl::Time deadline,
+                          const NcclInterrupt& interrupt = {});
 // Posts the receiver path (grouped receives + download) from `peer`; the
 // caller then waits with ops.WaitStream and unpacks from staging.host().
 absl::Status PostRecvKvBlocks(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stream, int peer,

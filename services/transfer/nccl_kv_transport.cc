@@ -26,10 +26,12 @@ std::string RandomPeerId() {
   return absl::StrFormat("prefill-%d-%08x%08x", getpid(), rd(), rd());
 }
 
-// The transport's own failures are Unavailable, except timeouts.
+// The transport's own failures are Unavailable, except timeouts and the
+// Prefill call's cancellation.
 absl::Status TransportError(const std::string& address, absl::string_view what,
                             const absl::Status& st) {
   const absl::StatusCode code = absl::IsDeadlineExceeded(st) ? absl::StatusCode::kDeadlineExceeded
+                                : absl::IsCancelled(st)      ? absl::StatusCode::kCancelled
                                                              : absl::StatusCode::kUnavailable;
   return absl::Status(
       code, absl::StrCat("NCCL KV transfer to ", address, ": ", what, ": ", st.message()));
@@ -38,6 +40,26 @@ absl::Status TransportError(const std::string& address, absl::string_view what,
 absl::Status WithPeer(const std::string& address, absl::string_view what, const absl::Status& st) {
   return absl::Status(
       st.code(), absl::StrCat("NCCL KV transfer to ", address, ": ", what, ": ", st.message()));
+}
+
+bool ParentCancelled(const KvTransferTarget& target) {
+  return target.parent != nullptr && target.parent->IsCancelled();
+}
+
+absl::Status CancelledBy(const KvTransferTarget& target) {
+  return ParentCancelled(target) ? absl::CancelledError("the Prefill call was cancelled")
+                                 : absl::OkStatus();
+}
+
+// A child of the Prefill call when there is one, so that its cancellation
+// and deadline reach the receiver.
+std::unique_ptr<grpc::ClientContext> MakeContext(const KvTransferTarget& target,
+                                                 absl::Time deadline) {
+  std::unique_ptr<grpc::ClientContext> context =
+      target.parent != nullptr ? grpc::ClientContext::FromServerContext(*target.parent)
+                               : std::make_unique<grpc::ClientContext>();
+  if (deadline != absl::InfiniteFuture()) context->set_deadline(absl::ToChronoTime(deadline));
+  return context;
 }
 
 }  // namespace
@@ -94,9 +116,10 @@ void NcclKvTransport::Drop(Pair& pair) {
   pair.stream = nullptr;
 }
 
-absl::Status NcclKvTransport::Connect(Pair& pair, const std::string& address,
+absl::Status NcclKvTransport::Connect(Pair& pair, const KvTransferTarget& target,
                                       const tandem::v1::KvCompatibility& compat,
                                       absl::Time deadline) {
+  const std::string& address = target.address;
   Drop(pair);
   absl::StatusOr<NcclUniqueId> id = ops_->GetUniqueId();
   if (!id.ok()) return TransportError(address, "ncclGetUniqueId", id.status());
@@ -119,9 +142,12 @@ absl::Status NcclKvTransport::Connect(Pair& pair, const std::string& address,
     rpc_status = pair.stub->NcclConnect(&context, request, &response);
     rpc_done.store(true);
   });
-  // Stop waiting for the peer as soon as its NcclConnect failed.
-  absl::StatusOr<NcclOps::Comm> comm = ops_->CommInitRank(
-      *id, 2, kSenderRank, connect_deadline, [&] { return rpc_done.load() && !rpc_status.ok(); });
+  // Stop waiting for the peer as soon as its NcclConnect failed, or the
+  // Prefill call was cancelled.
+  absl::StatusOr<NcclOps::Comm> comm =
+      ops_->CommInitRank(*id, 2, kSenderRank, connect_deadline, [&] {
+        return (rpc_done.load() && !rpc_status.ok()) || ParentCancelled(target);
+      });
   if (!comm.ok()) context.TryCancel();
   rpc.join();
   // The peer's error, unless it is only our own TryCancel after our init failed.
@@ -149,8 +175,12 @@ absl::StatusOr<KvSendResult> NcclKvTransport::Send(const KvTransferTarget& targe
   std::shared_ptr<Pair> pair = PairFor(target.address);
   absl::MutexLock lock(&pair->mu);
   for (int attempt = 0;; ++attempt) {
+    // Cancelled while it waited behind another transfer on this pair.
+    if (absl::Status c = CancelledBy(target); !c.ok()) {
+      return WithPeer(target.address, "before the transfer", c);
+    }
     if (pair->comm == nullptr) {
-      TANDEM_RETURN_IF_ERROR(Connect(*pair, target.address, compat, deadline));
+      TANDEM_RETURN_IF_ERROR(Connect(*pair, target, compat, deadline));
     }
     bool stale = false;
     absl::StatusOr<KvSendResult> result = SendOnce(*pair, target, compat, kv, deadline, &stale);
@@ -177,8 +207,8 @@ absl::StatusOr<KvSendResult> NcclKvTransport::SendOnce(Pair& pair, const KvTrans
   }
   const int32_t blocks_per_segment = BlocksPerSegment(*layout, options_.max_segment_bytes);
 
-  grpc::ClientContext context;
-  if (deadline != absl::InfiniteFuture()) context.set_deadline(absl::ToChronoTime(deadline));
+  const std::unique_ptr<grpc::ClientContext> owned = MakeContext(target, deadline);
+  grpc::ClientContext& context = *owned;
   std::unique_ptr<
       grpc::ClientReaderWriter<tandem::v1::NcclPushKvRequest, tandem::v1::NcclPushKvResponse>>
       stream = pair.stub->NcclPushKv(&context);
@@ -210,7 +240,7 @@ absl::StatusOr<KvSendResult> NcclKvTransport::SendOnce(Pair& pair, const KvTrans
   const absl::Time nccl_deadline = std::min(deadline, absl::Now() + options_.transfer_timeout);
   absl::Status sent =
       SendKvBlocks(*ops_, pair.comm, pair.stream, kReceiverRank, *layout, blocks_per_segment,
-                   kv.bytes.data(), pair.staging, nccl_deadline);
+                   kv.bytes.data(), pair.staging, nccl_deadline, [&] { return CancelledBy(target); });
   if (!sent.ok()) {
     Drop(pair);           // ncclCommAbort here ...
     context.TryCancel();  // ... and the receiver aborts its side and the reservation

@@ -19,10 +19,14 @@
 //      ncclSend per segment, wait for the stream (transfer_timeout).
 //   3. -> sent; <- done{bytes_received, lease_seconds} once the receiver
 //      unpacked and committed the lease.
-// Failure or timeout after `ready`: this side aborts the pair's communicator
+// Failure, timeout or cancellation after `ready`: this side aborts the pair's communicator
 // (ncclCommAbort) and drops it (the next transfer makes a new one), cancels
 // the stream so that the receiver aborts its communicator and its
 // reservation, and returns Unavailable / DeadlineExceeded naming the peer.
+// When the transfer serves a Prefill call (KvTransferTarget::parent), its
+// gRPC calls are children of that call, and cancelling it ends the wait for
+// the peer's init or for the ncclSend within 20 ms (Cancelled); the receiver
+// sees its stream cancelled and drops its side the same way.
 // ABORTED from the receiver at step 1 means it has no (or another)
 // communicator for us (it restarted, or aborted after a failure): the pair is
 // re-created and the transfer retried once.
@@ -70,7 +74,7 @@ class NcclKvTransport final : public KvTransport {
  private:
   struct Pair;
   std::shared_ptr<Pair> PairFor(const std::string& address);
-  absl::Status Connect(Pair& pair, const std::string& address,
+  absl::Status Connect(Pair& pair, const KvTransferTarget& target,
                        const tandem::v1::KvCompatibility& compat, absl::Time deadline);
   void Drop(Pair& pair);
   absl::StatusOr<KvSendResult> SendOnce(Pair& pair, const KvTransferTarget& target,

@@ -16,7 +16,6 @@ namespace {
 
 constexpr int kSenderRank = 0;
 constexpr int kReceiverRank = 1;
-constexpr absl::Duration kWaitSlice = absl::Milliseconds(20);
 
 absl::Time RpcDeadline(grpc::ServerContext* context, absl::Duration cap) {
   const absl::Time capped = absl::Now() + cap;
@@ -204,21 +203,17 @@ grpc::Status NcclKvReceiver::PushKv(
   if (!stream->Write(reply)) return fail(grpc::StatusCode::CANCELLED, "the sender went away");
   // Wait for the payload in slices: the sender may cancel, a newer connect
   // may replace this communicator.
-  while (true) {
-    const absl::Time slice = std::min(deadline, absl::Now() + kWaitSlice);
-    st = ops_->WaitStream(pair->comm, pair->stream, slice);
-    if (st.ok()) break;
-    if (!absl::IsDeadlineExceeded(st)) {
-      return fail(grpc::StatusCode::UNAVAILABLE, absl::StrCat("ncclRecv: ", st.message()));
-    }
-    if (absl::Now() >= deadline) {
-      return fail(grpc::StatusCode::DEADLINE_EXCEEDED, "timed out waiting for the payload");
-    }
-    if (context->IsCancelled()) return fail(grpc::StatusCode::CANCELLED, "the sender cancelled");
-    if (pair->superseded.load()) {
-      return fail(grpc::StatusCode::ABORTED, "the communicator was replaced");
-    }
+  st = WaitStreamInterruptible(*ops_, pair->comm, pair->stream, deadline, [&] {
+    if (context->IsCancelled()) return absl::CancelledError("the sender cancelled");
+    if (pair->superseded.load()) return absl::AbortedError("the communicator was replaced");
+    return absl::OkStatus();
+  });
+  if (absl::IsDeadlineExceeded(st)) {
+    return fail(grpc::StatusCode::DEADLINE_EXCEEDED, "timed out waiting for the payload");
   }
+  if (absl::IsCancelled(st)) return fail(grpc::StatusCode::CANCELLED, st.message());
+  if (absl::IsAborted(st)) return fail(grpc::StatusCode::ABORTED, st.message());
+  if (!st.ok()) return fail(grpc::StatusCode::UNAVAILABLE, absl::StrCat("ncclRecv: ", st.message()));
   if (!stream->Read(&msg) || !msg.has_sent()) {
     return fail(grpc::StatusCode::CANCELLED, "the sender did not confirm the send");
   }

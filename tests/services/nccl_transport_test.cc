@@ -683,6 +683,16 @@ class NcclWorkersTest : public ::testing::Test {
     c.nccl_ops = std::move(ops);
     return c;
   }
+  static v1::PrefillRequest MakePrefill(const engine::EngineRequest& r, const std::string& handle,
+                                        const std::string& decode_address) {
+    v1::PrefillRequest pr;
+    pr.set_request_id(handle);
+    for (int32_t t : r.prompt_token_ids) pr.add_prompt_token_ids(t);
+    services::ToProto(r.params, pr.mutable_params());
+    pr.set_decode_address(decode_address);
+    pr.set_kv_handle(handle);
+    return pr;
+  }
   static engine::TinyModel* tiny_;
 };
 engine::TinyModel* NcclWorkersTest::tiny_ = nullptr;
@@ -702,12 +712,7 @@ TEST_F(NcclWorkersTest, PrefillToDecodeOverNcclMatchesColocated) {
         engine::MakeRequest(engine::RandomPrompt(5 + 21 * i, 256, 70 + i), 6, 0.0, 9 + i);
     const engine::CollectedOutput alone = engine::RunAlone(tiny_->model.get(), r);
     const std::string handle = "n" + std::to_string(i);
-    v1::PrefillRequest pr;
-    pr.set_request_id(handle);
-    for (int32_t t : r.prompt_token_ids) pr.add_prompt_token_ids(t);
-    services::ToProto(r.params, pr.mutable_params());
-    pr.set_decode_address((*d)->address());
-    pr.set_kv_handle(handle);
+    const v1::PrefillRequest pr = MakePrefill(r, handle, (*d)->address());
     v1::PrefillResponse presp;
     grpc::ClientContext pctx;
     grpc::Status st = ps->Prefill(&pctx, pr, &presp);
@@ -733,6 +738,69 @@ TEST_F(NcclWorkersTest, PrefillToDecodeOverNcclMatchesColocated) {
   EXPECT_EQ(pops->num_inits(), 1);
   EXPECT_GT(pops->num_sends(), 0);
   EXPECT_EQ((*d)->service().leases().Stats().num_leases, 0);
+  (*p)->Shutdown();
+  (*d)->Shutdown();
+}
+
+// The router cancels a Prefill call while its KV is in flight over NCCL
+// (the send hangs, or the peer never joins the communicator): the call ends
+// at once instead of after the 60 s transfer / connect timeout, both ranks
+// abort their communicator, the receiver drops its reservation, and the
+// next transfer makes a new communicator.
+TEST_F(NcclWorkersTest, CancellingPrefillAbortsTheNcclTransfer) {
+  auto fabric = std::make_shared<FakeNcclFabric>();
+  auto pops = std::make_shared<FakeNcclOps>(fabric);
+  auto dops = std::make_shared<FakeNcclOps>(fabric);
+  auto p = prefill::PrefillServer::Start(Config(pops));
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto d = decode::DecodeServer::Start(Config(dops));
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto ps = v1::PrefillWorker::NewStub(MakeWorkerChannel((*p)->address()));
+  const KvLeaseTable& leases = (*d)->service().leases();
+  const engine::EngineRequest r =
+      engine::MakeRequest(engine::RandomPrompt(37, 256, 5), 6, 0.0, 3);
+  struct Case {
+    const char* name;
+    std::atomic<bool>* fault;
+  };
+  const Case cases[] = {{"hung ncclSend", &pops->faults().hang_send},
+                        {"peer never joins the communicator", &pops->faults().hang_init}};
+  int n = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    c.fault->store(true);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(50)));
+    std::thread canceller([&] {
+      absl::SleepFor(absl::Milliseconds(500));
+      ctx.TryCancel();
+    });
+    const absl::Time start = absl::Now();
+    v1::PrefillResponse resp;
+    const grpc::Status st =
+        ps->Prefill(&ctx, MakePrefill(r, absl::StrCat("c", n++), (*d)->address()), &resp);
+    canceller.join();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED) << st.error_message();
+    // The worker's handler ends well before any transport timeout.
+    EXPECT_TRUE(WaitFor([&] { return pops->num_live_comms() == 0; }, absl::Seconds(5)))
+        << "prefill side still holds a communicator";
+    EXPECT_LT(absl::Now() - start, absl::Seconds(8));
+    EXPECT_TRUE(WaitFor([&] { return dops->num_live_comms() == 0; }, absl::Seconds(5)))
+        << "decode side still holds a communicator";
+    EXPECT_TRUE(WaitFor([&] {
+      return leases.Stats().num_leases == 0 && leases.Stats().num_bytes == 0;
+    }));
+    c.fault->store(false);
+  }
+  EXPECT_EQ(pops->num_inits(), 1);  // the hung init never made one
+  // Nothing is left behind: the next request transfers on a new communicator.
+  v1::PrefillResponse resp;
+  grpc::ClientContext ctx;
+  const grpc::Status st = ps->Prefill(&ctx, MakePrefill(r, "after", (*d)->address()), &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_GT(resp.kv_bytes(), 0);
+  EXPECT_EQ(pops->num_inits(), 2);
+  EXPECT_EQ(leases.Stats().num_leases, 1);
   (*p)->Shutdown();
   (*d)->Shutdown();
 }
