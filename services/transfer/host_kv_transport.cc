@@ -18,6 +18,15 @@ std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address,
   return services::CreateChannel(address, security, args);
 }
 
+std::unique_ptr<grpc::ClientContext> MakeTransferContext(const KvTransferTarget& target,
+                                                         absl::Time deadline) {
+  std::unique_ptr<grpc::ClientContext> context =
+      target.parent != nullptr ? grpc::ClientContext::FromServerContext(*target.parent)
+                               : std::make_unique<grpc::ClientContext>();
+  if (deadline != absl::InfiniteFuture()) context->set_deadline(absl::ToChronoTime(deadline));
+  return context;
+}
+
 std::shared_ptr<tandem::v1::DecodeWorker::Stub> HostKvTransport::StubFor(
     const std::string& address) {
   absl::MutexLock lock(&mu_);
@@ -48,14 +57,8 @@ absl::StatusOr<KvSendResult> HostKvTransport::Send(const KvTransferTarget& targe
                                                    absl::Time deadline) {
   const absl::Time start = absl::Now();
   auto stub = StubFor(target.address);
-  // A child of the Prefill call when there is one: cancel and deadline propagate.
-  std::unique_ptr<grpc::ClientContext> owned =
-      target.parent != nullptr ? grpc::ClientContext::FromServerContext(*target.parent)
-                               : std::make_unique<grpc::ClientContext>();
+  const std::unique_ptr<grpc::ClientContext> owned = MakeTransferContext(target, deadline);
   grpc::ClientContext& context = *owned;
-  if (target.parent == nullptr && deadline != absl::InfiniteFuture()) {
-    context.set_deadline(absl::ToChronoTime(deadline));
-  }
   tandem::v1::PushKvResponse response;
   std::unique_ptr<grpc::ClientWriter<tandem::v1::KvChunk>> writer =
       stub->PushKv(&context, &response);

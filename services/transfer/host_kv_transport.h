@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
 #include "services/common/tls.h"
 #include "services/transfer/kv_transport.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -50,6 +51,12 @@ class HostKvTransport final : public KvTransport {
 // TLS per `security` (default plaintext).
 std::shared_ptr<grpc::Channel> MakeWorkerChannel(const std::string& address,
                                                  const services::ChannelSecurity& security = {});
+
+// The context of a transfer's calls to the decode worker: a child of the
+// Prefill call when target.parent is set (its cancellation and deadline
+// propagate), else a fresh one; `deadline`, when finite, bounds it too.
+std::unique_ptr<grpc::ClientContext> MakeTransferContext(const KvTransferTarget& target,
+                                                         absl::Time deadline);
 
 }  // namespace tandem::transfer
 

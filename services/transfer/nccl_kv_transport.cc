@@ -51,17 +51,6 @@ absl::Status CancelledBy(const KvTransferTarget& target) {
                                  : absl::OkStatus();
 }
 
-// A child of the Prefill call when there is one, so that its cancellation
-// and deadline reach the receiver.
-std::unique_ptr<grpc::ClientContext> MakeContext(const KvTransferTarget& target,
-                                                 absl::Time deadline) {
-  std::unique_ptr<grpc::ClientContext> context =
-      target.parent != nullptr ? grpc::ClientContext::FromServerContext(*target.parent)
-                               : std::make_unique<grpc::ClientContext>();
-  if (deadline != absl::InfiniteFuture()) context->set_deadline(absl::ToChronoTime(deadline));
-  return context;
-}
-
 }  // namespace
 
 struct NcclKvTransport::Pair {
@@ -144,10 +133,9 @@ absl::Status NcclKvTransport::Connect(Pair& pair, const KvTransferTarget& target
   });
   // Stop waiting for the peer as soon as its NcclConnect failed, or the
   // Prefill call was cancelled.
-  absl::StatusOr<NcclOps::Comm> comm =
-      ops_->CommInitRank(*id, 2, kSenderRank, connect_deadline, [&] {
-        return (rpc_done.load() && !rpc_status.ok()) || ParentCancelled(target);
-      });
+  absl::StatusOr<NcclOps::Comm> comm = ops_->CommInitRank(
+      *id, 2, kSenderRank, connect_deadline,
+      [&] { return (rpc_done.load() && !rpc_status.ok()) || ParentCancelled(target); });
   if (!comm.ok()) context.TryCancel();
   rpc.join();
   // The peer's error, unless it is only our own TryCancel after our init failed.
@@ -207,7 +195,7 @@ absl::StatusOr<KvSendResult> NcclKvTransport::SendOnce(Pair& pair, const KvTrans
   }
   const int32_t blocks_per_segment = BlocksPerSegment(*layout, options_.max_segment_bytes);
 
-  const std::unique_ptr<grpc::ClientContext> owned = MakeContext(target, deadline);
+  const std::unique_ptr<grpc::ClientContext> owned = MakeTransferContext(target, deadline);
   grpc::ClientContext& context = *owned;
   std::unique_ptr<
       grpc::ClientReaderWriter<tandem::v1::NcclPushKvRequest, tandem::v1::NcclPushKvResponse>>
@@ -238,9 +226,9 @@ absl::StatusOr<KvSendResult> NcclKvTransport::SendOnce(Pair& pair, const KvTrans
   }
   // 2. Payload.
   const absl::Time nccl_deadline = std::min(deadline, absl::Now() + options_.transfer_timeout);
-  absl::Status sent =
-      SendKvBlocks(*ops_, pair.comm, pair.stream, kReceiverRank, *layout, blocks_per_segment,
-                   kv.bytes.data(), pair.staging, nccl_deadline, [&] { return CancelledBy(target); });
+  absl::Status sent = SendKvBlocks(*ops_, pair.comm, pair.stream, kReceiverRank, *layout,
+                                   blocks_per_segment, kv.bytes.data(), pair.staging, nccl_deadline,
+                                   [&] { return CancelledBy(target); });
   if (!sent.ok()) {
     Drop(pair);           // ncclCommAbort here ...
     context.TryCancel();  // ... and the receiver aborts its side and the reservation

@@ -19,10 +19,11 @@
 //      ncclSend per segment, wait for the stream (transfer_timeout).
 //   3. -> sent; <- done{bytes_received, lease_seconds} once the receiver
 //      unpacked and committed the lease.
-// Failure, timeout or cancellation after `ready`: this side aborts the pair's communicator
-// (ncclCommAbort) and drops it (the next transfer makes a new one), cancels
-// the stream so that the receiver aborts its communicator and its
-// reservation, and returns Unavailable / DeadlineExceeded naming the peer.
+// Failure, timeout or cancellation after `ready`: this side aborts the pair's
+// communicator (ncclCommAbort) and drops it (the next transfer makes a new
+// one), cancels the stream so that the receiver aborts its communicator and
+// its reservation, and returns Unavailable / DeadlineExceeded / Cancelled
+// naming the peer.
 // When the transfer serves a Prefill call (KvTransferTarget::parent), its
 // gRPC calls are children of that call, and cancelling it ends the wait for
 // the peer's init or for the ncclSend within 20 ms (Cancelled); the receiver

@@ -213,7 +213,9 @@ grpc::Status NcclKvReceiver::PushKv(
   }
   if (absl::IsCancelled(st)) return fail(grpc::StatusCode::CANCELLED, st.message());
   if (absl::IsAborted(st)) return fail(grpc::StatusCode::ABORTED, st.message());
-  if (!st.ok()) return fail(grpc::StatusCode::UNAVAILABLE, absl::StrCat("ncclRecv: ", st.message()));
+  if (!st.ok()) {
+    return fail(grpc::StatusCode::UNAVAILABLE, absl::StrCat("ncclRecv: ", st.message()));
+  }
   if (!stream->Read(&msg) || !msg.has_sent()) {
     return fail(grpc::StatusCode::CANCELLED, "the sender did not confirm the send");
   }

@@ -683,6 +683,26 @@ class NcclWorkersTest : public ::testing::Test {
     c.nccl_ops = std::move(ops);
     return c;
   }
+  // A prefill and a decode server on one fake NCCL fabric (destroyed, and
+  // so shut down, prefill first).
+  struct Workers {
+    std::shared_ptr<FakeNcclOps> pops, dops;
+    std::unique_ptr<decode::DecodeServer> d;
+    std::unique_ptr<prefill::PrefillServer> p;
+    std::unique_ptr<v1::PrefillWorker::Stub> ps;
+  };
+  void StartWorkers(Workers* w) {
+    auto fabric = std::make_shared<FakeNcclFabric>();
+    w->pops = std::make_shared<FakeNcclOps>(fabric);
+    w->dops = std::make_shared<FakeNcclOps>(fabric);
+    auto p = prefill::PrefillServer::Start(Config(w->pops));
+    ASSERT_TRUE(p.ok()) << p.status();
+    w->p = *std::move(p);
+    auto d = decode::DecodeServer::Start(Config(w->dops));
+    ASSERT_TRUE(d.ok()) << d.status();
+    w->d = *std::move(d);
+    w->ps = v1::PrefillWorker::NewStub(MakeWorkerChannel(w->p->address()));
+  }
   static v1::PrefillRequest MakePrefill(const engine::EngineRequest& r, const std::string& handle,
                                         const std::string& decode_address) {
     v1::PrefillRequest pr;
@@ -698,24 +718,18 @@ class NcclWorkersTest : public ::testing::Test {
 engine::TinyModel* NcclWorkersTest::tiny_ = nullptr;
 
 TEST_F(NcclWorkersTest, PrefillToDecodeOverNcclMatchesColocated) {
-  auto fabric = std::make_shared<FakeNcclFabric>();
-  auto pops = std::make_shared<FakeNcclOps>(fabric);
-  auto dops = std::make_shared<FakeNcclOps>(fabric);
-  auto p = prefill::PrefillServer::Start(Config(pops));
-  ASSERT_TRUE(p.ok()) << p.status();
-  auto d = decode::DecodeServer::Start(Config(dops));
-  ASSERT_TRUE(d.ok()) << d.status();
-  auto ps = v1::PrefillWorker::NewStub(MakeWorkerChannel((*p)->address()));
-  auto ds = v1::DecodeWorker::NewStub(MakeWorkerChannel((*d)->address()));
+  Workers w;
+  ASSERT_NO_FATAL_FAILURE(StartWorkers(&w));
+  auto ds = v1::DecodeWorker::NewStub(MakeWorkerChannel(w.d->address()));
   for (int i = 0; i < 3; ++i) {
     engine::EngineRequest r =
         engine::MakeRequest(engine::RandomPrompt(5 + 21 * i, 256, 70 + i), 6, 0.0, 9 + i);
     const engine::CollectedOutput alone = engine::RunAlone(tiny_->model.get(), r);
     const std::string handle = "n" + std::to_string(i);
-    const v1::PrefillRequest pr = MakePrefill(r, handle, (*d)->address());
+    const v1::PrefillRequest pr = MakePrefill(r, handle, w.d->address());
     v1::PrefillResponse presp;
     grpc::ClientContext pctx;
-    grpc::Status st = ps->Prefill(&pctx, pr, &presp);
+    grpc::Status st = w.ps->Prefill(&pctx, pr, &presp);
     ASSERT_TRUE(st.ok()) << st.error_message();
     ASSERT_GT(presp.kv_bytes(), 0);
     std::vector<int32_t> tokens = {presp.first_token_id()};
@@ -735,11 +749,9 @@ TEST_F(NcclWorkersTest, PrefillToDecodeOverNcclMatchesColocated) {
     ASSERT_TRUE(st.ok()) << st.error_message();
     EXPECT_EQ(tokens, alone.token_ids) << "request " << i;
   }
-  EXPECT_EQ(pops->num_inits(), 1);
-  EXPECT_GT(pops->num_sends(), 0);
-  EXPECT_EQ((*d)->service().leases().Stats().num_leases, 0);
-  (*p)->Shutdown();
-  (*d)->Shutdown();
+  EXPECT_EQ(w.pops->num_inits(), 1);
+  EXPECT_GT(w.pops->num_sends(), 0);
+  EXPECT_EQ(w.d->service().leases().Stats().num_leases, 0);
 }
 
 // The router cancels a Prefill call while its KV is in flight over NCCL
@@ -748,23 +760,16 @@ TEST_F(NcclWorkersTest, PrefillToDecodeOverNcclMatchesColocated) {
 // abort their communicator, the receiver drops its reservation, and the
 // next transfer makes a new communicator.
 TEST_F(NcclWorkersTest, CancellingPrefillAbortsTheNcclTransfer) {
-  auto fabric = std::make_shared<FakeNcclFabric>();
-  auto pops = std::make_shared<FakeNcclOps>(fabric);
-  auto dops = std::make_shared<FakeNcclOps>(fabric);
-  auto p = prefill::PrefillServer::Start(Config(pops));
-  ASSERT_TRUE(p.ok()) << p.status();
-  auto d = decode::DecodeServer::Start(Config(dops));
-  ASSERT_TRUE(d.ok()) << d.status();
-  auto ps = v1::PrefillWorker::NewStub(MakeWorkerChannel((*p)->address()));
-  const KvLeaseTable& leases = (*d)->service().leases();
-  const engine::EngineRequest r =
-      engine::MakeRequest(engine::RandomPrompt(37, 256, 5), 6, 0.0, 3);
+  Workers w;
+  ASSERT_NO_FATAL_FAILURE(StartWorkers(&w));
+  const KvLeaseTable& leases = w.d->service().leases();
+  const engine::EngineRequest r = engine::MakeRequest(engine::RandomPrompt(37, 256, 5), 6, 0.0, 3);
   struct Case {
     const char* name;
     std::atomic<bool>* fault;
   };
-  const Case cases[] = {{"hung ncclSend", &pops->faults().hang_send},
-                        {"peer never joins the communicator", &pops->faults().hang_init}};
+  const Case cases[] = {{"hung ncclSend", &w.pops->faults().hang_send},
+                        {"peer never joins the communicator", &w.pops->faults().hang_init}};
   int n = 0;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -778,31 +783,28 @@ TEST_F(NcclWorkersTest, CancellingPrefillAbortsTheNcclTransfer) {
     const absl::Time start = absl::Now();
     v1::PrefillResponse resp;
     const grpc::Status st =
-        ps->Prefill(&ctx, MakePrefill(r, absl::StrCat("c", n++), (*d)->address()), &resp);
+        w.ps->Prefill(&ctx, MakePrefill(r, absl::StrCat("c", n++), w.d->address()), &resp);
     canceller.join();
     EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED) << st.error_message();
     // The worker's handler ends well before any transport timeout.
-    EXPECT_TRUE(WaitFor([&] { return pops->num_live_comms() == 0; }, absl::Seconds(5)))
+    EXPECT_TRUE(WaitFor([&] { return w.pops->num_live_comms() == 0; }, absl::Seconds(5)))
         << "prefill side still holds a communicator";
     EXPECT_LT(absl::Now() - start, absl::Seconds(8));
-    EXPECT_TRUE(WaitFor([&] { return dops->num_live_comms() == 0; }, absl::Seconds(5)))
+    EXPECT_TRUE(WaitFor([&] { return w.dops->num_live_comms() == 0; }, absl::Seconds(5)))
         << "decode side still holds a communicator";
-    EXPECT_TRUE(WaitFor([&] {
-      return leases.Stats().num_leases == 0 && leases.Stats().num_bytes == 0;
-    }));
+    EXPECT_TRUE(
+        WaitFor([&] { return leases.Stats().num_leases == 0 && leases.Stats().num_bytes == 0; }));
     c.fault->store(false);
   }
-  EXPECT_EQ(pops->num_inits(), 1);  // the hung init never made one
+  EXPECT_EQ(w.pops->num_inits(), 1);  // the hung init never made one
   // Nothing is left behind: the next request transfers on a new communicator.
   v1::PrefillResponse resp;
   grpc::ClientContext ctx;
-  const grpc::Status st = ps->Prefill(&ctx, MakePrefill(r, "after", (*d)->address()), &resp);
+  const grpc::Status st = w.ps->Prefill(&ctx, MakePrefill(r, "after", w.d->address()), &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();
   EXPECT_GT(resp.kv_bytes(), 0);
-  EXPECT_EQ(pops->num_inits(), 2);
+  EXPECT_EQ(w.pops->num_inits(), 2);
   EXPECT_EQ(leases.Stats().num_leases, 1);
-  (*p)->Shutdown();
-  (*d)->Shutdown();
 }
 
 TEST_F(NcclWorkersTest, HostDecodeWorkerRefusesNccl) {
