@@ -27,6 +27,7 @@ struct Engine::ActiveRequest {
   bool export_kv = false;
   std::shared_ptr<const KvExport> import_kv;  // until admitted
   std::shared_ptr<const KvExport> kv_export;  // set when exported
+  absl::Status error;                          // with finish == kError
 };
 
 namespace {
@@ -113,11 +114,15 @@ absl::Status Engine::Init() {
   if (num_blocks > INT32_MAX) return absl::InvalidArgumentError("too many KV blocks");
   kv_description_ = DescribeKvCapacity(kv_bytes_per_token_, num_blocks, config_.block_size,
                                        config_.enable_prefix_caching);
-  TANDEM_ASSIGN_OR_RETURN(cache_, model_->MakeKvCache(num_blocks, config_.block_size));
+  ExecutorOptions executor_options;
+  executor_options.device = config_.device;
+  executor_options.num_blocks = num_blocks;
+  executor_options.block_size = config_.block_size;
+  TANDEM_ASSIGN_OR_RETURN(executor_, MakeExecutor(model_, executor_options));
   kv_ = std::make_unique<KvCacheManager>(static_cast<int32_t>(num_blocks), config_.block_size,
                                          config_.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, kv_.get());
-  runner_ = std::make_unique<ModelRunner>(model_, cache_.get(), eos_token_ids_);
+  runner_ = std::make_unique<ModelRunner>(executor_.get(), mc.vocab_size, eos_token_ids_);
   {
     absl::MutexLock lock(&mu_);
     stats_.num_blocks_total = num_blocks;
@@ -363,7 +368,7 @@ void Engine::FinishRequest(int64_t id, const Sequence* seq, RequestFinishReason 
 }
 
 void Engine::Step() {
-  const SchedulerOutput out = scheduler_->Schedule();
+  SchedulerOutput out = scheduler_->Schedule();
   if (out.empty()) {
     // Nothing fits now (cannot happen with validated prompts); wait for a
     // Submit / Cancel rather than spin.
@@ -379,15 +384,26 @@ void Engine::Step() {
     if (a.scheduled) continue;
     a.scheduled = true;
     a.usage.queue_time_s = Seconds(now - a.submit_time);
-    a.usage.num_cached_tokens = scheduler_->Find(s.seq_id)->num_cached_tokens();
+    a.usage.num_cached_tokens = s.seq->num_cached_tokens();
   }
   for (const KvImport& imp : out.kv_imports) {
     ActiveRequest& a = *active_.at(imp.seq_id);
     TANDEM_CHECK(a.import_kv != nullptr);
-    ImportKv(*a.import_kv, imp.begin, imp.end, *kv_, imp.seq_id, cache_.get());
+    absl::Status imported = ImportKv(*a.import_kv, imp.begin, imp.end, *kv_, imp.seq_id, *executor_);
     a.import_kv.reset();  // written; a preempted sequence recomputes
+    if (!imported.ok()) {
+      // The request ends with the error; the step runs without it.
+      std::erase_if(out.scheduled, [&](const ScheduledSequence& s) {
+        if (s.seq_id != imp.seq_id) return false;
+        out.num_batched_tokens -= s.num_tokens;
+        return true;
+      });
+      absl::StatusOr<std::unique_ptr<Sequence>> seq = scheduler_->Cancel(imp.seq_id);
+      FinishRequest(imp.seq_id, seq.ok() ? seq->get() : nullptr, RequestFinishReason::kError,
+                    imported, "");
+    }
   }
-  absl::StatusOr<std::vector<SampledToken>> sampled = runner_->Execute(out, *scheduler_, *kv_);
+  absl::StatusOr<std::vector<SampledToken>> sampled = runner_->Execute(out);
   if (!sampled.ok()) {
     for (const ScheduledSequence& s : out.scheduled) {
       absl::StatusOr<std::unique_ptr<Sequence>> seq = scheduler_->Cancel(s.seq_id);
@@ -416,9 +432,14 @@ void Engine::Step() {
     if (!outcome.finish.has_value() && a.export_kv) {
       // Prefill-only: copy the computed K/V out before Update frees the blocks.
       const Sequence* seq = scheduler_->Find(t.seq_id);
-      a.kv_export =
-          std::make_shared<const KvExport>(ExportKv(*cache_, *kv_, t.seq_id, seq->token_ids()));
-      outcome.finish = RequestFinishReason::kLength;
+      absl::StatusOr<KvExport> exported = ExportKv(*executor_, *kv_, t.seq_id, seq->token_ids());
+      if (exported.ok()) {
+        a.kv_export = std::make_shared<const KvExport>(*std::move(exported));
+        outcome.finish = RequestFinishReason::kLength;
+      } else {
+        a.error = exported.status();
+        outcome.finish = RequestFinishReason::kError;
+      }
     }
     if (outcome.finish.has_value()) {
       a.finish = outcome.finish;
@@ -430,7 +451,7 @@ void Engine::Step() {
   for (const std::unique_ptr<Sequence>& seq : finished) {
     const std::optional<RequestFinishReason> reason = active_.at(seq->id())->finish;
     FinishRequest(seq->id(), seq.get(), reason.value_or(RequestFinishReason::kLength),
-                  absl::OkStatus(), "");
+                  active_.at(seq->id())->error, "");
   }
   if (config_.check_integrity_every_step && integrity_.ok()) integrity_ = kv_->CheckIntegrity();
 }

@@ -38,6 +38,7 @@
 #include "common/thread_pool.h"
 #include "common/tokenizer/tokenizer.h"
 #include "engine/kv_cache.h"
+#include "engine/executor.h"
 #include "engine/kv_cache_manager.h"
 #include "engine/llama_model.h"
 #include "engine/model_runner.h"
@@ -56,6 +57,8 @@ struct EngineConfig {
   int64_t kv_cache_memory_bytes = kDefaultKvCacheMemoryBytes;
   int64_t num_kv_blocks = 0;
   int32_t block_size = 16;
+  // Where steps run (engine/executor.h); the KV cache lives there.
+  Device device = Device::kCpu;
   bool enable_prefix_caching = true;
   SchedulerConfig scheduler;
   int num_threads = 0;   // compute threads for Create(config); 0 = all cores
@@ -167,7 +170,7 @@ class Engine {
   std::string kv_description_;
 
   // Engine thread only (and the caller after Shutdown).
-  std::unique_ptr<KvCacheStorage> cache_;
+  std::unique_ptr<Executor> executor_;
   std::unique_ptr<KvCacheManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;

@@ -19,6 +19,21 @@
 
 namespace tandem::engine {
 
+// Geometry of a paged KV cache, whatever memory holds it (host or device).
+struct KvCacheShape {
+  int64_t num_layers = 0;
+  kernels::PagedKvLayout layout;  // num_blocks, block_size, num_kv_heads, head_dim
+
+  int64_t num_slots() const { return layout.num_blocks * layout.block_size; }
+  // Floats of one token's K (or V) in one layer: num_kv_heads * head_dim.
+  int64_t row_floats() const { return layout.num_kv_heads * layout.head_dim; }
+  // Bytes of one token's K and V in every layer in the f32 interchange
+  // layout of engine/kv_export.h: [num_layers][K|V][row_floats].
+  int64_t interchange_bytes_per_token() const {
+    return 2 * num_layers * row_floats() * static_cast<int64_t>(sizeof(float));
+  }
+};
+
 class KvCacheStorage {
  public:
   static constexpr int64_t kDefaultBlockSize = 16;
@@ -37,6 +52,7 @@ class KvCacheStorage {
   int64_t num_kv_heads() const { return layout_.num_kv_heads; }
   int64_t head_dim() const { return layout_.head_dim; }
   const kernels::PagedKvLayout& layout() const { return layout_; }
+  KvCacheShape shape() const { return KvCacheShape{num_layers_, layout_}; }
 
   // Floats of one block of one layer's K (or V): block_size * kv_heads * head_dim.
   int64_t block_floats() const {

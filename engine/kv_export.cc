@@ -1,6 +1,6 @@
 #include "engine/kv_export.h"
 
-#include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -23,47 +23,45 @@ absl::Status KvExport::Validate() const {
   return absl::OkStatus();
 }
 
-KvExport ExportKv(const KvCacheStorage& cache, const KvCacheManager& kv, SeqId seq,
-                  absl::Span<const int32_t> token_ids) {
+namespace {
+
+std::vector<int64_t> SlotsOf(const KvCacheManager& kv, SeqId seq, int64_t begin, int64_t end) {
+  std::vector<int64_t> slots;
+  slots.reserve(end - begin);
+  for (int64_t t = begin; t < end; ++t) slots.push_back(kv.Slot(seq, t));
+  return slots;
+}
+
+}  // namespace
+
+absl::StatusOr<KvExport> ExportKv(Executor& executor, const KvCacheManager& kv, SeqId seq,
+                                  absl::Span<const int32_t> token_ids) {
+  const KvCacheShape& shape = executor.kv_shape();
   KvExport out;
   out.token_ids.assign(token_ids.begin(), token_ids.end());
-  out.num_layers = cache.num_layers();
-  out.num_kv_heads = cache.num_kv_heads();
-  out.head_dim = cache.head_dim();
+  out.num_layers = shape.num_layers;
+  out.num_kv_heads = shape.layout.num_kv_heads;
+  out.head_dim = shape.layout.head_dim;
   out.bytes_per_token = KvExport::BytesPerToken(out.num_layers, out.num_kv_heads, out.head_dim);
   out.bytes.resize(out.num_tokens() * out.bytes_per_token);
-  const int64_t row = cache.num_kv_heads() * cache.head_dim();
-  const size_t row_bytes = row * sizeof(float);
-  char* dst = out.bytes.data();
-  for (int64_t t = 0; t < out.num_tokens(); ++t) {
-    const int64_t slot = kv.Slot(seq, t);
-    for (int64_t l = 0; l < out.num_layers; ++l) {
-      std::memcpy(dst, cache.k(l) + slot * row, row_bytes);
-      dst += row_bytes;
-      std::memcpy(dst, cache.v(l) + slot * row, row_bytes);
-      dst += row_bytes;
-    }
-  }
+  TANDEM_RETURN_IF_ERROR(
+      executor.ReadKv(SlotsOf(kv, seq, 0, out.num_tokens()), out.bytes.data()));
   return out;
 }
 
-void ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvCacheManager& kv, SeqId seq,
-              KvCacheStorage* cache) {
-  TANDEM_CHECK(src.num_layers == cache->num_layers() && src.num_kv_heads == cache->num_kv_heads() &&
-               src.head_dim == cache->head_dim());
-  TANDEM_CHECK(0 <= begin && begin <= end && end <= src.num_tokens());
-  const int64_t row = cache->num_kv_heads() * cache->head_dim();
-  const size_t row_bytes = row * sizeof(float);
-  const char* p = src.bytes.data() + begin * src.bytes_per_token;
-  for (int64_t t = begin; t < end; ++t) {
-    const int64_t slot = kv.Slot(seq, t);
-    for (int64_t l = 0; l < src.num_layers; ++l) {
-      std::memcpy(cache->k(l) + slot * row, p, row_bytes);
-      p += row_bytes;
-      std::memcpy(cache->v(l) + slot * row, p, row_bytes);
-      p += row_bytes;
-    }
+absl::Status ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvCacheManager& kv,
+                      SeqId seq, Executor& executor) {
+  const KvCacheShape& shape = executor.kv_shape();
+  if (src.num_layers != shape.num_layers || src.num_kv_heads != shape.layout.num_kv_heads ||
+      src.head_dim != shape.layout.head_dim) {
+    return absl::InvalidArgumentError("imported KV geometry does not match the cache");
   }
+  if (!(0 <= begin && begin <= end && end <= src.num_tokens())) {
+    return absl::InvalidArgumentError(absl::StrCat("imported KV range [", begin, ", ", end,
+                                                   ") outside its ", src.num_tokens(), " tokens"));
+  }
+  return executor.WriteKv(SlotsOf(kv, seq, begin, end),
+                          src.bytes.data() + begin * src.bytes_per_token);
 }
 
 }  // namespace tandem::engine

@@ -19,8 +19,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "engine/kv_cache.h"
+#include "engine/executor.h"
 #include "engine/kv_cache_manager.h"
 
 namespace tandem::engine {
@@ -44,15 +45,17 @@ struct KvExport {
 };
 
 // Copies positions [0, num_tokens) of `seq` (its K/V must be computed) out of
-// `cache`. REQUIRES: the block table of seq covers num_tokens tokens.
-KvExport ExportKv(const KvCacheStorage& cache, const KvCacheManager& kv, SeqId seq,
-                  absl::Span<const int32_t> token_ids);
+// the executor's cache. REQUIRES: the block table of seq covers num_tokens
+// tokens. Errors are the executor's (a device copy failing).
+absl::StatusOr<KvExport> ExportKv(Executor& executor, const KvCacheManager& kv, SeqId seq,
+                                  absl::Span<const int32_t> token_ids);
 
 // Writes positions [begin, end) of `src` into the slots of `seq`.
-// REQUIRES: src geometry matches cache, end <= src.num_tokens(), the block
-// table of seq covers end tokens.
-void ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvCacheManager& kv, SeqId seq,
-              KvCacheStorage* cache);
+// InvalidArgument when src's geometry differs from the executor's cache or
+// [begin, end) is not within src. REQUIRES: the block table of seq covers
+// end tokens.
+absl::Status ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvCacheManager& kv,
+                      SeqId seq, Executor& executor);
 
 }  // namespace tandem::engine
 

@@ -24,26 +24,12 @@
 #include "absl/status/statusor.h"
 #include "common/gguf/gguf.h"
 #include "common/thread_pool.h"
+#include "engine/forward_batch.h"
 #include "engine/kv_cache.h"
 #include "engine/model_config.h"
 #include "engine/weights.h"
 
 namespace tandem::engine {
-
-// Flattened tokens of all scheduled sequences.
-struct ForwardBatch {
-  std::vector<int32_t> token_ids;     // [num_tokens]
-  std::vector<int32_t> positions;     // [num_tokens]
-  std::vector<int64_t> slot_mapping;  // [num_tokens] cache slot for each token's K/V
-  std::vector<int32_t>
-      query_start;  // [num_seqs + 1] tokens of seq i: [query_start[i], query_start[i+1])
-  std::vector<int32_t> context_lens;  // [num_seqs] tokens in the cache for seq i after this step
-  std::vector<std::vector<int32_t>> block_tables;  // [num_seqs][num_blocks_of_seq]
-  std::vector<int32_t> logits_indices;             // token rows whose logits are computed
-
-  int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
-  int64_t num_seqs() const { return static_cast<int64_t>(context_lens.size()); }
-};
 
 // kFast: quantized matrices are repacked at load (kernels/qgemm.h) and run
 // with two-level int8 activations on every matmul (AMX / VNNI / AVX2 /

@@ -7,14 +7,13 @@
 
 namespace tandem::engine {
 
-ModelRunner::ModelRunner(const LlamaModel* model, KvCacheStorage* cache,
+ModelRunner::ModelRunner(Executor* executor, int64_t vocab_size,
                          std::vector<int32_t> eos_token_ids)
-    : model_(model), cache_(cache), eos_token_ids_(std::move(eos_token_ids)) {
-  TANDEM_CHECK(model_ != nullptr && cache_ != nullptr);
+    : executor_(executor), vocab_size_(vocab_size), eos_token_ids_(std::move(eos_token_ids)) {
+  TANDEM_CHECK(executor_ != nullptr && vocab_size_ > 0);
 }
 
-ForwardBatch ModelRunner::BuildBatch(const SchedulerOutput& output, const Scheduler& scheduler,
-                                     const KvCacheManager& kv) const {
+ForwardBatch ModelRunner::BuildBatch(const SchedulerOutput& output, int64_t block_size) {
   ForwardBatch b;
   b.token_ids.reserve(output.num_batched_tokens);
   b.positions.reserve(output.num_batched_tokens);
@@ -22,35 +21,32 @@ ForwardBatch ModelRunner::BuildBatch(const SchedulerOutput& output, const Schedu
   b.query_start.reserve(output.scheduled.size() + 1);
   b.query_start.push_back(0);
   for (const ScheduledSequence& s : output.scheduled) {
-    const Sequence* seq = scheduler.Find(s.seq_id);
-    TANDEM_CHECK(seq != nullptr);
-    TANDEM_CHECK(s.start_position + s.num_tokens <= seq->num_tokens());
-    absl::Span<const int32_t> tokens = seq->token_ids();
-    for (int64_t p = s.start_position; p < s.start_position + s.num_tokens; ++p) {
-      b.token_ids.push_back(tokens[p]);
+    TANDEM_CHECK(static_cast<int64_t>(s.token_ids.size()) == s.num_tokens);
+    const int64_t end = s.start_position + s.num_tokens;
+    TANDEM_CHECK(static_cast<int64_t>(s.block_table.size()) * block_size >= end);
+    for (int64_t i = 0; i < s.num_tokens; ++i) {
+      const int64_t p = s.start_position + i;
+      b.token_ids.push_back(s.token_ids[i]);
       b.positions.push_back(static_cast<int32_t>(p));
-      b.slot_mapping.push_back(kv.Slot(s.seq_id, p));
+      b.slot_mapping.push_back(int64_t{s.block_table[p / block_size]} * block_size +
+                               p % block_size);
     }
     if (s.samples) b.logits_indices.push_back(static_cast<int32_t>(b.token_ids.size()) - 1);
     b.query_start.push_back(static_cast<int32_t>(b.token_ids.size()));
-    b.context_lens.push_back(static_cast<int32_t>(s.start_position + s.num_tokens));
-    absl::Span<const int32_t> table = kv.block_table(s.seq_id);
-    b.block_tables.emplace_back(table.begin(), table.end());
+    b.context_lens.push_back(static_cast<int32_t>(end));
+    b.block_tables.push_back(s.block_table);
   }
   return b;
 }
 
-absl::StatusOr<std::vector<SampledToken>> ModelRunner::Execute(const SchedulerOutput& output,
-                                                               const Scheduler& scheduler,
-                                                               const KvCacheManager& kv) {
-  for (const BlockCopy& copy : output.block_copies) cache_->CopyBlock(copy.src, copy.dst);
+absl::StatusOr<std::vector<SampledToken>> ModelRunner::Execute(const SchedulerOutput& output) {
+  TANDEM_RETURN_IF_ERROR(executor_->CopyBlocks(output.block_copies));
   std::vector<SampledToken> sampled;
   if (output.scheduled.empty()) return sampled;
 
-  const ForwardBatch batch = BuildBatch(output, scheduler, kv);
-  const int64_t vocab = model_->config().vocab_size;
-  logits_.resize(batch.logits_indices.size() * vocab);
-  TANDEM_RETURN_IF_ERROR(model_->Forward(batch, cache_, logits_.data()));
+  const ForwardBatch batch = BuildBatch(output, executor_->kv_shape().layout.block_size);
+  logits_.resize(batch.logits_indices.size() * vocab_size_);
+  TANDEM_RETURN_IF_ERROR(executor_->Forward(batch, logits_.data()));
   num_computed_tokens_ += batch.num_tokens();
   ++num_steps_;
 
@@ -58,12 +54,13 @@ absl::StatusOr<std::vector<SampledToken>> ModelRunner::Execute(const SchedulerOu
   int64_t row = 0;
   for (const ScheduledSequence& s : output.scheduled) {
     if (!s.samples) continue;
-    const Sequence* seq = scheduler.Find(s.seq_id);
+    const Sequence* seq = s.seq;
+    TANDEM_CHECK(seq != nullptr);
     SamplingContext context;
     context.token_ids = seq->token_ids();
     context.num_prompt_tokens = seq->num_prompt_tokens();
     context.eos_token_ids = eos_token_ids_;
-    absl::Span<const float> logits(logits_.data() + row * vocab, vocab);
+    absl::Span<const float> logits(logits_.data() + row * vocab_size_, vocab_size_);
     ++row;
     sampled.push_back(SampledToken{
         s.seq_id, sampler_.Sample(logits, seq->sampling_params(), seq->num_tokens(), context)});

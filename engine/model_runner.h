@@ -1,21 +1,22 @@
-// Runs one scheduled step on the model: SchedulerOutput -> ForwardBatch ->
-// LlamaModel::Forward -> one sampled token per sampling sequence.
+// Runs one scheduled step on an Executor: SchedulerOutput -> ForwardBatch ->
+// Executor::Forward -> one sampled token per sampling sequence.
 //
 // Execute():
-//   1. performs the step's copy-on-write block copies in KvCacheStorage, in
+//   1. has the executor perform the step's copy-on-write block copies, in
 //      order, before anything reads or writes the cache;
-//   2. flattens the scheduled chunks of every sequence into one ForwardBatch:
-//      token ids [start_position, start_position + num_tokens) of the
-//      sequence, their positions, cache slots from the sequence's block table
-//      (KvCacheManager), context_len = start_position + num_tokens, and one
-//      logits row (the chunk's last token) only for sequences with `samples`;
-//   3. runs Forward, then samples each sampling sequence with its own
+//   2. flattens the scheduled chunks of every sequence into one ForwardBatch
+//      from what the SchedulerOutput carries (no call back into the
+//      scheduler or block manager): the chunk's token ids, their positions,
+//      cache slots from the sequence's block table, context_len =
+//      start_position + num_tokens, and one logits row (the chunk's last
+//      token) only for sequences with `samples`;
+//   3. runs Forward, then samples on the host each sampling sequence with its own
 //      SamplingParams at position = num_tokens() (the index the new token will
 //      occupy), so the counter-based RNG draws the same number on a replay
 //      (after preemption, or with another batch composition).
 //
-// Thread safety: none; the engine thread owns the runner. The model, cache,
-// scheduler and manager are not owned and must outlive the call.
+// Thread safety: none; the engine thread owns the runner. The executor is not
+// owned and must outlive the runner.
 #ifndef TANDEM_ENGINE_MODEL_RUNNER_H_
 #define TANDEM_ENGINE_MODEL_RUNNER_H_
 
@@ -23,9 +24,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/kv_cache.h"
-#include "engine/kv_cache_manager.h"
-#include "engine/llama_model.h"
+#include "engine/executor.h"
+#include "engine/forward_batch.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 
@@ -40,32 +40,28 @@ struct SampledToken {
 class ModelRunner {
  public:
   // eos_token_ids: the model's end-of-generation ids (min_tokens masking).
-  // REQUIRES: model and cache non-null, cache shaped for the model.
-  ModelRunner(const LlamaModel* model, KvCacheStorage* cache, std::vector<int32_t> eos_token_ids);
+  // REQUIRES: executor non-null, vocab_size > 0.
+  ModelRunner(Executor* executor, int64_t vocab_size, std::vector<int32_t> eos_token_ids);
 
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
 
-  // Runs `output` (the latest Schedule() of `scheduler`, which tracks its
-  // sequences' blocks in `kv`). Returns one SampledToken per scheduled
-  // sequence with `samples`, in scheduled order. An error from Forward
-  // (invalid batch) is returned as is; the cache may then be partly written.
-  absl::StatusOr<std::vector<SampledToken>> Execute(const SchedulerOutput& output,
-                                                    const Scheduler& scheduler,
-                                                    const KvCacheManager& kv);
+  // Runs `output` (the latest Schedule(); its `seq` pointers must be valid).
+  // Returns one SampledToken per scheduled sequence with `samples`, in
+  // scheduled order. An error from the executor (invalid batch, device
+  // failure) is returned as is; the cache may then be partly written.
+  absl::StatusOr<std::vector<SampledToken>> Execute(const SchedulerOutput& output);
 
   // Builds the batch Execute() would run (exposed for tests).
-  // REQUIRES: every scheduled sequence is known to `scheduler`.
-  ForwardBatch BuildBatch(const SchedulerOutput& output, const Scheduler& scheduler,
-                          const KvCacheManager& kv) const;
+  static ForwardBatch BuildBatch(const SchedulerOutput& output, int64_t block_size);
 
   // Tokens run through Forward so far (sum of num_batched_tokens), steps run.
   int64_t num_computed_tokens() const { return num_computed_tokens_; }
   int64_t num_steps() const { return num_steps_; }
 
  private:
-  const LlamaModel* model_;
-  KvCacheStorage* cache_;
+  Executor* executor_;
+  int64_t vocab_size_;
   std::vector<int32_t> eos_token_ids_;
   Sampler sampler_;
   std::vector<float> logits_;  // [num sampling sequences, vocab]

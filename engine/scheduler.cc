@@ -89,6 +89,20 @@ int64_t Scheduler::TokensToRun(const Sequence& seq, int64_t num_computed, int64_
   return std::max<int64_t>(0, std::min(n, budget));
 }
 
+ScheduledSequence Scheduler::MakeScheduled(const Sequence& seq, int64_t start, int64_t n) const {
+  ScheduledSequence s;
+  s.seq_id = seq.id();
+  s.start_position = start;
+  s.num_tokens = n;
+  s.samples = start + n == seq.num_tokens();
+  absl::Span<const int32_t> tokens = seq.token_ids();
+  s.token_ids.assign(tokens.begin() + start, tokens.begin() + start + n);
+  absl::Span<const int32_t> table = kv_->block_table(seq.id());
+  s.block_table.assign(table.begin(), table.end());
+  s.seq = &seq;
+  return s;
+}
+
 void Scheduler::ScheduleRunning(SchedulerOutput* out, int64_t* budget) {
   // running_ shrinks from the back when sequences are preempted; victims are
   // always behind i, so nothing already scheduled is taken back.
@@ -107,8 +121,7 @@ void Scheduler::ScheduleRunning(SchedulerOutput* out, int64_t* budget) {
       }
     }
     if (self_preempted) break;
-    out->scheduled.push_back(
-        ScheduledSequence{seq->id(), start, n, start + n == seq->num_tokens()});
+    out->scheduled.push_back(MakeScheduled(*seq, start, n));
     *budget -= n;
   }
 }
@@ -133,8 +146,7 @@ void Scheduler::ScheduleWaiting(SchedulerOutput* out, int64_t* budget) {
     seq->set_num_cached_tokens(cached);
     seq->set_status(SequenceStatus::kRunning);
     running_.push_back(seq);
-    out->scheduled.push_back(
-        ScheduledSequence{seq->id(), start, n, start + n == seq->num_tokens()});
+    out->scheduled.push_back(MakeScheduled(*seq, start, n));
     *budget -= n;
   }
 }

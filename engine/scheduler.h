@@ -61,6 +61,17 @@ struct ScheduledSequence {
   // True when this step reaches num_tokens(): the caller computes logits for
   // the last scheduled token and samples one token for the sequence.
   bool samples = false;
+  // What the executor needs, so the runner never calls back into the
+  // scheduler or the block manager per sequence:
+  // token_ids[start_position, start_position + num_tokens) of the sequence,
+  std::vector<int32_t> token_ids;
+  // and its block table after this step's allocation and copy-on-write
+  // (covers start_position + num_tokens tokens; position p lives in slot
+  // block_table[p / block_size] * block_size + p % block_size).
+  std::vector<int32_t> block_table;
+  // The sequence (history and sampling params for the sampler). Valid until
+  // the next Update() / Cancel() of the scheduler; null in hand-made outputs.
+  const Sequence* seq = nullptr;
   bool operator==(const ScheduledSequence&) const = default;
 };
 
@@ -143,6 +154,7 @@ class Scheduler {
   std::vector<SeqId> waiting_ids() const;
 
  private:
+  ScheduledSequence MakeScheduled(const Sequence& seq, int64_t start, int64_t n) const;
   void ScheduleRunning(SchedulerOutput* out, int64_t* budget);
   void ScheduleWaiting(SchedulerOutput* out, int64_t* budget);
   // Tokens `seq` may run this step under `budget` (0 = none).

@@ -3,6 +3,8 @@
 // before the forward, and sampled tokens equal to a single-sequence run.
 #include "engine/model_runner.h"
 
+#include "engine/cpu_executor.h"
+
 #include "engine/sampler.h"
 #include "engine/single_sequence_runner.h"
 #include "tests/engine/engine_test_util.h"
@@ -14,13 +16,14 @@ class ModelRunnerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     tiny_ = LoadTinyModel(DefaultTinyShape(), 3);
-    cache_ = *tiny_.model->MakeKvCache(32, 16);
+    executor_ = *CpuExecutor::Create(tiny_.model.get(), 32, 16);
+    cache_ = &executor_->cache();
     kv_ = std::make_unique<KvCacheManager>(32, 16, true);
     SchedulerConfig sc;
     sc.max_num_batched_tokens = 40;
     scheduler_ = std::make_unique<Scheduler>(sc, kv_.get());
-    runner_ =
-        std::make_unique<ModelRunner>(tiny_.model.get(), cache_.get(), std::vector<int32_t>{});
+    runner_ = std::make_unique<ModelRunner>(
+        executor_.get(), tiny_.model->config().vocab_size, std::vector<int32_t>{});
   }
   void Add(SeqId id, std::vector<int32_t> prompt) {
     SamplingParams p;
@@ -28,7 +31,8 @@ class ModelRunnerTest : public ::testing::Test {
   }
 
   TinyModel tiny_;
-  std::unique_ptr<KvCacheStorage> cache_;
+  std::unique_ptr<CpuExecutor> executor_;
+  KvCacheStorage* cache_ = nullptr;
   std::unique_ptr<KvCacheManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
@@ -39,7 +43,7 @@ TEST_F(ModelRunnerTest, BuildsFlattenedBatch) {
   Add(2, RandomPrompt(50, 256, 2));  // 30 of 50 tokens fit in this step's budget
   const SchedulerOutput out = scheduler_->Schedule();
   ASSERT_EQ(out.scheduled.size(), 2u);
-  const ForwardBatch b = runner_->BuildBatch(out, *scheduler_, *kv_);
+  const ForwardBatch b = ModelRunner::BuildBatch(out, 16);
   ASSERT_EQ(b.num_seqs(), 2);
   EXPECT_EQ(b.num_tokens(), out.num_batched_tokens);
   EXPECT_EQ(b.query_start, (std::vector<int32_t>{0, 10, 40}));
@@ -64,7 +68,7 @@ TEST_F(ModelRunnerTest, SamplesLikeSingleSequenceRunner) {
   absl::StatusOr<std::vector<float>> logits = (*single)->Prefill(prompt);
   for (int step = 0; step < 6; ++step) {
     const SchedulerOutput out = scheduler_->Schedule();
-    auto sampled = runner_->Execute(out, *scheduler_, *kv_);
+    auto sampled = runner_->Execute(out);
     ASSERT_TRUE(sampled.ok()) << sampled.status();
     ASSERT_EQ(sampled->size(), 2u);
     std::vector<SequenceResult> results;
@@ -87,10 +91,39 @@ TEST_F(ModelRunnerTest, PerformsBlockCopiesFirst) {
   for (int64_t i = 0; i < n; ++i) k[3 * n + i] = float(i) + 0.5f;
   SchedulerOutput out;
   out.block_copies.push_back({3, 7});
-  auto sampled = runner_->Execute(out, *scheduler_, *kv_);
+  auto sampled = runner_->Execute(out);
   ASSERT_TRUE(sampled.ok());
   EXPECT_TRUE(sampled->empty());
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(k[7 * n + i], float(i) + 0.5f);
+}
+
+TEST_F(ModelRunnerTest, BadBlockCopyIsAnErrorNotACrash) {
+  SchedulerOutput out;
+  out.block_copies.push_back({3, 32});  // the cache has blocks 0..31
+  auto sampled = runner_->Execute(out);
+  ASSERT_FALSE(sampled.ok());
+  EXPECT_EQ(sampled.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(sampled.status().message().find("32"), std::string_view::npos);
+}
+
+// The runner builds the batch from what the SchedulerOutput carries: the
+// chunk's tokens and the block table after allocation (no call back into the
+// scheduler), so the batch is the same after the scheduler has moved on.
+TEST_F(ModelRunnerTest, OutputCarriesTokensAndBlockTables) {
+  Add(1, RandomPrompt(20, 256, 7));
+  const SchedulerOutput out = scheduler_->Schedule();
+  ASSERT_EQ(out.scheduled.size(), 1u);
+  const ScheduledSequence& s = out.scheduled[0];
+  EXPECT_EQ(s.token_ids, std::vector<int32_t>(scheduler_->Find(1)->token_ids().begin(),
+                                              scheduler_->Find(1)->token_ids().end()));
+  const auto table = kv_->block_table(1);
+  EXPECT_EQ(s.block_table, std::vector<int32_t>(table.begin(), table.end()));
+  EXPECT_EQ(s.seq, scheduler_->Find(1));
+  const ForwardBatch before = ModelRunner::BuildBatch(out, 16);
+  ASSERT_TRUE(scheduler_->Cancel(1).ok());  // frees the blocks in the manager
+  const ForwardBatch after = ModelRunner::BuildBatch(out, 16);
+  EXPECT_EQ(before.slot_mapping, after.slot_mapping);
+  EXPECT_EQ(before.token_ids, after.token_ids);
 }
 
 }  // namespace

@@ -1,0 +1,66 @@
+#include "engine/cpu_executor.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+
+namespace tandem::engine {
+
+absl::StatusOr<std::unique_ptr<CpuExecutor>> CpuExecutor::Create(const LlamaModel* model,
+                                                                 int64_t num_blocks,
+                                                                 int64_t block_size) {
+  if (model == nullptr) return absl::InvalidArgumentError("null model");
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvCacheStorage> cache,
+                          model->MakeKvCache(num_blocks, block_size));
+  return std::unique_ptr<CpuExecutor>(new CpuExecutor(model, std::move(cache)));
+}
+
+std::string CpuExecutor::Describe() const {
+  const int threads = model_->pool() != nullptr ? model_->pool()->num_threads() : 1;
+  return absl::StrFormat("cpu: %d thread%s, KV cache f32 in host memory (%.1f MiB)", threads,
+                         threads == 1 ? "" : "s", cache_->total_bytes() / 1048576.0);
+}
+
+absl::Status CpuExecutor::CopyBlocks(absl::Span<const BlockCopy> copies) {
+  TANDEM_RETURN_IF_ERROR(ValidateBlockCopies(shape_, copies));
+  for (const BlockCopy& copy : copies) cache_->CopyBlock(copy.src, copy.dst);
+  return absl::OkStatus();
+}
+
+absl::Status CpuExecutor::Forward(const ForwardBatch& batch, float* logits) {
+  return model_->Forward(batch, cache_.get(), logits);
+}
+
+absl::Status CpuExecutor::ReadKv(absl::Span<const int64_t> slots, char* dst) {
+  TANDEM_RETURN_IF_ERROR(ValidateSlots(shape_, slots));
+  const int64_t row = shape_.row_floats();
+  const size_t row_bytes = row * sizeof(float);
+  for (int64_t slot : slots) {
+    for (int64_t l = 0; l < shape_.num_layers; ++l) {
+      std::memcpy(dst, cache_->k(l) + slot * row, row_bytes);
+      dst += row_bytes;
+      std::memcpy(dst, cache_->v(l) + slot * row, row_bytes);
+      dst += row_bytes;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuExecutor::WriteKv(absl::Span<const int64_t> slots, const char* src) {
+  TANDEM_RETURN_IF_ERROR(ValidateSlots(shape_, slots));
+  const int64_t row = shape_.row_floats();
+  const size_t row_bytes = row * sizeof(float);
+  for (int64_t slot : slots) {
+    for (int64_t l = 0; l < shape_.num_layers; ++l) {
+      std::memcpy(cache_->k(l) + slot * row, src, row_bytes);
+      src += row_bytes;
+      std::memcpy(cache_->v(l) + slot * row, src, row_bytes);
+      src += row_bytes;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::engine

@@ -1,0 +1,99 @@
+// The backend seam: where one engine step runs.
+//
+// The engine above this line is backend-neutral: the scheduler decides which
+// tokens run and which KV blocks they use (block ids only), the ModelRunner
+// flattens a step into a ForwardBatch and samples on the host. Below it, an
+// Executor owns the model's compute state and the paged KV cache memory
+// (host memory for the CPU executor, device memory for the CUDA one),
+// addressed by block id / slot, and does four things:
+//   - CopyBlocks: the scheduler's copy-on-write block copies, in order;
+//   - Forward: one ForwardBatch -> f32 logits of the logits_indices rows,
+//     on the host (sampling stays in engine/sampler.cc for every backend);
+//   - ReadKv / WriteKv: K/V of a list of slots in the f32 interchange layout
+//     of engine/kv_export.h (the prefill -> decode handoff, migration).
+// No CUDA type appears here or in any engine header: the CUDA executor is
+// reached through MakeExecutor and lives in engine/cuda/ (built only when
+// nvcc is found).
+//
+// Thread safety: none; the engine thread owns its executor.
+#ifndef TANDEM_ENGINE_EXECUTOR_H_
+#define TANDEM_ENGINE_EXECUTOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/forward_batch.h"
+#include "engine/kv_cache.h"
+#include "engine/kv_cache_manager.h"
+
+namespace tandem::engine {
+
+class LlamaModel;
+
+enum class Device { kCpu, kCuda };
+
+// "cpu" / "cuda" (flags); false on anything else.
+bool ParseDevice(std::string_view s, Device* device);
+std::string_view DeviceName(Device device);
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+
+  virtual Device device() const = 0;
+  // One line for start-up logs, e.g. "cpu: 2 threads, KV f32 in host memory".
+  virtual std::string Describe() const = 0;
+  // The KV cache this executor owns.
+  virtual const KvCacheShape& kv_shape() const = 0;
+  // Bytes of KV cache memory held (host or device).
+  virtual int64_t kv_cache_bytes() const = 0;
+
+  // Copies every layer's K and V of block src to block dst, in order.
+  // InvalidArgument on an id outside [0, num_blocks).
+  virtual absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) = 0;
+
+  // Runs `batch` (validated: InvalidArgument on any inconsistency), writing
+  // its tokens' K/V into the cache. logits: host, caller-allocated,
+  // [batch.logits_indices.size(), vocab_size].
+  virtual absl::Status Forward(const ForwardBatch& batch, float* logits) = 0;
+
+  // K/V of `slots` (one per token, in order) to / from host bytes in the
+  // interchange layout [token][layer][K|V][kv_heads * head_dim] f32:
+  // slots.size() * kv_shape().interchange_bytes_per_token() bytes.
+  // InvalidArgument on a slot out of range.
+  virtual absl::Status ReadKv(absl::Span<const int64_t> slots, char* dst) = 0;
+  virtual absl::Status WriteKv(absl::Span<const int64_t> slots, const char* src) = 0;
+};
+
+struct ExecutorOptions {
+  Device device = Device::kCpu;
+  int device_index = 0;  // CUDA device ordinal
+  int64_t num_blocks = 0;
+  int64_t block_size = KvCacheStorage::kDefaultBlockSize;
+};
+
+// The executor for options.device over `model` (not owned; must outlive it).
+// kCuda: FailedPrecondition when this build has no CUDA support or no device
+// is visible (one line, naming the cause).
+absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const LlamaModel* model,
+                                                       const ExecutorOptions& options);
+
+// OK when `device` can run here: always for kCpu; for kCuda, a CUDA build
+// with at least one visible device, else FailedPrecondition (one line, e.g.
+// "--device cuda: no CUDA device is visible (cudaGetDeviceCount: no CUDA-capable
+// device is detected)"). CLIs call this before loading a model.
+absl::Status CheckDeviceAvailable(Device device);
+
+// Validates a slot list against a cache shape (ReadKv / WriteKv helpers).
+absl::Status ValidateSlots(const KvCacheShape& shape, absl::Span<const int64_t> slots);
+// Validates block copies against a cache shape.
+absl::Status ValidateBlockCopies(const KvCacheShape& shape, absl::Span<const BlockCopy> copies);
+
+}  // namespace tandem::engine
+
+#endif  // TANDEM_ENGINE_EXECUTOR_H_
