@@ -119,6 +119,7 @@ absl::Status Engine::Init() {
   executor_options.num_blocks = num_blocks;
   executor_options.block_size = config_.block_size;
   TANDEM_ASSIGN_OR_RETURN(executor_, MakeExecutor(model_, executor_options));
+  executor_description_ = executor_->Describe();
   kv_ = std::make_unique<KvCacheManager>(static_cast<int32_t>(num_blocks), config_.block_size,
                                          config_.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(config_.scheduler, kv_.get());

@@ -131,6 +131,8 @@ class Engine {
   // "KV cache: 46080 B/token, ... blocks x 16 tokens = ... tokens (...)".
   const std::string& kv_cache_description() const { return kv_description_; }
   int64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }
+  // The executor's one-line description ("cpu: 2 threads, ...").
+  const std::string& executor_description() const { return executor_description_; }
   const LlamaModel& model() const { return *model_; }
   const tokenizer::Tokenizer* tokenizer() const { return tokenizer_; }
 
@@ -168,6 +170,7 @@ class Engine {
   std::vector<int32_t> eos_token_ids_;
   int64_t kv_bytes_per_token_ = 0;
   std::string kv_description_;
+  std::string executor_description_;
 
   // Engine thread only (and the caller after Shutdown).
   std::unique_ptr<Executor> executor_;

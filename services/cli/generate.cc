@@ -19,6 +19,7 @@
 #include "engine/memory_size.h"
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
+#include "services/cli/device_flag.h"
 #include "services/cli/model_loader.h"
 #include "services/cli/prompt_file.h"
 #include "services/cli/run_stats.h"
@@ -38,6 +39,7 @@ struct GenerateFlags {
   double min_p = 0.0;
   int64_t seed = 0;
   int64_t threads = 0;
+  std::string device = "cpu";
   int64_t concurrency = 8;
   std::string kv_cache_memory = "1GiB";
   int64_t max_num_seqs = 64;
@@ -71,6 +73,7 @@ void AddFlags(ArgParser& p, GenerateFlags& f) {
   p.AddBool("ignore-eos", &f.ignore_eos,
             "keep generating past end-of-generation tokens until --max-tokens");
   p.AddInt("threads", &f.threads, 0, 1024, "compute threads, 0 = all cores");
+  AddDeviceFlag(p, &f.device);
   p.AddString("kv-cache-memory", &f.kv_cache_memory,
               "KV cache budget: bytes (2GiB, 512MiB) or a fraction of free RAM (0.25)");
   p.AddInt("max-num-seqs", &f.max_num_seqs, 1, 4096, "sequences in one batch at most");
@@ -172,6 +175,8 @@ int RunGenerate(int argc, char** argv) {
   auto kv_bytes = engine::ParseMemorySize(flags.kv_cache_memory);
   if (!kv_bytes.ok())
     return UsageError("--kv-cache-memory: " + std::string(kv_bytes.status().message()));
+  auto device = ResolveDevice(flags.device);
+  if (!device.ok()) return UsageError(std::string(device.status().message()));
 
   const int threads = flags.threads > 0
                           ? static_cast<int>(flags.threads)
@@ -199,12 +204,14 @@ int RunGenerate(int argc, char** argv) {
   }
 
   engine::EngineConfig config;
+  config.device = *device;
   config.kv_cache_memory_bytes = *kv_bytes;
   config.scheduler.max_num_seqs = flags.max_num_seqs;
   config.scheduler.max_num_batched_tokens = flags.max_num_batched_tokens;
   auto eng = engine::Engine::Create(config, loaded->model.get(), &tok);
   if (!eng.ok()) return UsageError(std::string(eng.status().message()));
-  std::fprintf(stderr, "[engine] %s\n", (*eng)->kv_cache_description().c_str());
+  std::fprintf(stderr, "[engine] %s\n[engine] %s\n", (*eng)->kv_cache_description().c_str(),
+               (*eng)->executor_description().c_str());
 
   EventQueue queue;
   const bool stream_text = !from_file && !flags.json;

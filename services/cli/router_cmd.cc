@@ -5,6 +5,7 @@
 
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
+#include "services/cli/device_flag.h"
 #include "services/cli/router_setup.h"
 #include "services/cli/security_flags.h"
 
@@ -37,6 +38,7 @@ void AddRouterFlags(ArgParser& p, RouterFlags& f) {
   p.AddInt("max-waiting-tokens", &f.max_waiting_tokens, 1, int64_t{1} << 32,
            "--colocated: prompt tokens of the waiting requests at most");
   p.AddInt("threads", &f.threads, 0, 1024, "--colocated: compute threads, 0 = all cores");
+  p.AddString("device", &f.device, std::string("--colocated: ") + kDeviceHelp);
   AddServerTlsFlags(p, f.tls);
   p.AddString("api-key-file", &f.api_key_file,
               "tandem.v1.Generation requires 'authorization: Bearer <key>' for a key in this "
@@ -54,6 +56,10 @@ int RunRouter(int argc, char** argv) {
   if (p.help_requested()) {
     std::fputs(p.Help().c_str(), stdout);
     return kExitOk;
+  }
+  if (auto device = ResolveDevice(f.device); !device.ok()) {
+    std::fprintf(stderr, "tandem router: %s\n", std::string(device.status().message()).c_str());
+    return kExitUsage;
   }
   BlockStopSignals();
   auto router = StartRouter(f);

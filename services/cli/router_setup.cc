@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "services/cli/device_flag.h"
 #include "common/status.h"
 #include "engine/memory_size.h"
 #include "engine/model_config.h"
@@ -54,6 +55,7 @@ absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& fl
           absl::StrFormat("--kv-cache-memory: %s", kv_bytes.status().message()));
     }
     engine::EngineConfig config;
+    TANDEM_ASSIGN_OR_RETURN(config.device, ResolveDevice(flags.device));
     config.kv_cache_memory_bytes = *kv_bytes;
     config.scheduler.max_num_seqs = flags.max_num_seqs;
     config.scheduler.max_num_batched_tokens = flags.max_num_batched_tokens;
@@ -61,7 +63,8 @@ absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& fl
     config.scheduler.max_waiting_tokens = flags.max_waiting_tokens;
     TANDEM_ASSIGN_OR_RETURN(r->engine, engine::Engine::Create(config, r->loaded.model.get(),
                                                               r->loaded.tokenizer.get()));
-    std::fprintf(stderr, "[engine] %s\n", r->engine->kv_cache_description().c_str());
+    std::fprintf(stderr, "[engine] %s\n[engine] %s\n", r->engine->kv_cache_description().c_str(),
+                 r->engine->executor_description().c_str());
     o.local_engine = r->engine.get();
     o.kv_bytes_per_token = r->engine->kv_bytes_per_token();
   } else {

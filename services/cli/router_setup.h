@@ -37,6 +37,7 @@ struct RouterFlags {
   int64_t max_waiting_requests = 256;    // engine waiting queue bounds
   int64_t max_waiting_tokens = 1 << 18;  // (see docs/operations.md, Overload)
   int64_t threads = 0;
+  std::string device = "cpu";  // cpu | cuda (docs/gpu.md)
   // Security (docs/security.md): TLS of the gRPC port and of the channels to
   // workers; a key file makes tandem.v1.Generation require a bearer key.
   services::TlsOptions tls;

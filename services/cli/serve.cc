@@ -22,8 +22,10 @@
 #include "common/json.h"
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
+#include "services/cli/device_flag.h"
 #include "services/cli/router_setup.h"
 #include "services/cli/security_flags.h"
+#include "services/transfer/nccl_kv_transport.h"
 #include "services/common/api_key.h"
 
 namespace tandem::cli {
@@ -46,6 +48,8 @@ struct ServeFlags {
   int64_t max_waiting_requests = 256;
   int64_t max_waiting_tokens = 1 << 18;
   int64_t threads = 0;
+  std::string device = "cpu";        // every engine (docs/gpu.md)
+  std::string kv_transport = "host";  // prefill -> decode (docs/nccl.md)
   int64_t ready_timeout_seconds = 300;
   services::TlsOptions tls;  // router and workers (docs/security.md)
   std::string api_key_file;
@@ -177,6 +181,9 @@ int RunServe(int argc, char** argv) {
   p.AddInt("max-waiting-tokens", &f.max_waiting_tokens, 1, int64_t{1} << 32,
            "per engine: tokens of the waiting requests at most");
   p.AddInt("threads", &f.threads, 0, 1024, "compute threads per engine, 0 = all cores");
+  AddDeviceFlag(p, &f.device);
+  p.AddString("kv-transport", &f.kv_transport,
+              "KV handoff prefill -> decode: host (gRPC) or nccl (GPUs, docs/nccl.md)");
   p.AddInt("ready-timeout-seconds", &f.ready_timeout_seconds, 1, 3600,
            "give up when the workers are not healthy by then");
   AddServerTlsFlags(p, f.tls);
@@ -187,6 +194,14 @@ int RunServe(int argc, char** argv) {
     return kExitUsage;
   }
   if (absl::Status s = services::ValidateServerTls(f.tls); !s.ok()) {
+    std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+  if (auto device = ResolveDevice(f.device); !device.ok()) {
+    std::fprintf(stderr, "tandem serve: %s\n", std::string(device.status().message()).c_str());
+    return kExitUsage;
+  }
+  if (absl::Status s = transfer::CheckKvTransportKind(f.kv_transport); !s.ok()) {
     std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
     return kExitUsage;
   }
@@ -220,6 +235,7 @@ int RunServe(int argc, char** argv) {
   rf.colocated = f.colocated;
   rf.kv_cache_memory = f.kv_cache_memory;
   rf.threads = f.threads;
+  rf.device = f.device;
   rf.tls = f.tls;
   rf.api_key_file = f.api_key_file;
   auto router = StartRouter(rf);
@@ -260,7 +276,11 @@ int RunServe(int argc, char** argv) {
                                      "--kv-cache-memory",
                                      f.kv_cache_memory,
                                      "--threads",
-                                     std::to_string(f.threads)};
+                                     std::to_string(f.threads),
+                                     "--device",
+                                     f.device,
+                                     "--kv-transport",
+                                     f.kv_transport};
     for (const std::string& a :
          {std::string("--max-waiting-requests"), std::to_string(f.max_waiting_requests),
           std::string("--max-waiting-tokens"), std::to_string(f.max_waiting_tokens)}) {

@@ -11,6 +11,7 @@
 #include "engine/memory_size.h"
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
+#include "services/cli/device_flag.h"
 #include "services/cli/router_setup.h"
 #include "services/cli/security_flags.h"
 #include "services/decode/decode_server.h"
@@ -37,6 +38,7 @@ struct WorkerFlags {
   int64_t max_waiting_tokens = 1 << 18;  // (docs/operations.md, Overload)
   services::TlsOptions tls;              // docs/security.md
   std::string kv_transport = "host";     // docs/nccl.md
+  std::string device = "cpu";            // docs/gpu.md
 };
 
 template <typename Server>
@@ -62,6 +64,7 @@ int RunWorker(const char* role, int argc, char** argv) {
   p.AddInt("max-waiting-tokens", &f.max_waiting_tokens, 1, int64_t{1} << 32,
            "tokens of the waiting requests at most (prompt, + output so far for decode)");
   AddServerTlsFlags(p, f.tls);
+  AddDeviceFlag(p, &f.device);
   p.AddString("kv-transport", &f.kv_transport,
               "KV handoff prefill -> decode: host (gRPC) or nccl (GPUs, docs/nccl.md); "
               "both roles must agree");
@@ -80,6 +83,8 @@ int RunWorker(const char* role, int argc, char** argv) {
   if (absl::Status s = transfer::CheckKvTransportKind(f.kv_transport); !s.ok()) {
     return usage(std::string(s.message()));
   }
+  auto device = ResolveDevice(f.device);
+  if (!device.ok()) return usage(std::string(device.status().message()));
   auto path = ResolveModelPath(f.model);
   if (!path.ok()) return usage(std::string(path.status().message()));
   auto kv_bytes = engine::ParseMemorySize(f.kv_cache_memory);
@@ -95,6 +100,7 @@ int RunWorker(const char* role, int argc, char** argv) {
   config.model_path = *path;
   config.engine.kv_cache_memory_bytes = *kv_bytes;
   config.engine.num_threads = static_cast<int>(f.threads);
+  config.engine.device = *device;
   config.engine.scheduler.max_num_seqs = f.max_num_seqs;
   config.engine.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
   config.engine.scheduler.max_waiting_requests = f.max_waiting_requests;

@@ -51,6 +51,31 @@ TEST(GenerateCliTest, UsageErrorsExitTwoWithOneLine) {
   }
 }
 
+// --device: an unknown name and a CUDA device this machine lacks are one
+// error line and exit 2 from every command that runs an engine, before any
+// model is loaded. (On a GPU machine the CUDA case runs instead: skipped.)
+TEST(GenerateCliTest, DeviceFlagErrorsExitTwoWithOneLine) {
+  ProcessResult bad = Tandem({"generate", "--prompt", "hi", "--device", "tpu"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(bad.err, "tandem generate: --device: unknown device 'tpu' (cpu or cuda)\n");
+  ProcessResult probe = Tandem({"generate", "--prompt", "hi", "--max-tokens", "1", "--device",
+                                "cuda"});
+  if (probe.exit_code == 0) GTEST_SKIP() << "a CUDA device is visible here";
+  const std::vector<std::vector<std::string>> cases = {
+      {"generate", "--prompt", "hi"}, {"serve"}, {"prefill"}, {"decode"}, {"router", "--colocated"},
+  };
+  for (std::vector<std::string> args : cases) {
+    const std::string cmd = args[0];
+    args.push_back("--device");
+    args.push_back("cuda");
+    ProcessResult r = Tandem(args);
+    EXPECT_EQ(r.exit_code, 2) << cmd << ": " << r.err;
+    EXPECT_EQ(CountLines(r.err), 1) << cmd << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("tandem " + cmd + ": --device cuda: ", 0), 0u) << r.err;
+    EXPECT_TRUE(r.out.empty()) << cmd;
+  }
+}
+
 TEST(GenerateCliTest, PromptPlusMaxTokensOverContextIsAUsageError) {
   // 1 prompt token + 8192 > the model's 8192-token context. The model loads
   // (its log lines come first), then exactly one error line ends stderr.
