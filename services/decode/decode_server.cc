@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "services/common/convert.h"
 #include "services/common/grpc_status.h"
+#include "services/transfer/kv_push_receiver.h"
 #include "services/transfer/kv_transport.h"
 #include "services/transfer/nccl_kv_transport.h"
 
@@ -20,6 +21,20 @@ constexpr absl::Duration kPoll = absl::Milliseconds(20);
 int64_t FreeKvBytes(engine::Engine& engine, int32_t block_size) {
   const engine::EngineStats s = engine.Stats();
   return (s.num_blocks_total - s.num_blocks_used) * block_size * engine.kv_bytes_per_token();
+}
+
+transfer::KvPushLimits PushLimits(engine::Engine& engine, const tandem::v1::KvCompatibility& compat) {
+  const engine::ModelConfig& mc = engine.model().config();
+  transfer::KvPushLimits l;
+  l.compat = compat;
+  l.bytes_per_token = engine.kv_bytes_per_token();
+  l.max_tokens = mc.context_length - 1;
+  l.vocab_size = mc.vocab_size;
+  l.num_layers = mc.num_layers;
+  l.num_kv_heads = mc.num_kv_heads;
+  l.head_dim = mc.head_dim;
+  l.max_chunk_bytes = transfer::kMaxChunkBytes;
+  return l;
 }
 
 grpc::Status Draining() {
@@ -44,7 +59,6 @@ grpc::Status DecodeServiceImpl::PushKv(grpc::ServerContext* context,
                                        tandem::v1::PushKvResponse* response) {
   services::ActiveRpc active(&active_rpcs_);
   engine::Engine& engine = runtime_->engine();
-  const engine::ModelConfig& mc = engine.model().config();
   tandem::v1::KvChunk chunk;
   if (!reader->Read(&chunk)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "PushKv: empty stream");
@@ -53,61 +67,26 @@ grpc::Status DecodeServiceImpl::PushKv(grpc::ServerContext* context,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "PushKv: the first message must be the header");
   }
-  const tandem::v1::KvTransferHeader header = chunk.header();
   // Everything is checked before any payload byte is read or memory taken.
-  absl::Status st =
-      transfer::ValidateKvHeader(header, runtime_->compat(), engine.kv_bytes_per_token(),
-                                 mc.context_length - 1, mc.vocab_size);
+  transfer::KvPushReceiver receiver(&leases_, PushLimits(engine, runtime_->compat()));
+  absl::Status st = receiver.Validate(chunk.header());
   if (!st.ok()) return services::ToGrpcStatus(st);
   if (draining_.load()) return Draining();
-  st = leases_.Reserve(header.kv_handle(), header.total_bytes(),
-                       FreeKvBytes(engine, runtime_->compat().block_size()));
+  st = receiver.Reserve(FreeKvBytes(engine, runtime_->compat().block_size()));
   if (!st.ok()) return services::ToGrpcStatus(st, context);
 
   const absl::Time start = absl::Now();
-  auto kv = std::make_shared<engine::KvExport>();
-  kv->token_ids.assign(header.token_ids().begin(), header.token_ids().end());
-  kv->num_layers = mc.num_layers;
-  kv->num_kv_heads = mc.num_kv_heads;
-  kv->head_dim = mc.head_dim;
-  kv->bytes_per_token = header.bytes_per_token();
-  kv->bytes.resize(header.total_bytes());  // declared and bounded above
-  int64_t received = 0;
   while (reader->Read(&chunk)) {
     if (chunk.part_case() != tandem::v1::KvChunk::kData) {
-      leases_.Abort(header.kv_handle());
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "PushKv: a second header");
     }
-    const std::string& data = chunk.data();
-    if (static_cast<int64_t>(data.size()) > transfer::kMaxChunkBytes) {
-      leases_.Abort(header.kv_handle());
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("PushKv: a data chunk of ", data.size(),
-                                       " bytes exceeds the 4 MiB chunk limit"));
-    }
-    if (received + static_cast<int64_t>(data.size()) > header.total_bytes()) {
-      leases_.Abort(header.kv_handle());
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("PushKv: more data than the declared total_bytes ",
-                                       header.total_bytes()));
-    }
-    std::memcpy(kv->bytes.data() + received, data.data(), data.size());
-    received += static_cast<int64_t>(data.size());
+    st = receiver.AddData(chunk.data());
+    if (!st.ok()) return services::ToGrpcStatus(st);
   }
-  if (context->IsCancelled()) {
-    leases_.Abort(header.kv_handle());
-    return grpc::Status(grpc::StatusCode::CANCELLED, "PushKv cancelled");
-  }
-  if (received != header.total_bytes()) {
-    leases_.Abort(header.kv_handle());
-    return grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("PushKv: got ", received, " of total_bytes ", header.total_bytes()));
-  }
-  if (!leases_.Commit(header.kv_handle(), std::move(kv))) {
-    return grpc::Status(grpc::StatusCode::ABORTED,
-                        "PushKv: the handoff was released while it arrived (request aborted)");
-  }
+  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "PushKv cancelled");
+  absl::StatusOr<int64_t> committed = receiver.Commit();
+  if (!committed.ok()) return services::ToGrpcStatus(committed.status());
+  const int64_t received = *committed;
   runtime_->metrics().kv_transfer_bytes->Inc(static_cast<double>(received));
   runtime_->metrics().kv_transfer_time->Observe(absl::ToDoubleSeconds(absl::Now() - start));
   response->set_bytes_received(received);
