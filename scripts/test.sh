@@ -2,11 +2,11 @@
 # README command 2: installs everything, builds, and runs the whole test suite:
 # unit + integration tests (ctest), the same under ASan + UBSan
 # (scripts/test_sanitizers.sh), the deployment checks (deploy/check.sh),
-# then the GGUF parser fuzzer for a bounded time on its seed corpus (clang +
+# then every fuzz target for a bounded time on its seed corpus (clang +
 # libFuzzer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FUZZ_SECONDS=${TANDEM_FUZZ_SECONDS:-60}
+FUZZ_SECONDS=${TANDEM_FUZZ_SECONDS:-140}
 
 bash scripts/bootstrap.sh
 bash scripts/build.sh
@@ -26,15 +26,35 @@ fi
 echo "[test] deploy checks" >&2
 bash deploy/check.sh
 
+# Every fuzz target (tests/fuzz/*_fuzz.cc) for a bounded time on its seed
+# corpus: the GGUF reader, the JSON parser, the tokenizer and detokenizer,
+# the prompt-file reader, request validation and the KV handoff stream.
+# TANDEM_FUZZ_SECONDS is the total, split evenly (gguf gets a double share).
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
-  echo "[test] fuzzing the GGUF parser for ${FUZZ_SECONDS}s" >&2
+  targets=(gguf json tokenizer prompt_file validate kv_push)
+  per=$(( FUZZ_SECONDS / (${#targets[@]} + 1) ))
+  [ "$per" -lt 5 ] && per=5
+  echo "[test] fuzzing ${#targets[@]} targets, ${per}s each (gguf $((2 * per))s)" >&2
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DTANDEM_FUZZ=ON -DTANDEM_CUDA=OFF >/dev/null
-  ninja -C build-fuzz -j"$(nproc)" gguf_fuzz
+  ninja -C build-fuzz -j"$(nproc)" "${targets[@]/%/_fuzz}"
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
-  cp tests/fuzz/corpus/gguf/* "$work"/
-  ./build-fuzz/tests/fuzz/gguf_fuzz -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 \
-    -timeout=10 -print_final_stats=1 "$work" 2>&1 | tail -n 15
-  echo "[test] fuzzing: no crash in ${FUZZ_SECONDS}s" >&2
+  for t in "${targets[@]}"; do
+    secs=$per
+    [ "$t" = gguf ] && secs=$((2 * per))
+    mkdir -p "$work/$t"
+    cp tests/fuzz/corpus/"$t"/* "$work/$t"/
+    echo "[test] fuzz $t for ${secs}s" >&2
+    rc=0
+    ./build-fuzz/tests/fuzz/"$t"_fuzz -max_total_time="$secs" -rss_limit_mb=2048 \
+      -timeout=10 -print_final_stats=1 "$work/$t" > "$work/$t.log" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ]; then
+      tail -n 40 "$work/$t.log"
+      echo "[test] fuzz $t: crash, exit $rc (the input is in the log above)" >&2
+      exit 1
+    fi
+    grep -E "^stat::(number_of_executed_units|peak_rss_mb)" "$work/$t.log" | sed "s/^/  $t /"
+  done
+  echo "[test] fuzzing: no crash" >&2
 fi
