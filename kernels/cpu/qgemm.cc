@@ -8,6 +8,10 @@
 // (deterministic per machine, not across ISAs).
 #include "kernels/qgemm.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -21,6 +25,15 @@
 namespace tandem::kernels {
 namespace {
 
+#if defined(__x86_64__)
+// F16C (CPUID.1:ECX bit 29) read directly: clang's __builtin_cpu_supports
+// does not know the "f16c" name.
+bool HasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+}
+#endif
+
 bool CpuHas(const std::string& isa) {
 #if defined(__x86_64__)
   if (isa == "amx") return CpuHas("avx512vnni") && cpu::Avx512AmxImpl() != nullptr;
@@ -31,7 +44,7 @@ bool CpuHas(const std::string& isa) {
   }
   if (isa == "avx2") {
     return cpu::Avx2Impl() != nullptr && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+           __builtin_cpu_supports("fma") && HasF16c();
   }
 #endif
   return isa == "scalar";
