@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "common/tokenizer/vocab.h"
+#include "engine/ngram_proposer.h"
 
 namespace tandem::engine {
 
@@ -57,7 +58,25 @@ absl::Status EngineConfig::Validate() const {
     return absl::InvalidArgumentError("kv_cache_memory_bytes must be positive");
   }
   if (num_threads < 0) return absl::InvalidArgumentError("num_threads must be >= 0");
+  if (spec.num_tokens < 1 || spec.num_tokens > kMaxSpeculativeTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.num_tokens must be in [1, ", kMaxSpeculativeTokens, "]"));
+  }
+  if (spec.ngram_min < 1 || spec.ngram_max < spec.ngram_min || spec.ngram_max > 64) {
+    return absl::InvalidArgumentError("spec n-gram lengths must satisfy 1 <= min <= max <= 64");
+  }
   return scheduler.Validate();
+}
+
+bool ParseSpecMethod(const std::string& s, SpecDecodeConfig::Method* method) {
+  if (s == "off") {
+    *method = SpecDecodeConfig::Method::kOff;
+  } else if (s == "ngram") {
+    *method = SpecDecodeConfig::Method::kNgram;
+  } else {
+    return false;
+  }
+  return true;
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config) {
@@ -122,7 +141,19 @@ absl::Status Engine::Init() {
   executor_description_ = executor_->Describe();
   kv_ = std::make_unique<KvCacheManager>(static_cast<int32_t>(num_blocks), config_.block_size,
                                          config_.enable_prefix_caching);
-  scheduler_ = std::make_unique<Scheduler>(config_.scheduler, kv_.get());
+  SchedulerConfig scheduler_config = config_.scheduler;
+  const bool speculate = config_.spec.method != SpecDecodeConfig::Method::kOff ||
+                         static_cast<bool>(config_.spec.proposer);
+  scheduler_config.num_speculative_tokens = speculate ? config_.spec.num_tokens : 0;
+  scheduler_ = std::make_unique<Scheduler>(scheduler_config, kv_.get());
+  if (config_.spec.proposer) {
+    scheduler_->set_proposer(config_.spec.proposer);
+  } else if (config_.spec.method == SpecDecodeConfig::Method::kNgram) {
+    const int64_t lo = config_.spec.ngram_min, hi = config_.spec.ngram_max;
+    scheduler_->set_proposer([lo, hi](const Sequence& seq, int64_t max_tokens) {
+      return ProposeNgram(seq.token_ids(), lo, hi, max_tokens);
+    });
+  }
   runner_ = std::make_unique<ModelRunner>(executor_.get(), mc.vocab_size, eos_token_ids_);
   {
     absl::MutexLock lock(&mu_);
@@ -418,35 +449,54 @@ void Engine::Step() {
   results.reserve(sampled->size());
   for (SampledToken& t : *sampled) {
     ActiveRequest& a = *active_.at(t.seq_id);
-    const int32_t token_id = t.result.token_id;
-    TokenOutcome outcome = a.output->Process(token_id);
     const double since_submit = Seconds(done - a.submit_time);
-    if (a.usage.token_times_s.empty()) a.usage.ttft_s = since_submit;
-    a.usage.token_times_s.push_back(since_submit);
-    std::optional<SampleResult> logprobs;
-    if (a.wants_logprobs) logprobs = std::move(t.result);
-    a.stream->Push(TokenEvent{token_id, std::move(outcome.text), std::move(logprobs)});
-    ++num_generated_tokens_;
+    // The accepted drafts, then the sampled token, in order; a stop ends the
+    // step's tokens for this request (nothing past it is emitted).
+    std::vector<SampleResult> emitted = std::move(t.accepted);
+    emitted.push_back(std::move(t.result));
+    if (t.num_drafts > 0) {
+      ++spec_stats_.num_drafts;
+      spec_stats_.num_draft_tokens += t.num_drafts;
+      const int64_t accepted = static_cast<int64_t>(emitted.size()) - 1;
+      spec_stats_.num_accepted_tokens += accepted;
+      if (spec_stats_.accepted_per_position.size() < static_cast<size_t>(t.num_drafts)) {
+        spec_stats_.accepted_per_position.resize(t.num_drafts, 0);
+      }
+      for (int64_t i = 0; i < accepted; ++i) ++spec_stats_.accepted_per_position[i];
+    }
     SequenceResult r;
     r.seq_id = t.seq_id;
-    r.token_id = token_id;
-    if (!outcome.finish.has_value() && a.export_kv) {
+    std::optional<RequestFinishReason> finish;
+    for (size_t i = 0; i < emitted.size() && !finish.has_value(); ++i) {
+      const int32_t token_id = emitted[i].token_id;
+      TokenOutcome outcome = a.output->Process(token_id);
+      if (a.usage.token_times_s.empty()) a.usage.ttft_s = since_submit;
+      a.usage.token_times_s.push_back(since_submit);
+      std::optional<SampleResult> logprobs;
+      if (a.wants_logprobs) logprobs = std::move(emitted[i]);
+      a.stream->Push(TokenEvent{token_id, std::move(outcome.text), std::move(logprobs)});
+      ++num_generated_tokens_;
+      if (r.token_id != SequenceResult::kNoToken) r.accepted_draft_ids.push_back(r.token_id);
+      r.token_id = token_id;
+      finish = outcome.finish;
+    }
+    if (!finish.has_value() && a.export_kv) {
       // Prefill-only: copy the computed K/V out before Update frees the blocks.
       const Sequence* seq = scheduler_->Find(t.seq_id);
       absl::StatusOr<KvExport> exported = ExportKv(*executor_, *kv_, t.seq_id, seq->token_ids());
       if (exported.ok()) {
         a.kv_export = std::make_shared<const KvExport>(*std::move(exported));
-        outcome.finish = RequestFinishReason::kLength;
+        finish = RequestFinishReason::kLength;
       } else {
         a.error = exported.status();
-        outcome.finish = RequestFinishReason::kError;
+        finish = RequestFinishReason::kError;
       }
     }
-    if (outcome.finish.has_value()) {
-      a.finish = outcome.finish;
-      r.finish = ToSchedulerReason(*outcome.finish);
+    if (finish.has_value()) {
+      a.finish = finish;
+      r.finish = ToSchedulerReason(*finish);
     }
-    results.push_back(r);
+    results.push_back(std::move(r));
   }
   std::vector<std::unique_ptr<Sequence>> finished = scheduler_->Update(out, results);
   for (const std::unique_ptr<Sequence>& seq : finished) {
@@ -475,6 +525,7 @@ void Engine::Publish() {
     stats_.num_steps = runner_->num_steps();
     stats_.num_computed_tokens = runner_->num_computed_tokens();
     stats_.num_generated_tokens = num_generated_tokens_;
+    stats_.spec = spec_stats_;
     stats_.num_finished = num_finished_;
     stats_.integrity = integrity_;
   }

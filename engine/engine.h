@@ -50,6 +50,21 @@ namespace tandem::engine {
 
 inline constexpr int64_t kDefaultKvCacheMemoryBytes = int64_t{1} << 30;  // 1 GiB
 
+// Speculative decoding (docs/speculative.md).
+struct SpecDecodeConfig {
+  enum class Method { kOff, kNgram };
+  Method method = Method::kOff;
+  int64_t num_tokens = 4;  // drafts per step and sequence at most, 1..16
+  // n-gram (prompt lookup): suffix lengths tried, longest first.
+  int64_t ngram_min = 1;
+  int64_t ngram_max = 4;
+  // Overrides the method's proposer when set (tests, experiments).
+  Scheduler::Proposer proposer;
+};
+
+// "off" / "ngram"; false on anything else.
+bool ParseSpecMethod(const std::string& s, SpecDecodeConfig::Method* method);
+
 struct EngineConfig {
   std::string model_path;  // GGUF file; used by Create(config) only
   // KV cache size: num_kv_blocks when > 0, else as many blocks as fit in
@@ -61,6 +76,7 @@ struct EngineConfig {
   Device device = Device::kCpu;
   bool enable_prefix_caching = true;
   SchedulerConfig scheduler;
+  SpecDecodeConfig spec;
   int num_threads = 0;   // compute threads for Create(config); 0 = all cores
   bool prefault = true;  // Create(config): touch all weight pages at load
   // Run KvCacheManager::CheckIntegrity after every step (tests); the first
@@ -83,6 +99,14 @@ struct EngineStats {
   int64_t num_computed_tokens = 0;   // tokens run through the model
   int64_t num_generated_tokens = 0;  // tokens sampled
   int64_t num_finished = 0;          // requests ended, any reason
+  // Speculative decoding: steps that verified drafts, drafts proposed and
+  // accepted in all, and how often the i-th draft of a step was accepted.
+  struct Spec {
+    int64_t num_drafts = 0;
+    int64_t num_draft_tokens = 0;
+    int64_t num_accepted_tokens = 0;
+    std::vector<int64_t> accepted_per_position;
+  } spec;
   absl::Status integrity;            // see check_integrity_every_step
 };
 
@@ -180,6 +204,7 @@ class Engine {
   absl::flat_hash_map<int64_t, std::unique_ptr<ActiveRequest>> active_;
   std::vector<std::pair<RequestHandle, FinishEvent>> finished_events_;
   int64_t num_generated_tokens_ = 0;
+  EngineStats::Spec spec_stats_;
   int64_t num_finished_ = 0;
   absl::Status integrity_;
 

@@ -31,7 +31,12 @@ ForwardBatch ModelRunner::BuildBatch(const SchedulerOutput& output, int64_t bloc
       b.slot_mapping.push_back(int64_t{s.block_table[p / block_size]} * block_size +
                                p % block_size);
     }
-    if (s.samples) b.logits_indices.push_back(static_cast<int32_t>(b.token_ids.size()) - 1);
+    if (s.samples) {
+      const int32_t end_row = static_cast<int32_t>(b.token_ids.size());
+      for (int64_t i = s.num_spec_tokens; i >= 0; --i) {
+        b.logits_indices.push_back(end_row - 1 - static_cast<int32_t>(i));
+      }
+    }
     b.query_start.push_back(static_cast<int32_t>(b.token_ids.size()));
     b.context_lens.push_back(static_cast<int32_t>(end));
     b.block_tables.push_back(s.block_table);
@@ -50,8 +55,9 @@ absl::StatusOr<std::vector<SampledToken>> ModelRunner::Execute(const SchedulerOu
   num_computed_tokens_ += batch.num_tokens();
   ++num_steps_;
 
-  sampled.reserve(batch.logits_indices.size());
+  sampled.reserve(output.scheduled.size());
   int64_t row = 0;
+  std::vector<int32_t> history;
   for (const ScheduledSequence& s : output.scheduled) {
     if (!s.samples) continue;
     const Sequence* seq = s.seq;
@@ -60,10 +66,29 @@ absl::StatusOr<std::vector<SampledToken>> ModelRunner::Execute(const SchedulerOu
     context.token_ids = seq->token_ids();
     context.num_prompt_tokens = seq->num_prompt_tokens();
     context.eos_token_ids = eos_token_ids_;
-    absl::Span<const float> logits(logits_.data() + row * vocab_size_, vocab_size_);
-    ++row;
-    sampled.push_back(SampledToken{
-        s.seq_id, sampler_.Sample(logits, seq->sampling_params(), seq->num_tokens(), context)});
+    SampledToken out;
+    out.seq_id = s.seq_id;
+    out.num_drafts = s.num_spec_tokens;
+    const int64_t first_row = row;
+    row += s.num_spec_tokens + 1;
+    if (s.num_spec_tokens > 0) {
+      history.assign(seq->token_ids().begin(), seq->token_ids().end());
+    }
+    for (int64_t i = 0;; ++i) {
+      absl::Span<const float> logits(logits_.data() + (first_row + i) * vocab_size_, vocab_size_);
+      if (i > 0) context.token_ids = history;
+      SampleResult r =
+          sampler_.Sample(logits, seq->sampling_params(), seq->num_tokens() + i, context);
+      const int64_t draft_index = static_cast<int64_t>(s.token_ids.size()) - s.num_spec_tokens + i;
+      if (i < s.num_spec_tokens && r.token_id == s.token_ids[draft_index]) {
+        history.push_back(r.token_id);
+        out.accepted.push_back(std::move(r));
+        continue;
+      }
+      out.result = std::move(r);
+      break;
+    }
+    sampled.push_back(std::move(out));
   }
   return sampled;
 }

@@ -15,6 +15,17 @@
 //      occupy), so the counter-based RNG draws the same number on a replay
 //      (after preemption, or with another batch composition).
 //
+// Speculative decoding: a sequence scheduled with k draft tokens gets logits
+// rows for its last k + 1 positions. Position i is sampled exactly as plain
+// decoding would sample it (same processed distribution, same (seed,
+// position) draw, the drafts before it as history); draft i + 1 is accepted
+// when it equals that sample, and the first mismatch (or the bonus position
+// after k accepted drafts) gives the sampled token. For a draft that is a
+// single proposed token (q one-hot: n-gram drafts) this is the rejection
+// sampler's rule exactly (accept with p(d); else sample from p without d,
+// renormalized), and since the forward pass is batch-invariant, the output
+// is token-for-token the output without speculation, sampled or greedy.
+//
 // Thread safety: none; the engine thread owns the runner. The executor is not
 // owned and must outlive the runner.
 #ifndef TANDEM_ENGINE_MODEL_RUNNER_H_
@@ -31,10 +42,13 @@
 
 namespace tandem::engine {
 
-// The token sampled for one sequence this step.
+// The tokens sampled for one sequence this step: the accepted draft tokens
+// (speculative decoding) and then one sampled token.
 struct SampledToken {
   SeqId seq_id = 0;
+  std::vector<SampleResult> accepted;  // verified drafts, in order
   SampleResult result;  // token_id, and logprobs when the params ask for them
+  int64_t num_drafts = 0;  // drafts proposed for this sequence this step
 };
 
 class ModelRunner {

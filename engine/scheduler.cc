@@ -20,6 +20,10 @@ absl::Status SchedulerConfig::Validate() const {
   if (long_prefill_token_threshold < 0) {
     return absl::InvalidArgumentError("long_prefill_token_threshold must be >= 0");
   }
+  if (num_speculative_tokens < 0 || num_speculative_tokens > kMaxSpeculativeTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("num_speculative_tokens must be in [0, ",
+                                                   kMaxSpeculativeTokens, "]"));
+  }
   return absl::OkStatus();
 }
 
@@ -89,6 +93,25 @@ int64_t Scheduler::TokensToRun(const Sequence& seq, int64_t num_computed, int64_
   return std::max<int64_t>(0, std::min(n, budget));
 }
 
+std::vector<int32_t> Scheduler::Drafts(Sequence* seq, int64_t budget) {
+  if (config_.num_speculative_tokens == 0 || !proposer_) return {};
+  if (seq->num_uncomputed_tokens() != 1) return {};  // prefill or replay
+  if (seq->spec_skip_steps() > 0) {
+    seq->set_spec_backoff(seq->spec_skip_steps() - 1, seq->spec_misses());
+    return {};
+  }
+  // Never draft past what the sequence may still emit (max_tokens: the
+  // sampled token comes on top of the drafts) or the KV cache could hold.
+  int64_t k = std::min(config_.num_speculative_tokens, budget - 1);
+  const std::optional<int64_t> max_tokens = seq->sampling_params().stop.max_tokens;
+  if (max_tokens.has_value()) k = std::min(k, *max_tokens - seq->num_output_tokens() - 1);
+  k = std::min(k, max_num_tokens_per_sequence() - seq->num_tokens());
+  if (k <= 0) return {};
+  std::vector<int32_t> drafts = proposer_(*seq, k);
+  if (static_cast<int64_t>(drafts.size()) > k) drafts.resize(k);
+  return drafts;
+}
+
 ScheduledSequence Scheduler::MakeScheduled(const Sequence& seq, int64_t start, int64_t n) const {
   ScheduledSequence s;
   s.seq_id = seq.id();
@@ -109,7 +132,8 @@ void Scheduler::ScheduleRunning(SchedulerOutput* out, int64_t* budget) {
   for (size_t i = 0; i < running_.size() && *budget > 0; ++i) {
     Sequence* seq = running_[i];
     const int64_t start = seq->num_computed_tokens();
-    const int64_t n = TokensToRun(*seq, start, *budget);
+    const std::vector<int32_t> drafts = Drafts(seq, *budget);
+    const int64_t n = drafts.empty() ? TokensToRun(*seq, start, *budget) : 1 + drafts.size();
     if (n == 0) continue;
     bool self_preempted = false;
     while (!kv_->AllocateSlots(seq->id(), start, n, &out->block_copies)) {
@@ -121,7 +145,15 @@ void Scheduler::ScheduleRunning(SchedulerOutput* out, int64_t* budget) {
       }
     }
     if (self_preempted) break;
-    out->scheduled.push_back(MakeScheduled(*seq, start, n));
+    if (drafts.empty()) {
+      out->scheduled.push_back(MakeScheduled(*seq, start, n));
+    } else {
+      ScheduledSequence s = MakeScheduled(*seq, start, 1);
+      s.num_tokens = n;
+      s.num_spec_tokens = static_cast<int64_t>(drafts.size());
+      s.token_ids.insert(s.token_ids.end(), drafts.begin(), drafts.end());
+      out->scheduled.push_back(std::move(s));
+    }
     *budget -= n;
   }
 }
@@ -180,17 +212,29 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::Update(const SchedulerOutput& 
     Sequence* seq = it->second.get();
     TANDEM_CHECK(seq->status() == SequenceStatus::kRunning);
     TANDEM_CHECK(seq->num_computed_tokens() == s.start_position);
-    seq->set_num_computed_tokens(s.start_position + s.num_tokens);
-    kv_->MarkComputed(seq->id(), seq->token_ids(), seq->num_computed_tokens());
-
     auto r = by_id.find(s.seq_id);
     const SequenceResult* result = r == by_id.end() ? nullptr : r->second;
     const FinishReason reason = result != nullptr ? result->finish : FinishReason::kNone;
+    // Computed: the scheduled tokens except drafts, plus the drafts accepted
+    // (their K/V was written this step and they are now the sequence's).
+    int64_t accepted = 0;
     if (s.samples && result != nullptr && result->token_id != SequenceResult::kNoToken) {
+      accepted = static_cast<int64_t>(result->accepted_draft_ids.size());
+      TANDEM_CHECK(accepted <= s.num_spec_tokens);
+      for (int32_t id : result->accepted_draft_ids) seq->AppendToken(id);
       seq->AppendToken(result->token_id);
     } else {
       // A sequence that reached num_tokens must either grow or finish.
       TANDEM_CHECK(!s.samples || reason != FinishReason::kNone);
+    }
+    seq->set_num_computed_tokens(s.start_position + s.num_tokens - s.num_spec_tokens + accepted);
+    kv_->MarkComputed(seq->id(), seq->token_ids(), seq->num_computed_tokens());
+    if (s.num_spec_tokens > 0) {
+      // Back-off: a draft with nothing accepted doubles the pause (1, 2, 4,
+      // ... 16 steps) before the next proposal; any acceptance resets it.
+      const int64_t misses = accepted == 0 ? seq->spec_misses() + 1 : 0;
+      seq->set_spec_backoff(misses == 0 ? 0 : std::min<int64_t>(16, int64_t{1} << (misses - 1)),
+                            misses);
     }
     if (reason != FinishReason::kNone) {
       Finish(seq, reason);

@@ -19,6 +19,17 @@
 // the caller says are finished, freeing their blocks at once so the next
 // Schedule() can admit waiting sequences into them.
 //
+// Speculative decoding (num_speculative_tokens > 0 and a proposer set): a
+// running sequence in its decode phase (one uncomputed token) gets up to k
+// draft tokens from the proposer; the step runs [last token, d1..dk] as one
+// chunk (the lookahead's blocks are allocated like any other tokens), the
+// caller verifies the drafts against the target's logits and reports the
+// accepted drafts plus one sampled token. Update() appends them and sets
+// num_computed_tokens to cover the last token and the accepted drafts only:
+// the rejected drafts' K/V slots are simply overwritten later. A sequence
+// whose drafts keep being rejected backs off (skips proposing for 1, 2, 4,
+// ... up to 16 steps), so speculation that does not pay is turned down.
+//
 // Thread safety: none; the engine thread owns it. The KvCacheManager is not
 // owned and must outlive the Scheduler; the Scheduler is its only mutator.
 #ifndef TANDEM_ENGINE_SCHEDULER_H_
@@ -26,6 +37,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -38,6 +50,8 @@
 
 namespace tandem::engine {
 
+inline constexpr int64_t kMaxSpeculativeTokens = 16;
+
 struct SchedulerConfig {
   int64_t max_num_batched_tokens = 512;  // token budget of one step
   int64_t max_num_seqs = 64;             // running sequences at most
@@ -47,6 +61,9 @@ struct SchedulerConfig {
   // > 0: a sequence gets at most this many tokens per step (so one long
   // prompt cannot take the whole budget); 0 = off.
   int64_t long_prefill_token_threshold = 0;
+  // Speculative decoding: draft tokens per step and sequence at most (0 = off;
+  // also needs Scheduler::set_proposer).
+  int64_t num_speculative_tokens = 0;
 
   // InvalidArgument naming the field when out of range.
   absl::Status Validate() const;
@@ -61,6 +78,10 @@ struct ScheduledSequence {
   // True when this step reaches num_tokens(): the caller computes logits for
   // the last scheduled token and samples one token for the sequence.
   bool samples = false;
+  // Speculative decoding: the last num_spec_tokens of token_ids are draft
+  // tokens (not in the sequence); the caller computes logits for the last
+  // num_spec_tokens + 1 positions and verifies the drafts.
+  int64_t num_spec_tokens = 0;
   // What the executor needs, so the runner never calls back into the
   // scheduler or the block manager per sequence:
   // token_ids[start_position, start_position + num_tokens) of the sequence,
@@ -102,6 +123,8 @@ struct SequenceResult {
   SeqId seq_id = 0;
   int32_t token_id = kNoToken;                // sampled token; required when `samples`
   FinishReason finish = FinishReason::kNone;  // kNone = keep going
+  // Accepted draft tokens (speculative decoding), appended before token_id.
+  std::vector<int32_t> accepted_draft_ids;
 };
 
 class Scheduler {
@@ -113,6 +136,12 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   const SchedulerConfig& config() const { return config_; }
+
+  // Speculative decoding's draft source: up to max_tokens draft tokens that
+  // would follow the sequence's tokens (may return fewer or none).
+  using Proposer =
+      std::function<std::vector<int32_t>(const Sequence& seq, int64_t max_tokens)>;
+  void set_proposer(Proposer proposer) { proposer_ = std::move(proposer); }
   // The most tokens one sequence can hold (the whole KV cache). The caller's
   // stop checks must finish a sequence (kLength) before it grows past this,
   // or it can never be scheduled again.
@@ -155,6 +184,9 @@ class Scheduler {
 
  private:
   ScheduledSequence MakeScheduled(const Sequence& seq, int64_t start, int64_t n) const;
+  // Draft tokens for a running sequence in its decode phase ({} when off,
+  // backing off, or nothing to propose), at most budget - 1 of them.
+  std::vector<int32_t> Drafts(Sequence* seq, int64_t budget);
   void ScheduleRunning(SchedulerOutput* out, int64_t* budget);
   void ScheduleWaiting(SchedulerOutput* out, int64_t* budget);
   // Tokens `seq` may run this step under `budget` (0 = none).
@@ -165,6 +197,7 @@ class Scheduler {
   void RemoveFromQueues(Sequence* seq);
 
   SchedulerConfig config_;
+  Proposer proposer_;
   KvCacheManager* kv_;                                          // not owned
   absl::flat_hash_map<SeqId, std::unique_ptr<Sequence>> seqs_;  // unfinished
   std::deque<Sequence*> waiting_;

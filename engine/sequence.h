@@ -89,6 +89,15 @@ class Sequence {
   void set_arrival(int64_t arrival) { arrival_ = arrival; }
   void count_preemption() { ++num_preemptions_; }
 
+  // Speculative decoding back-off (Scheduler): steps to skip proposing, and
+  // consecutive drafts with nothing accepted.
+  int64_t spec_skip_steps() const { return spec_skip_steps_; }
+  int64_t spec_misses() const { return spec_misses_; }
+  void set_spec_backoff(int64_t skip_steps, int64_t misses) {
+    spec_skip_steps_ = skip_steps;
+    spec_misses_ = misses;
+  }
+
  private:
   SeqId id_;
   std::vector<int32_t> token_ids_;
@@ -101,6 +110,8 @@ class Sequence {
   int64_t arrival_ = 0;
   int64_t num_preemptions_ = 0;
   int64_t num_imported_tokens_ = 0;
+  int64_t spec_skip_steps_ = 0;
+  int64_t spec_misses_ = 0;
 };
 
 }  // namespace tandem::engine

@@ -1,0 +1,24 @@
+// Prompt-lookup (n-gram) drafting for speculative decoding: the longest
+// suffix of the sequence, of length ngram_max down to ngram_min, that also
+// occurs earlier in the sequence (prompt or output) proposes the tokens that
+// followed its most recent earlier occurrence. No second model; it pays off
+// where the output copies from the input (summaries, rewrites, code edits,
+// document QA). O(num_tokens * ngram_max) per call.
+#ifndef TANDEM_ENGINE_NGRAM_PROPOSER_H_
+#define TANDEM_ENGINE_NGRAM_PROPOSER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/types/span.h"
+
+namespace tandem::engine {
+
+// Up to max_tokens drafts for `tokens` ({} when no suffix of length
+// [ngram_min, ngram_max] recurs). REQUIRES: 1 <= ngram_min <= ngram_max.
+std::vector<int32_t> ProposeNgram(absl::Span<const int32_t> tokens, int64_t ngram_min,
+                                  int64_t ngram_max, int64_t max_tokens);
+
+}  // namespace tandem::engine
+
+#endif  // TANDEM_ENGINE_NGRAM_PROPOSER_H_
