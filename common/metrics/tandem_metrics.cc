@@ -117,6 +117,22 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
       counter("tandem_prefix_cache_hits_total",
               "Prompt tokens found in the prefix cache (their KV was reused)."));
   TANDEM_ASSIGN_OR_RETURN(
+      m->spec_num_drafts,
+      counter("tandem_spec_decode_num_drafts_total",
+              "Speculative decoding: steps in which a sequence verified draft tokens."));
+  TANDEM_ASSIGN_OR_RETURN(m->spec_num_draft_tokens,
+                          counter("tandem_spec_decode_num_draft_tokens_total",
+                                  "Speculative decoding: draft tokens proposed."));
+  TANDEM_ASSIGN_OR_RETURN(m->spec_num_accepted_tokens,
+                          counter("tandem_spec_decode_num_accepted_tokens_total",
+                                  "Speculative decoding: draft tokens accepted."));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->spec_accepted_per_pos_family,
+      r.AddCounter("tandem_spec_decode_num_accepted_tokens_per_pos_total",
+                   "Speculative decoding: draft tokens accepted at each draft position (0 = the "
+                   "first draft of a step).",
+                   {"phase", "model", "position"}));
+  TANDEM_ASSIGN_OR_RETURN(
       m->request_success_family,
       r.AddCounter("tandem_request_success_total", "Requests finished, by finish reason.",
                    {"phase", "model", "finish_reason"}));
@@ -177,6 +193,10 @@ Counter* TandemMetrics::RequestErrors(absl::StatusCode code) {
 
 Counter* TandemMetrics::Migrations(std::string_view reason) {
   return LabelledCounter(migrations_family, reason);
+}
+
+Counter* TandemMetrics::SpecAcceptedAtPosition(int64_t position) {
+  return LabelledCounter(spec_accepted_per_pos_family, absl::StrCat(position));
 }
 
 }  // namespace tandem::metrics

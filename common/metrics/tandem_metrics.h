@@ -88,6 +88,7 @@ struct TandemMetrics {
   // health checks missed; replayed elsewhere), "prefill_failed",
   // "transfer_failed" (the push to the decode worker failed). Never null.
   Counter* Migrations(std::string_view reason);
+  Counter* SpecAcceptedAtPosition(int64_t position);
 
   std::string phase;
   std::string model;
@@ -112,6 +113,10 @@ struct TandemMetrics {
   Counter* num_preemptions = nullptr;
   Counter* prefix_cache_queries = nullptr;          // in tokens, as vLLM
   Counter* prefix_cache_hits = nullptr;             // in tokens
+  Counter* spec_num_drafts = nullptr;               // speculative decoding
+  Counter* spec_num_draft_tokens = nullptr;
+  Counter* spec_num_accepted_tokens = nullptr;
+  CounterFamily* spec_accepted_per_pos_family = nullptr;  // {phase, model, position}
   CounterFamily* request_success_family = nullptr;  // {phase, model, finish_reason}
   CounterFamily* request_errors_family = nullptr;   // {phase, model, code}
   CounterFamily* migrations_family = nullptr;       // {phase, model, reason}

@@ -20,6 +20,7 @@
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
+#include "services/cli/spec_flags.h"
 #include "services/cli/model_loader.h"
 #include "services/cli/prompt_file.h"
 #include "services/cli/run_stats.h"
@@ -40,6 +41,7 @@ struct GenerateFlags {
   int64_t seed = 0;
   int64_t threads = 0;
   std::string device = "cpu";
+  SpecFlags spec;
   int64_t concurrency = 8;
   std::string kv_cache_memory = "1GiB";
   int64_t max_num_seqs = 64;
@@ -74,6 +76,7 @@ void AddFlags(ArgParser& p, GenerateFlags& f) {
             "keep generating past end-of-generation tokens until --max-tokens");
   p.AddInt("threads", &f.threads, 0, 1024, "compute threads, 0 = all cores");
   AddDeviceFlag(p, &f.device);
+  AddSpecFlags(p, &f.spec);
   p.AddString("kv-cache-memory", &f.kv_cache_memory,
               "KV cache budget: bytes (2GiB, 512MiB) or a fraction of free RAM (0.25)");
   p.AddInt("max-num-seqs", &f.max_num_seqs, 1, 4096, "sequences in one batch at most");
@@ -177,6 +180,8 @@ int RunGenerate(int argc, char** argv) {
     return UsageError("--kv-cache-memory: " + std::string(kv_bytes.status().message()));
   auto device = ResolveDevice(flags.device);
   if (!device.ok()) return UsageError(std::string(device.status().message()));
+  auto spec = ResolveSpec(flags.spec);
+  if (!spec.ok()) return UsageError(std::string(spec.status().message()));
 
   const int threads = flags.threads > 0
                           ? static_cast<int>(flags.threads)
@@ -205,6 +210,7 @@ int RunGenerate(int argc, char** argv) {
 
   engine::EngineConfig config;
   config.device = *device;
+  config.spec = *spec;
   config.kv_cache_memory_bytes = *kv_bytes;
   config.scheduler.max_num_seqs = flags.max_num_seqs;
   config.scheduler.max_num_batched_tokens = flags.max_num_batched_tokens;

@@ -39,6 +39,7 @@ void AddRouterFlags(ArgParser& p, RouterFlags& f) {
            "--colocated: prompt tokens of the waiting requests at most");
   p.AddInt("threads", &f.threads, 0, 1024, "--colocated: compute threads, 0 = all cores");
   p.AddString("device", &f.device, std::string("--colocated: ") + kDeviceHelp);
+  AddSpecFlags(p, &f.spec);
   AddServerTlsFlags(p, f.tls);
   p.AddString("api-key-file", &f.api_key_file,
               "tandem.v1.Generation requires 'authorization: Bearer <key>' for a key in this "
@@ -59,6 +60,10 @@ int RunRouter(int argc, char** argv) {
   }
   if (auto device = ResolveDevice(f.device); !device.ok()) {
     std::fprintf(stderr, "tandem router: %s\n", std::string(device.status().message()).c_str());
+    return kExitUsage;
+  }
+  if (auto spec = ResolveSpec(f.spec); !spec.ok()) {
+    std::fprintf(stderr, "tandem router: %s\n", std::string(spec.status().message()).c_str());
     return kExitUsage;
   }
   BlockStopSignals();

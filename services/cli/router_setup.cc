@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& fl
     }
     engine::EngineConfig config;
     TANDEM_ASSIGN_OR_RETURN(config.device, ResolveDevice(flags.device));
+    TANDEM_ASSIGN_OR_RETURN(config.spec, ResolveSpec(flags.spec));
     config.kv_cache_memory_bytes = *kv_bytes;
     config.scheduler.max_num_seqs = flags.max_num_seqs;
     config.scheduler.max_num_batched_tokens = flags.max_num_batched_tokens;

@@ -13,6 +13,7 @@
 #include "common/thread_pool.h"
 #include "engine/engine.h"
 #include "services/cli/model_loader.h"
+#include "services/cli/spec_flags.h"
 #include "services/common/tls.h"
 #include "services/router/router_server.h"
 
@@ -38,6 +39,7 @@ struct RouterFlags {
   int64_t max_waiting_tokens = 1 << 18;  // (see docs/operations.md, Overload)
   int64_t threads = 0;
   std::string device = "cpu";  // cpu | cuda (docs/gpu.md)
+  SpecFlags spec;              // docs/speculative.md
   // Security (docs/security.md): TLS of the gRPC port and of the channels to
   // workers; a key file makes tandem.v1.Generation require a bearer key.
   services::TlsOptions tls;

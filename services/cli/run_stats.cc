@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_format.h"
+
 namespace tandem::cli {
 
 void RequestResult::Finish(const engine::FinishEvent& finish, std::string reason) {
@@ -40,8 +42,29 @@ void PrintDistribution(std::FILE* out, const char* name, const std::vector<doubl
 
 }  // namespace
 
+// Speculative decoding: acceptance rate, mean tokens per verification step
+// (the accepted drafts + the sampled token) and acceptance by position.
+void PrintSpecStats(const engine::EngineStats::Spec& spec, std::FILE* out) {
+  if (spec.num_drafts == 0) return;
+  std::string per_position;
+  for (size_t i = 0; i < spec.accepted_per_position.size(); ++i) {
+    absl::StrAppendFormat(&per_position, "%s%.2f", i == 0 ? "" : " ",
+                          double(spec.accepted_per_position[i]) / spec.num_drafts);
+  }
+  std::fprintf(out,
+               "[spec] %lld verify steps, %lld draft tokens, %lld accepted (%.1f%%); mean "
+               "acceptance length %.2f tokens/step; accepted per position: %s\n",
+               static_cast<long long>(spec.num_drafts),
+               static_cast<long long>(spec.num_draft_tokens),
+               static_cast<long long>(spec.num_accepted_tokens),
+               spec.num_draft_tokens > 0 ? 100.0 * spec.num_accepted_tokens / spec.num_draft_tokens
+                                         : 0.0,
+               1.0 + double(spec.num_accepted_tokens) / spec.num_drafts, per_position.c_str());
+}
+
 void PrintRunStats(const std::vector<RequestResult>& results, double wall_s,
                    const engine::EngineStats& stats, bool per_request, std::FILE* out) {
+  PrintSpecStats(stats.spec, out);
   int64_t prompt_tokens = 0, output_tokens = 0;
   std::vector<double> ttft, tpot;
   for (size_t i = 0; i < results.size(); ++i) {

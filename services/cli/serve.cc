@@ -23,6 +23,7 @@
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
+#include "services/cli/spec_flags.h"
 #include "services/cli/router_setup.h"
 #include "services/cli/security_flags.h"
 #include "services/transfer/nccl_kv_transport.h"
@@ -50,6 +51,7 @@ struct ServeFlags {
   int64_t threads = 0;
   std::string device = "cpu";        // every engine (docs/gpu.md)
   std::string kv_transport = "host";  // prefill -> decode (docs/nccl.md)
+  SpecFlags spec;                     // decode workers / --colocated
   int64_t ready_timeout_seconds = 300;
   services::TlsOptions tls;  // router and workers (docs/security.md)
   std::string api_key_file;
@@ -184,6 +186,7 @@ int RunServe(int argc, char** argv) {
   AddDeviceFlag(p, &f.device);
   p.AddString("kv-transport", &f.kv_transport,
               "KV handoff prefill -> decode: host (gRPC) or nccl (GPUs, docs/nccl.md)");
+  AddSpecFlags(p, &f.spec);
   p.AddInt("ready-timeout-seconds", &f.ready_timeout_seconds, 1, 3600,
            "give up when the workers are not healthy by then");
   AddServerTlsFlags(p, f.tls);
@@ -203,6 +206,10 @@ int RunServe(int argc, char** argv) {
   }
   if (absl::Status s = transfer::CheckKvTransportKind(f.kv_transport); !s.ok()) {
     std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+  if (auto spec = ResolveSpec(f.spec); !spec.ok()) {
+    std::fprintf(stderr, "tandem serve: %s\n", std::string(spec.status().message()).c_str());
     return kExitUsage;
   }
   if (!f.api_key_file.empty()) {
@@ -236,6 +243,7 @@ int RunServe(int argc, char** argv) {
   rf.kv_cache_memory = f.kv_cache_memory;
   rf.threads = f.threads;
   rf.device = f.device;
+  rf.spec = f.spec;
   rf.tls = f.tls;
   rf.api_key_file = f.api_key_file;
   auto router = StartRouter(rf);
@@ -292,6 +300,7 @@ int RunServe(int argc, char** argv) {
     if (role == "decode") {
       args.push_back("--kv-lease-seconds");
       args.push_back(std::to_string(f.kv_lease_seconds));
+      for (const std::string& a : SpecArgs(f.spec)) args.push_back(a);
     }
     Child c{role, Spawn(args), absl::StrFormat("127.0.0.1:%d", *gp),
             absl::StrFormat("127.0.0.1:%d", *mp), true};

@@ -115,6 +115,20 @@ void WorkerRuntime::UpdateEngineMetrics() {
         static_cast<double>(s.num_computed_tokens - last_computed_) / static_cast<double>(steps));
     metrics_->batch_size->Observe(static_cast<double>(s.num_running));
   }
+  metrics_->spec_num_drafts->Inc(static_cast<double>(s.spec.num_drafts - last_spec_.num_drafts));
+  metrics_->spec_num_draft_tokens->Inc(
+      static_cast<double>(s.spec.num_draft_tokens - last_spec_.num_draft_tokens));
+  metrics_->spec_num_accepted_tokens->Inc(
+      static_cast<double>(s.spec.num_accepted_tokens - last_spec_.num_accepted_tokens));
+  for (size_t i = 0; i < s.spec.accepted_per_position.size(); ++i) {
+    const int64_t before =
+        i < last_spec_.accepted_per_position.size() ? last_spec_.accepted_per_position[i] : 0;
+    if (s.spec.accepted_per_position[i] > before) {
+      metrics_->SpecAcceptedAtPosition(static_cast<int64_t>(i))
+          ->Inc(static_cast<double>(s.spec.accepted_per_position[i] - before));
+    }
+  }
+  last_spec_ = s.spec;
   last_preemptions_ = s.num_preemptions;
   last_query_tokens_ = s.num_prefix_cache_query_tokens;
   last_hit_tokens_ = s.num_prefix_cache_hit_tokens;

@@ -94,6 +94,7 @@ class WorkerRuntime {
   std::unique_ptr<metrics::MetricsHttpServer> http_;
   absl::Mutex mu_;
   int64_t last_preemptions_ ABSL_GUARDED_BY(mu_) = 0;
+  engine::EngineStats::Spec last_spec_ ABSL_GUARDED_BY(mu_);
   int64_t last_query_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_hit_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_steps_ ABSL_GUARDED_BY(mu_) = 0;

@@ -88,6 +88,57 @@ TEST(GenerateCliTest, PromptPlusMaxTokensOverContextIsAUsageError) {
       << r.err;
 }
 
+// Speculative decoding from the command line: with n-gram drafts the greedy
+// tokens of a batch of input-grounded prompts are the tokens without, drafts
+// are accepted (the [spec] stats line), and bad flags are usage errors.
+TEST(GenerateCliTest, SpeculativeNgramGivesTheSameTokens) {
+  const std::string passage =
+      "The river flows north through the valley, past the old mill and the stone bridge, "
+      "until it reaches the lake where the fishermen keep their boats.";
+  const std::string file = ::testing::TempDir() + "/spec_prompts.txt";
+  {
+    std::ofstream out(file);
+    out << "Repeat this sentence exactly: " << passage << "\n";
+    out << "Copy the text: " << passage << " " << passage << "\n";
+    out << "def add(a, b):\n";  // one line per prompt; the rest of the file is prompts
+    out << "List the colors: red, green, blue, red, green, blue, red, green,\n";
+  }
+  auto run = [&](const std::string& method) {
+    return Tandem({"generate", "--prompts-file", file, "--max-tokens", "48", "--json",
+                   "--ignore-eos", "--spec-method", method, "--spec-tokens", "5"});
+  };
+  ProcessResult off = run("off");
+  ProcessResult ngram = run("ngram");
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  ASSERT_EQ(ngram.exit_code, 0) << ngram.err;
+  auto tokens = [](const std::string& out) {
+    std::vector<std::vector<int32_t>> all;
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty()) all.push_back(Json::Parse(line)["token_ids"].ints());
+    }
+    return all;
+  };
+  const std::vector<std::vector<int32_t>> a = tokens(off.out), b = tokens(ngram.out);
+  ASSERT_EQ(a.size(), 4u);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(off.err.find("[spec]"), std::string::npos);
+  const size_t at = ngram.err.find("[spec] ");
+  ASSERT_NE(at, std::string::npos) << ngram.err;
+  EXPECT_EQ(ngram.err.find(" 0 accepted", at), std::string::npos) << ngram.err;
+
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--spec-method", "draft"},
+        std::vector<std::string>{"--spec-tokens", "0"},
+        std::vector<std::string>{"--spec-ngram-min", "5", "--spec-ngram-max", "2"}}) {
+    std::vector<std::string> args = {"generate", "--prompt", "hi"};
+    args.insert(args.end(), bad.begin(), bad.end());
+    ProcessResult r = Tandem(args);
+    EXPECT_EQ(r.exit_code, 2) << bad[0] << ": " << r.err;
+    EXPECT_EQ(CountLines(r.err), 1) << r.err;
+  }
+}
+
 TEST(GenerateCliTest, NotAGgufFileNamesTheProblem) {
   ProcessResult r = Tandem({"generate", "--prompt", "hi", "--model", TestDataPath("tokenizer_smollm2.jsonl")});
   EXPECT_EQ(r.exit_code, 2);
