@@ -155,6 +155,7 @@ absl::Status Engine::Init() {
     });
   }
   runner_ = std::make_unique<ModelRunner>(executor_.get(), mc.vocab_size, eos_token_ids_);
+  runner_->set_abort_flag(&abort_step_);
   {
     absl::MutexLock lock(&mu_);
     stats_.num_blocks_total = num_blocks;
@@ -251,6 +252,12 @@ void Engine::Cancel(const RequestHandle& handle) {
   if (handle == nullptr) return;
   absl::MutexLock lock(&mu_);
   cancels_.push_back(handle->id());
+  // A long step (a big prefill chunk) whose every request is now cancelled
+  // stops between layers instead of running to its end.
+  if (step_ids_.contains(handle->id())) {
+    step_cancelled_.insert(handle->id());
+    if (step_cancelled_.size() == step_ids_.size()) abort_step_.store(true);
+  }
   wake_.Signal();
 }
 
@@ -266,6 +273,7 @@ void Engine::Shutdown(ShutdownMode mode) {
     if (!stopping_) {
       stopping_ = true;
       shutdown_mode_ = mode;
+      if (mode == ShutdownMode::kCancel && !step_ids_.empty()) abort_step_.store(true);
     }
     wake_.Signal();
   }
@@ -435,7 +443,29 @@ void Engine::Step() {
                     imported, "");
     }
   }
+  {
+    absl::MutexLock lock(&mu_);
+    step_ids_.clear();
+    step_cancelled_.clear();
+    for (const ScheduledSequence& s : out.scheduled) step_ids_.insert(s.seq_id);
+    for (int64_t id : cancels_) {
+      if (step_ids_.contains(id)) step_cancelled_.insert(id);
+    }
+    // Stats show the step being run (a long prefill is visible as running).
+    stats_.num_running = scheduler_->num_running();
+    stats_.num_waiting = scheduler_->num_waiting();
+    stats_.num_blocks_used = kv_->num_blocks() - kv_->num_free_blocks();
+    abort_step_.store(!step_ids_.empty() && (step_cancelled_.size() == step_ids_.size() ||
+                                             (stopping_ && shutdown_mode_ == ShutdownMode::kCancel)));
+  }
   absl::StatusOr<std::vector<SampledToken>> sampled = runner_->Execute(out);
+  const bool aborted = abort_step_.exchange(false) && absl::IsCancelled(sampled.status());
+  {
+    absl::MutexLock lock(&mu_);
+    step_ids_.clear();
+    step_cancelled_.clear();
+  }
+  if (aborted) return;  // the step's requests are cancelled by the next ApplyCancels
   if (!sampled.ok()) {
     for (const ScheduledSequence& s : out.scheduled) {
       absl::StatusOr<std::unique_ptr<Sequence>> seq = scheduler_->Cancel(s.seq_id);

@@ -22,6 +22,7 @@
 #ifndef TANDEM_ENGINE_ENGINE_H_
 #define TANDEM_ENGINE_ENGINE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -30,6 +31,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -212,6 +214,11 @@ class Engine {
   absl::CondVar wake_;
   std::vector<Pending> inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> cancels_ ABSL_GUARDED_BY(mu_);
+  // The requests of the step being run, and those of them cancelled since it
+  // started: when all are, abort_step_ stops the step between layers.
+  absl::flat_hash_set<int64_t> step_ids_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<int64_t> step_cancelled_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> abort_step_{false};
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Waiting requests / tokens: the scheduler's after the last step plus
   // those moved from inbox_ since (so Submit sees a bound, never an undercount).

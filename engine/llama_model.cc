@@ -332,6 +332,9 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b, KvCacheStorage* cache,
   }
   kernels::EmbeddingLookup(weights_.token_embd, b.token_ids.data(), T, s.x.data());
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    if (b.abort != nullptr && b.abort->load(std::memory_order_relaxed)) {
+      return absl::CancelledError("step aborted: every request in it was cancelled");
+    }
     if (fast && weights_.layers[layer].packed()) {
       RunPackedLayer(layer, b, args, cache, s);
     } else {

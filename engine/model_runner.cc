@@ -49,7 +49,8 @@ absl::StatusOr<std::vector<SampledToken>> ModelRunner::Execute(const SchedulerOu
   std::vector<SampledToken> sampled;
   if (output.scheduled.empty()) return sampled;
 
-  const ForwardBatch batch = BuildBatch(output, executor_->kv_shape().layout.block_size);
+  ForwardBatch batch = BuildBatch(output, executor_->kv_shape().layout.block_size);
+  batch.abort = abort_;
   logits_.resize(batch.logits_indices.size() * vocab_size_);
   TANDEM_RETURN_IF_ERROR(executor_->Forward(batch, logits_.data()));
   num_computed_tokens_ += batch.num_tokens();

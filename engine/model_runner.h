@@ -66,6 +66,10 @@ class ModelRunner {
   // failure) is returned as is; the cache may then be partly written.
   absl::StatusOr<std::vector<SampledToken>> Execute(const SchedulerOutput& output);
 
+  // A flag that, once true, aborts the running step between layers (the
+  // executor returns Cancelled). Not owned; null = never.
+  void set_abort_flag(const std::atomic<bool>* abort) { abort_ = abort; }
+
   // Builds the batch Execute() would run (exposed for tests).
   static ForwardBatch BuildBatch(const SchedulerOutput& output, int64_t block_size);
 
@@ -75,6 +79,7 @@ class ModelRunner {
 
  private:
   Executor* executor_;
+  const std::atomic<bool>* abort_ = nullptr;
   int64_t vocab_size_;
   std::vector<int32_t> eos_token_ids_;
   Sampler sampler_;

@@ -49,6 +49,7 @@ struct ServeFlags {
   int64_t max_waiting_requests = 256;
   int64_t max_waiting_tokens = 1 << 18;
   int64_t threads = 0;
+  int64_t max_num_batched_tokens = 512;  // every engine: tokens per step
   std::string device = "cpu";        // every engine (docs/gpu.md)
   std::string kv_transport = "host";  // prefill -> decode (docs/nccl.md)
   SpecFlags spec;                     // decode workers / --colocated
@@ -183,6 +184,9 @@ int RunServe(int argc, char** argv) {
   p.AddInt("max-waiting-tokens", &f.max_waiting_tokens, 1, int64_t{1} << 32,
            "per engine: tokens of the waiting requests at most");
   p.AddInt("threads", &f.threads, 0, 1024, "compute threads per engine, 0 = all cores");
+  p.AddInt("max-num-batched-tokens", &f.max_num_batched_tokens, 1, 1 << 20,
+           "tokens in one engine step at most, per engine (chunked prefill splits longer "
+           "prompts)");
   AddDeviceFlag(p, &f.device);
   p.AddString("kv-transport", &f.kv_transport,
               "KV handoff prefill -> decode: host (gRPC) or nccl (GPUs, docs/nccl.md)");
@@ -242,6 +246,7 @@ int RunServe(int argc, char** argv) {
   rf.colocated = f.colocated;
   rf.kv_cache_memory = f.kv_cache_memory;
   rf.threads = f.threads;
+  rf.max_num_batched_tokens = f.max_num_batched_tokens;
   rf.device = f.device;
   rf.spec = f.spec;
   rf.tls = f.tls;
@@ -285,6 +290,8 @@ int RunServe(int argc, char** argv) {
                                      f.kv_cache_memory,
                                      "--threads",
                                      std::to_string(f.threads),
+                                     "--max-num-batched-tokens",
+                                     std::to_string(f.max_num_batched_tokens),
                                      "--device",
                                      f.device,
                                      "--kv-transport",

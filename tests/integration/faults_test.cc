@@ -615,6 +615,41 @@ TEST(FaultsTest, CancelAtEveryStageLeavesNoBlocksOrLeases) {
   EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
 }
 
+// A client that goes away during one long prefill step (a 2500-token prompt
+// run as a single step) cancels the step between layers: the worker is clean
+// at once, not when the step would have ended (several seconds later on one
+// thread). Before the step abort, a cancel waited for the end of the step,
+// so a cancelled request kept computing and holding its KV that long. The
+// client is a real `tandem client` process killed with SIGKILL.
+TEST(FaultsTest, CancelStopsALongPrefillStepMidway) {
+  ServeProcess cluster;
+  ASSERT_EQ(cluster.Start({"--prefill-workers", "1", "--decode-workers", "1", "--threads", "1",
+                           "--max-num-batched-tokens", "8192"}),
+            "");
+  const Endpoint prefill = Workers(cluster, "prefill")[0];
+  const pid_t client =
+      SpawnLogged({TandemBinary(), "client", "--server", cluster.Address("router"), "--prompt",
+                   LongPrompt(2500, 11), "--max-tokens", "4"},
+                  ::testing::TempDir() + "/long_prefill_client.log");
+  ASSERT_GT(client, 0);
+  // The prompt's one step is running on the prefill worker.
+  const bool running = WaitStats("prefill", prefill.grpc_address,
+                                 [](const tandem::v1::WorkerStats& s) { return s.num_running() > 0; },
+                                 Scaled(std::chrono::milliseconds(30000)));
+  const auto cancelled_at = Clock::now();
+  kill(client, SIGKILL);
+  int status = 0;
+  waitpid(client, &status, 0);
+  ASSERT_TRUE(running) << "the prefill never started";
+  // Clean well within the time the rest of the step takes.
+  ExpectNoKvInUse(cluster.endpoints(), {}, std::chrono::milliseconds(1500));
+  const auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - cancelled_at);
+  std::printf("client killed -> prefill worker clean: %lld ms\n",
+              static_cast<long long>(took.count()));
+  EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
+}
+
 TEST(FaultsTest, DrainOfADecodeWorkerUnderLoadFailsNoStream) {
   std::vector<tandem::v1::GenerateRequest> reqs;
   for (int i = 0; i < 12; ++i) reqs.push_back(Request(kPrompts[i % 8], 5000 + i, 40));
