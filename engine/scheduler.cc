@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -102,7 +103,12 @@ std::vector<int32_t> Scheduler::Drafts(Sequence* seq, int64_t budget) {
   }
   // Never draft past what the sequence may still emit (max_tokens: the
   // sampled token comes on top of the drafts) or the KV cache could hold.
-  int64_t k = std::min(config_.num_speculative_tokens, budget - 1);
+  // Adaptive k: about one more draft than this sequence has been getting
+  // accepted, so a verification step does not pay for drafts that will not
+  // stick (on a compute-bound CPU each draft costs about one token).
+  const int64_t wanted = static_cast<int64_t>(std::ceil(
+      std::min<double>(seq->spec_accept_ema(), double(config_.num_speculative_tokens)))) + 1;
+  int64_t k = std::min({config_.num_speculative_tokens, wanted, budget - 1});
   const std::optional<int64_t> max_tokens = seq->sampling_params().stop.max_tokens;
   if (max_tokens.has_value()) k = std::min(k, *max_tokens - seq->num_output_tokens() - 1);
   k = std::min(k, max_num_tokens_per_sequence() - seq->num_tokens());
@@ -233,6 +239,9 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::Update(const SchedulerOutput& 
       // Back-off: a draft with nothing accepted doubles the pause (1, 2, 4,
       // ... 16 steps) before the next proposal; any acceptance resets it.
       const int64_t misses = accepted == 0 ? seq->spec_misses() + 1 : 0;
+      const double ema = seq->spec_accept_ema() > 1e8 ? double(accepted)
+                                                       : 0.7 * seq->spec_accept_ema() + 0.3 * accepted;
+      seq->set_spec_accept_ema(ema);
       seq->set_spec_backoff(misses == 0 ? 0 : std::min<int64_t>(16, int64_t{1} << (misses - 1)),
                             misses);
     }

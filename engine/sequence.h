@@ -97,6 +97,10 @@ class Sequence {
     spec_skip_steps_ = skip_steps;
     spec_misses_ = misses;
   }
+  // Running mean of drafts accepted per verification (adaptive k); starts
+  // optimistic so the first drafts are full length.
+  double spec_accept_ema() const { return spec_accept_ema_; }
+  void set_spec_accept_ema(double v) { spec_accept_ema_ = v; }
 
  private:
   SeqId id_;
@@ -112,6 +116,7 @@ class Sequence {
   int64_t num_imported_tokens_ = 0;
   int64_t spec_skip_steps_ = 0;
   int64_t spec_misses_ = 0;
+  double spec_accept_ema_ = 1e9;
 };
 
 }  // namespace tandem::engine

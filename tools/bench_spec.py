@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Speculative decoding benchmark: single-stream decode tokens/s with and
+without n-gram drafts on three workloads (tools/spec_workloads/: an
+input-grounded rewrite of a >300-token passage, a one-change code edit, an
+open chat question), greedy, chat template, same GGUF and threads.
+
+With --llama-python PATH (a Python that imports llama_cpp, e.g. .venv-ref
+from tools/setup_ref_env.sh), llama.cpp runs the same prompts in the same run
+without and with its prompt-lookup decoding (llama_cpp.llama_speculative.
+LlamaPromptLookupDecoding), for the ratio against the peer.
+
+Prints, per workload, the median over --reps runs of: tokens generated,
+decode tokens/s (1000 / TPOT), the [spec] acceptance numbers, the speedup.
+
+  python3 tools/bench_spec.py [--tandem build/tandem] [--threads 2] [--reps 3]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKLOADS = ("grounded", "code_edit", "open_chat")
+
+LLAMA_SNIPPET = r"""
+import json, sys, time
+import llama_cpp
+from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+model, threads, max_tokens, lookup, prompt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5]
+kw = dict(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=4)) if lookup else {}
+llm = llama_cpp.Llama(model_path=model, n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False, **kw)
+msgs = [{"role": "user", "content": prompt}]
+t0 = time.perf_counter(); first = None; n = 0
+for chunk in llm.create_chat_completion(messages=msgs, max_tokens=max_tokens, temperature=0.0, stream=True):
+    if chunk["choices"][0]["delta"].get("content"):
+        n += 1
+        if first is None: first = time.perf_counter()
+t1 = time.perf_counter()
+print(json.dumps({"chunks": n, "decode_tps": (n - 1) / (t1 - first) if n > 1 and first else 0.0}))
+"""
+
+
+def run_tandem(tandem, model, threads, max_tokens, prompt, method, k):
+    cmd = [tandem, "generate", "--chat", "--json", "--prompt", prompt, "--max-tokens",
+           str(max_tokens), "--threads", str(threads), "--spec-method", method,
+           "--spec-tokens", str(k)]
+    if model:
+        cmd += ["--model", model]
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    out = json.loads(p.stdout)
+    m = re.search(r"\[spec\] .*accepted \(([0-9.]+)%\); mean acceptance length ([0-9.]+)",
+                  p.stderr)
+    acc = (float(m.group(1)), float(m.group(2))) if m else None
+    tps = 1000.0 / out["tpot_ms"] if out["tpot_ms"] > 0 else 0.0
+    return {"tokens": len(out["token_ids"]), "tps": tps, "acc": acc, "ids": out["token_ids"]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tandem", default=os.path.join(ROOT, "build", "tandem"))
+    ap.add_argument("--model", default="")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--spec-tokens", type=int, default=4)
+    ap.add_argument("--llama-python", default="")
+    a = ap.parse_args()
+    model = a.model or os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    print(f"speculative decoding benchmark: {os.path.basename(model)}, {a.threads} threads, "
+          f"greedy, max {a.max_tokens} tokens, k={a.spec_tokens}, median of {a.reps}",
+          file=sys.stderr)
+    rows = []
+    for w in WORKLOADS:
+        prompt = open(os.path.join(ROOT, "tools", "spec_workloads", w + ".txt")).read().strip()
+        off, on = [], []
+        for r in range(a.reps):
+            print(f"  {w}: run {r + 1}/{a.reps}", file=sys.stderr)
+            off.append(run_tandem(a.tandem, a.model, a.threads, a.max_tokens, prompt, "off", a.spec_tokens))
+            on.append(run_tandem(a.tandem, a.model, a.threads, a.max_tokens, prompt, "ngram", a.spec_tokens))
+        same = all(x["ids"] == off[0]["ids"] for x in off + on)
+        row = {
+            "workload": w, "tokens": off[0]["tokens"], "identical": same,
+            "off_tps": statistics.median(x["tps"] for x in off),
+            "ngram_tps": statistics.median(x["tps"] for x in on),
+            "acceptance_pct": on[0]["acc"][0] if on[0]["acc"] else 0.0,
+            "mean_accept_len": on[0]["acc"][1] if on[0]["acc"] else 1.0,
+        }
+        if a.llama_python:
+            for lookup in (0, 1):
+                vals = []
+                for _ in range(a.reps):
+                    p = subprocess.run([a.llama_python, "-c", LLAMA_SNIPPET, model, str(a.threads),
+                                        str(a.max_tokens), str(lookup), prompt],
+                                       capture_output=True, text=True, check=True)
+                    vals.append(json.loads(p.stdout.strip().splitlines()[-1])["decode_tps"])
+                row["llama_lookup_tps" if lookup else "llama_tps"] = statistics.median(vals)
+        rows.append(row)
+    hdr = f"{'workload':<11}{'tokens':>7}{'same':>6}{'off tok/s':>11}{'ngram tok/s':>13}{'speedup':>9}{'accept %':>10}{'len':>6}"
+    if a.llama_python:
+        hdr += f"{'llama.cpp':>11}{'+lookup':>9}{'ngram/lookup':>14}"
+    print(hdr)
+    for r in rows:
+        line = (f"{r['workload']:<11}{r['tokens']:>7}{'yes' if r['identical'] else 'NO':>6}"
+                f"{r['off_tps']:>11.1f}{r['ngram_tps']:>13.1f}{r['ngram_tps'] / r['off_tps']:>8.2f}x"
+                f"{r['acceptance_pct']:>10.1f}{r['mean_accept_len']:>6.2f}")
+        if a.llama_python:
+            line += (f"{r['llama_tps']:>11.1f}{r['llama_lookup_tps']:>9.1f}"
+                     f"{r['ngram_tps'] / r['llama_lookup_tps']:>13.2f}x")
+        print(line)
+    return 0 if all(r["identical"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
