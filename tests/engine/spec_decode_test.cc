@@ -70,6 +70,22 @@ class SpecDecodeTest : public ::testing::Test {
   TinyModel tiny_;
 };
 
+// A proposer that knows the answer (the plain run's output tokens): its
+// drafts are exactly what the target will produce.
+SpecDecodeConfig Oracle(std::vector<int32_t> answer, int64_t prompt_len, int64_t k) {
+  SpecDecodeConfig oracle;
+  oracle.num_tokens = k;
+  oracle.proposer = [answer = std::move(answer), prompt_len](const Sequence& seq, int64_t n) {
+    const int64_t done = seq.num_tokens() - prompt_len;
+    std::vector<int32_t> d;
+    for (int64_t i = done; i < done + n && i < static_cast<int64_t>(answer.size()); ++i) {
+      d.push_back(answer[i]);
+    }
+    return d;
+  };
+  return oracle;
+}
+
 SpecDecodeConfig Ngram(int64_t k) {
   SpecDecodeConfig s;
   s.method = SpecDecodeConfig::Method::kNgram;
@@ -120,16 +136,7 @@ TEST_F(SpecDecodeTest, AcceptedAndRejectedDraftsBothGiveTheExactOutput) {
   const std::vector<int32_t> answer = plain[0].token_ids;
   const int64_t prompt_len = static_cast<int64_t>(req.prompt_token_ids.size());
 
-  SpecDecodeConfig oracle;
-  oracle.num_tokens = 4;
-  oracle.proposer = [&](const Sequence& seq, int64_t k) {
-    const int64_t done = seq.num_tokens() - prompt_len;
-    std::vector<int32_t> d;
-    for (int64_t i = done; i < done + k && i < static_cast<int64_t>(answer.size()); ++i) {
-      d.push_back(answer[i]);
-    }
-    return d;
-  };
+  const SpecDecodeConfig oracle = Oracle(answer, prompt_len, 4);
   EngineStats stats;
   ExpectSameOutput(plain[0], Run({req}, oracle, &stats)[0], "oracle");
   EXPECT_EQ(stats.spec.num_accepted_tokens, stats.spec.num_draft_tokens);
@@ -163,16 +170,7 @@ TEST_F(SpecDecodeTest, StopsAreExactWithSeveralTokensPerStep) {
   const std::vector<int32_t> answer = Run({base}, SpecDecodeConfig{})[0].token_ids;
   ASSERT_GE(answer.size(), 20u);
   const int64_t prompt_len = static_cast<int64_t>(base.prompt_token_ids.size());
-  SpecDecodeConfig oracle;
-  oracle.num_tokens = 6;
-  oracle.proposer = [&](const Sequence& seq, int64_t k) {
-    const int64_t done = seq.num_tokens() - prompt_len;
-    std::vector<int32_t> d;
-    for (int64_t i = done; i < done + k && i < static_cast<int64_t>(answer.size()); ++i) {
-      d.push_back(answer[i]);
-    }
-    return d;
-  };
+  const SpecDecodeConfig oracle = Oracle(answer, prompt_len, 6);
   for (int64_t max_tokens : {1, 2, 7, 13}) {
     EngineRequest r = base;
     r.params.stop.max_tokens = max_tokens;

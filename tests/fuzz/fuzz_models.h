@@ -1,4 +1,5 @@
-// Tokenizers the fuzz targets load once per process: the bundled SmolLM2
+// Helpers of the fuzz targets: UTF-8 validity, and the tokenizers they load
+// once per process: the bundled SmolLM2
 // (byte-level BPE; models/, installed by scripts/bootstrap.sh) and the
 // committed tiny SentencePiece model (tests/data/tiny_spm.gguf).
 #ifndef TANDEM_TESTS_FUZZ_FUZZ_MODELS_H_
@@ -8,13 +9,25 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/gguf/gguf.h"
+#include "common/utf8.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/vocab.h"
 
 namespace tandem::fuzz {
+
+// True when every byte of `s` belongs to a well-formed UTF-8 sequence.
+inline bool IsValidUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8::ValidUtf8Len(s, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
 
 struct FuzzTokenizer {
   std::unique_ptr<gguf::GgufFile> file;

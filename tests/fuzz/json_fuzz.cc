@@ -6,27 +6,19 @@
 #include <string_view>
 
 #include "common/json.h"
-#include "common/utf8.h"
+#include "tests/fuzz/fuzz_models.h"
 
 namespace {
 
-bool IsValidUtf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const size_t n = tandem::utf8::ValidUtf8Len(s, i);
-    if (n == 0) return false;
-    i += n;
-  }
-  return true;
-}
 
 void Walk(const tandem::json::Value& v, int depth) {
   if (depth > 64) __builtin_trap();  // the parser's depth bound was not honoured
-  if (v.kind == tandem::json::Value::Kind::kString && !IsValidUtf8(v.string)) {
+  if (v.kind == tandem::json::Value::Kind::kString && !tandem::fuzz::IsValidUtf8(v.string)) {
     __builtin_trap();
   }
   for (const auto& e : v.array) Walk(e, depth + 1);
   for (const auto& [k, e] : v.object) {
-    if (!IsValidUtf8(k)) __builtin_trap();
+    if (!tandem::fuzz::IsValidUtf8(k)) __builtin_trap();
     Walk(e, depth + 1);
   }
 }

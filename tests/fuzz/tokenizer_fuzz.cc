@@ -14,14 +14,6 @@
 
 namespace {
 
-bool IsValidUtf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const size_t n = tandem::utf8::ValidUtf8Len(s, i);
-    if (n == 0) return false;
-    i += n;
-  }
-  return true;
-}
 
 void CheckStreaming(const tandem::tokenizer::Tokenizer& tok, const std::vector<int32_t>& ids,
                     bool skip_special) {
@@ -31,14 +23,14 @@ void CheckStreaming(const tandem::tokenizer::Tokenizer& tok, const std::vector<i
   std::string streamed;
   for (int32_t id : ids) {
     std::string delta = detok.Push(id);
-    if (!IsValidUtf8(delta)) __builtin_trap();
+    if (!tandem::fuzz::IsValidUtf8(delta)) __builtin_trap();
     streamed += delta;
   }
   const std::string tail = detok.Flush();
-  if (!IsValidUtf8(tail)) __builtin_trap();
+  if (!tandem::fuzz::IsValidUtf8(tail)) __builtin_trap();
   streamed += tail;
   const std::string whole = tok.Decode(ids, skip_special);
-  if (IsValidUtf8(whole) && streamed != whole) __builtin_trap();
+  if (tandem::fuzz::IsValidUtf8(whole) && streamed != whole) __builtin_trap();
 }
 
 }  // namespace
