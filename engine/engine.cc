@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "common/tokenizer/vocab.h"
-#include "engine/ngram_proposer.h"
+#include "engine/spec/ngram_proposer.h"
 
 namespace tandem::engine {
 

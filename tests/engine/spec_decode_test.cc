@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/ngram_proposer.h"
+#include "engine/spec/ngram_proposer.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace tandem::engine {

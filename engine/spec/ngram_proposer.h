@@ -4,8 +4,8 @@
 // followed its most recent earlier occurrence. No second model; it pays off
 // where the output copies from the input (summaries, rewrites, code edits,
 // document QA). O(num_tokens * ngram_max) per call.
-#ifndef TANDEM_ENGINE_NGRAM_PROPOSER_H_
-#define TANDEM_ENGINE_NGRAM_PROPOSER_H_
+#ifndef TANDEM_ENGINE_SPEC_NGRAM_PROPOSER_H_
+#define TANDEM_ENGINE_SPEC_NGRAM_PROPOSER_H_
 
 #include <cstdint>
 #include <vector>
@@ -21,4 +21,4 @@ std::vector<int32_t> ProposeNgram(absl::Span<const int32_t> tokens, int64_t ngra
 
 }  // namespace tandem::engine
 
-#endif  // TANDEM_ENGINE_NGRAM_PROPOSER_H_
+#endif  // TANDEM_ENGINE_SPEC_NGRAM_PROPOSER_H_
