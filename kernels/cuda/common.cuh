@@ -78,8 +78,9 @@ __device__ __forceinline__ void LoadBlock32(const uint8_t* row, int64_t blk, int
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int qb = (q >> (8 * k)) & 0xFF;
-        w[4 * j + k] = static_cast<float>(qb & 0x0F) * d + m;
-        w[4 * j + k + 16] = static_cast<float>(qb >> 4) * d + m;
+        // _rn intrinsics: no FMA contraction, the same rounding as the CPU.
+        w[4 * j + k] = __fadd_rn(__fmul_rn(static_cast<float>(qb & 0x0F), d), m);
+        w[4 * j + k + 16] = __fadd_rn(__fmul_rn(static_cast<float>(qb >> 4), d), m);
       }
     }
   } else if constexpr (kType == kTypeQ8_0) {
