@@ -114,10 +114,14 @@ std::string LlamaModel::Summary() const {
 }
 
 absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b, const KvCacheStorage& cache) const {
-  const ModelConfig& c = config_;
+  return ValidateForwardBatch(config_, cache.shape(), b);
+}
+
+absl::Status ValidateForwardBatch(const ModelConfig& c, const KvCacheShape& shape,
+                                  const ForwardBatch& b) {
   const int64_t T = b.num_tokens(), S = b.num_seqs();
-  if (cache.num_layers() != c.num_layers || cache.num_kv_heads() != c.num_kv_heads ||
-      cache.head_dim() != c.head_dim) {
+  if (shape.num_layers != c.num_layers || shape.layout.num_kv_heads != c.num_kv_heads ||
+      shape.layout.head_dim != c.head_dim) {
     return absl::InvalidArgumentError("KV cache geometry does not match the model");
   }
   if (int64_t(b.positions.size()) != T || int64_t(b.slot_mapping.size()) != T) {
@@ -130,7 +134,7 @@ absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b, const KvCacheStora
     return absl::InvalidArgumentError("query_start must run from 0 to num_tokens");
   }
   if (S == 0 && T != 0) return absl::InvalidArgumentError("tokens without sequences");
-  const int64_t bs = cache.block_size();
+  const int64_t bs = shape.layout.block_size;
   for (int64_t s = 0; s < S; ++s) {
     const int64_t begin = b.query_start[s], end = b.query_start[s + 1];
     if (end < begin) return absl::InvalidArgumentError("query_start is not monotonic");
@@ -142,7 +146,7 @@ absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b, const KvCacheStora
                                                      "context or above its block table capacity"));
     }
     for (int64_t i = 0; i < (ctx + bs - 1) / bs; ++i) {
-      if (table[i] < 0 || table[i] >= cache.num_blocks()) {
+      if (table[i] < 0 || table[i] >= shape.layout.num_blocks) {
         return absl::InvalidArgumentError(
             absl::StrCat("sequence ", s, ": block table entry ", table[i], " out of range"));
       }

@@ -128,6 +128,11 @@ class LlamaModel {
   ActLevels levels_;
 };
 
+// LlamaModel::ValidateBatch against any cache shape (the CUDA executor's
+// cache is not a KvCacheStorage).
+absl::Status ValidateForwardBatch(const ModelConfig& config, const KvCacheShape& shape,
+                                  const ForwardBatch& batch);
+
 }  // namespace tandem::engine
 
 #endif  // TANDEM_ENGINE_LLAMA_MODEL_H_

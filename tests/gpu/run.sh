@@ -5,9 +5,12 @@
 #     the transport's data path (packing, upload, grouped ncclSend/ncclRecv,
 #     download, unpacking), init / receive timeouts and ncclCommAbort
 #     recovery, and (with two GPUs) sender -> receiver end to end over gRPC;
-#   - tests/cuda/  (ctest label "cuda"): the CUDA kernels.
+#   - tests/cuda/  (ctest label "cuda"): the CUDA kernels against the CPU
+#     references and the CUDA executor against the CPU executor;
 # plus the CPU tests of the transport (nccl_transport_test) in the same
-# NCCL-enabled build.
+# NCCL-enabled build, then bench/gpu_bench (prefill and decode tok/s at batch
+# 1/16/64 for SmolLM2-135M Q4_1 and a synthetic Llama-3-8B shape in BF16 and
+# Q4_0, next to the HBM-bandwidth bound; TANDEM_GPU_BENCH=0 skips it).
 #
 #   tests/gpu/run.sh [BUILD_DIR]        (default: build-gpu at the repo root)
 #
@@ -49,6 +52,8 @@ fi
 
 # The test binaries: one per tests/gpu/*_test.cc and tests/cuda/*_test.cc.
 TARGETS=(nccl_transport_test)
+BENCH="${TANDEM_GPU_BENCH:-1}"
+if [[ "$BENCH" == "1" ]]; then TARGETS+=(gpu_bench); fi
 for f in "$ROOT"/tests/gpu/*_test.cc "$ROOT"/tests/cuda/*_test.cc; do
   [[ -e "$f" ]] && TARGETS+=("$(basename "$f" .cc)")
 done
@@ -66,6 +71,16 @@ CPU_RC=${PIPESTATUS[0]}
 set -e
 CTEST_RC=$(( GPU_RC != 0 || CPU_RC != 0 ))
 
+BENCH_RC=0
+if [[ "$BENCH" == "1" ]]; then
+  echo "== bench/gpu_bench (log: $BUILD/gpu-bench.log)"
+  set +e
+  timeout 300 "$BUILD/bench/gpu_bench" --model "$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
+    2>&1 | tee "$BUILD/gpu-bench.log"
+  BENCH_RC=${PIPESTATUS[0]}
+  set -e
+fi
+
 # Summary from ctest's per-test lines ("Test #N: name ....   Passed / ***Failed / ***Skipped").
 passed=$(grep -cE 'Test +#[0-9]+: .* Passed' "$LOG" || true)
 failed=$(grep -E 'Test +#[0-9]+: ' "$LOG" | grep -cE '\*\*\*(Failed|Exception|Timeout)|Not Run' || true)
@@ -81,6 +96,10 @@ fi
 status=0
 if [[ "$CTEST_RC" -ne 0 || "$failed" -ne 0 ]]; then
   echo "FAIL: ctest exit codes gpu=$GPU_RC cpu=$CPU_RC, $failed failed"
+  status=1
+fi
+if [[ "$BENCH_RC" -ne 0 ]]; then
+  echo "FAIL: gpu_bench exit code $BENCH_RC"
   status=1
 fi
 if [[ "$passed" -eq 0 ]]; then

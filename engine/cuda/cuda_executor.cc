@@ -1,0 +1,359 @@
+// The CUDA executor: weights and the paged KV cache in device memory, one
+// stream, the forward pass of engine/llama_model.cc on kernels/cuda.
+#include "engine/cuda/cuda_executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "engine/cuda/cuda_synthetic.h"
+#include "engine/cuda/cuda_weights.h"
+#include "engine/llama_model.h"
+
+namespace tandem::engine::cuda {
+namespace {
+
+namespace kc = kernels::cuda;
+
+struct HostFree {
+  void operator()(void* p) const { kc::FreeHost(p); }
+};
+
+int64_t Align(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// A device buffer that only grows.
+class Scratch {
+ public:
+  absl::StatusOr<char*> Get(int64_t bytes) {
+    if (bytes > bytes_) {
+      ptr_.reset();
+      TANDEM_ASSIGN_OR_RETURN(void* p, kc::Malloc(bytes));
+      ptr_.reset(p);
+      bytes_ = bytes;
+    }
+    return static_cast<char*>(ptr_.get());
+  }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  DevicePtr ptr_;
+  int64_t bytes_ = 0;
+};
+
+class CudaExecutor final : public Executor {
+ public:
+  using WeightsFn = std::function<absl::StatusOr<DeviceWeights>(kc::Stream)>;
+
+  static absl::StatusOr<std::unique_ptr<Executor>> Create(const ModelConfig& config,
+                                                          const ExecutorOptions& options,
+                                                          const WeightsFn& make_weights);
+  ~CudaExecutor() override;
+
+  Device device() const override { return Device::kCuda; }
+  std::string Describe() const override;
+  const KvCacheShape& kv_shape() const override { return shape_; }
+  int64_t kv_cache_bytes() const override {
+    return 2 * shape_.num_layers * shape_.num_slots() * shape_.row_floats() *
+           int64_t(sizeof(float));
+  }
+  absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) override;
+  absl::Status Forward(const ForwardBatch& batch, float* logits) override;
+  absl::Status ReadKv(absl::Span<const int64_t> slots, char* dst) override;
+  absl::Status WriteKv(absl::Span<const int64_t> slots, const char* src) override;
+
+ private:
+  explicit CudaExecutor(const ModelConfig& config) : config_(config) {}
+  absl::StatusOr<char*> Staging(int64_t bytes);
+  absl::Status RunLayer(int64_t layer, int64_t T, const kc::DeviceAttentionArgs& attn_base);
+  absl::Status MatMul(const kc::DeviceMatrix& w, const float* x, int64_t n, float* y, int64_t ldy,
+                      bool accumulate);
+
+  ModelConfig config_;
+  KvCacheShape shape_;
+  int device_index_ = 0;
+  kc::Stream stream_ = nullptr;
+  void* blas_ = nullptr;
+  DeviceWeights weights_;
+  DevicePtr kv_data_;
+  kc::DeviceKvCache kv_;
+  std::unique_ptr<void, HostFree> staging_;
+  int64_t staging_bytes_ = 0;
+  Scratch meta_, acts_, gemm_ws_, kv_io_;
+  // Activation views into acts_ for the current Forward.
+  float *x_ = nullptr, *h_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *gu_ = nullptr,
+        *act_ = nullptr;
+  const int64_t* d_slots_ = nullptr;
+};
+
+absl::StatusOr<std::unique_ptr<Executor>> CudaExecutor::Create(const ModelConfig& config,
+                                                               const ExecutorOptions& options,
+                                                               const WeightsFn& make_weights) {
+  if (options.num_blocks <= 0 || options.block_size <= 0 || options.block_size > (1 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda executor: bad KV geometry, ",
+                                                   options.num_blocks, " blocks of ",
+                                                   options.block_size));
+  }
+  std::unique_ptr<CudaExecutor> ex(new CudaExecutor(config));
+  ex->device_index_ = options.device_index;
+  TANDEM_RETURN_IF_ERROR(kc::SetDevice(options.device_index));
+  TANDEM_ASSIGN_OR_RETURN(ex->stream_, kc::StreamCreate());
+  TANDEM_ASSIGN_OR_RETURN(ex->blas_, kc::CreateBlasHandle());
+  TANDEM_ASSIGN_OR_RETURN(ex->weights_, make_weights(ex->stream_));
+  ex->shape_.num_layers = config.num_layers;
+  ex->shape_.layout = {options.num_blocks, options.block_size, config.num_kv_heads,
+                       config.head_dim};
+  const int64_t bytes = ex->kv_cache_bytes();
+  if (bytes / options.num_blocks / options.block_size !=
+      2 * config.num_layers * ex->shape_.row_floats() * int64_t(sizeof(float))) {
+    return absl::InvalidArgumentError("cuda executor: KV cache size overflows");
+  }
+  TANDEM_ASSIGN_OR_RETURN(void* kv, kc::Malloc(bytes));
+  ex->kv_data_.reset(kv);
+  TANDEM_RETURN_IF_ERROR(kc::Memset(kv, 0, bytes, ex->stream_));
+  ex->kv_ = {static_cast<float*>(kv), config.num_layers, ex->shape_.layout};
+  TANDEM_RETURN_IF_ERROR(kc::StreamSync(ex->stream_));
+  return std::unique_ptr<Executor>(std::move(ex));
+}
+
+CudaExecutor::~CudaExecutor() {
+  if (stream_ != nullptr) (void)kc::StreamSync(stream_);
+  kc::DestroyBlasHandle(blas_);
+  kc::StreamDestroy(stream_);
+}
+
+std::string CudaExecutor::Describe() const {
+  std::string types;
+  for (const auto& [name, count] : weights_.device_types) {
+    absl::StrAppend(&types, types.empty() ? "" : ", ", name, " x", count);
+  }
+  return absl::StrFormat("cuda:%d (%s): weights %.2f GiB on device [%s], KV cache f32 in device "
+                         "memory (%.1f MiB)",
+                         device_index_, kc::DeviceDescription(device_index_),
+                         weights_.bytes / 1073741824.0, types, kv_cache_bytes() / 1048576.0);
+}
+
+absl::StatusOr<char*> CudaExecutor::Staging(int64_t bytes) {
+  if (bytes > staging_bytes_) {
+    staging_.reset();
+    TANDEM_ASSIGN_OR_RETURN(void* p, kc::MallocHost(bytes));
+    staging_.reset(p);
+    staging_bytes_ = bytes;
+  }
+  return static_cast<char*>(staging_.get());
+}
+
+absl::Status CudaExecutor::CopyBlocks(absl::Span<const BlockCopy> copies) {
+  TANDEM_RETURN_IF_ERROR(ValidateBlockCopies(shape_, copies));
+  // One launch per copy, in stream order: a later copy may read an earlier dst.
+  for (const BlockCopy& c : copies) TANDEM_RETURN_IF_ERROR(kc::CopyBlock(kv_, c.src, c.dst, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaExecutor::MatMul(const kc::DeviceMatrix& w, const float* x, int64_t n, float* y,
+                                  int64_t ldy, bool accumulate) {
+  const kc::GemmContext ctx{blas_, gemm_ws_.bytes() > 0 ? gemm_ws_.Get(0).value() : nullptr,
+                            gemm_ws_.bytes()};
+  return kc::MatMul(ctx, w, x, n, y, ldy, accumulate, stream_);
+}
+
+absl::Status CudaExecutor::RunLayer(int64_t layer, int64_t T,
+                                    const kc::DeviceAttentionArgs& attn_base) {
+  const ModelConfig& c = config_;
+  const DeviceLayer& w = weights_.layers[layer];
+  const int64_t width = c.q_dim() + 2 * c.kv_dim();
+  TANDEM_RETURN_IF_ERROR(kc::RmsNorm(x_, w.attn_norm, T, c.hidden_size, c.rms_eps, h_, stream_));
+  for (const MatrixPart& p : w.qkv) {
+    TANDEM_RETURN_IF_ERROR(MatMul(p.m, h_, T, qkv_ + p.offset, width, false));
+  }
+  kc::QkvRopeArgs rope;
+  rope.d_qkv = qkv_;
+  rope.num_tokens = T;
+  rope.stride = width;
+  rope.num_heads = c.num_heads;
+  rope.num_kv_heads = c.num_kv_heads;
+  rope.head_dim = c.head_dim;
+  rope.d_bias = w.qkv_bias;
+  rope.d_positions = attn_base.d_positions;
+  rope.d_slots = d_slots_;
+  rope.style = c.rope_style;
+  rope.rot_dim = c.rope_dim;
+  rope.freq_base = c.rope_freq_base;
+  rope.freq_scale = c.rope_freq_scale;
+  rope.d_freq_factors = weights_.rope_freqs;
+  rope.d_k_cache = kv_.k(layer);
+  rope.d_v_cache = kv_.v(layer);
+  TANDEM_RETURN_IF_ERROR(kc::QkvRopeKvWrite(rope, stream_));
+  kc::DeviceAttentionArgs a = attn_base;
+  a.d_q = qkv_;
+  a.q_stride = width;
+  a.d_k_cache = kv_.k(layer);
+  a.d_v_cache = kv_.v(layer);
+  a.d_out = attn_;
+  TANDEM_RETURN_IF_ERROR(kc::PagedAttention(a, stream_));
+  TANDEM_RETURN_IF_ERROR(MatMul(w.wo, attn_, T, x_, c.hidden_size, /*accumulate=*/true));
+
+  TANDEM_RETURN_IF_ERROR(kc::RmsNorm(x_, w.ffn_norm, T, c.hidden_size, c.rms_eps, h_, stream_));
+  for (const MatrixPart& p : w.gate_up) {
+    TANDEM_RETURN_IF_ERROR(MatMul(p.m, h_, T, gu_ + p.offset, 2 * c.ffn_size, false));
+  }
+  TANDEM_RETURN_IF_ERROR(kc::SiluMul(gu_, T, c.ffn_size, act_, stream_));
+  return MatMul(w.down, act_, T, x_, c.hidden_size, /*accumulate=*/true);
+}
+
+absl::Status CudaExecutor::Forward(const ForwardBatch& b, float* logits) {
+  TANDEM_RETURN_IF_ERROR(ValidateForwardBatch(config_, shape_, b));
+  const ModelConfig& c = config_;
+  const int64_t T = b.num_tokens(), S = b.num_seqs();
+  const int64_t L = static_cast<int64_t>(b.logits_indices.size());
+  if (T == 0) return absl::OkStatus();
+  if (T > 65535) return absl::InvalidArgumentError("cuda executor: more than 65535 tokens in a step");
+
+  // Step metadata: one pinned staging buffer, one upload.
+  int64_t max_blocks = 1, max_pos = 0;
+  for (const auto& table : b.block_tables) max_blocks = std::max<int64_t>(max_blocks, table.size());
+  for (int32_t p : b.positions) max_pos = std::max<int64_t>(max_pos, p);
+  const int64_t off_tokens = 0, off_pos = Align(off_tokens + T * 4), off_seq = Align(off_pos + T * 4),
+                off_logits = Align(off_seq + T * 4), off_tables = Align(off_logits + L * 4),
+                off_slots = Align(off_tables + S * max_blocks * 4), meta_bytes = off_slots + T * 8;
+  TANDEM_ASSIGN_OR_RETURN(char* host, Staging(meta_bytes));
+  std::copy(b.token_ids.begin(), b.token_ids.end(), reinterpret_cast<int32_t*>(host + off_tokens));
+  std::copy(b.positions.begin(), b.positions.end(), reinterpret_cast<int32_t*>(host + off_pos));
+  auto* seq = reinterpret_cast<int32_t*>(host + off_seq);
+  for (int64_t s = 0; s < S; ++s) {
+    std::fill(seq + b.query_start[s], seq + b.query_start[s + 1], static_cast<int32_t>(s));
+  }
+  std::copy(b.logits_indices.begin(), b.logits_indices.end(),
+            reinterpret_cast<int32_t*>(host + off_logits));
+  auto* tables = reinterpret_cast<int32_t*>(host + off_tables);
+  std::fill(tables, tables + S * max_blocks, 0);
+  for (int64_t s = 0; s < S; ++s) {
+    std::copy(b.block_tables[s].begin(), b.block_tables[s].end(), tables + s * max_blocks);
+  }
+  std::copy(b.slot_mapping.begin(), b.slot_mapping.end(),
+            reinterpret_cast<int64_t*>(host + off_slots));
+  TANDEM_ASSIGN_OR_RETURN(char* meta, meta_.Get(meta_bytes));
+  TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(meta, host, meta_bytes, stream_));
+  d_slots_ = reinterpret_cast<const int64_t*>(meta + off_slots);
+
+  // Activations (float offsets into one buffer).
+  const int64_t H = c.hidden_size, W = c.q_dim() + 2 * c.kv_dim();
+  const int64_t attn_ws =
+      kc::PagedAttentionWorkspaceFloats(T, c.num_heads, c.head_dim, max_pos);
+  const int64_t sizes[] = {T * H, T * H, T * W, T * c.q_dim(), T * 2 * c.ffn_size,
+                           T * c.ffn_size, L * H, L * c.vocab_size, attn_ws};
+  int64_t total = 0;
+  for (int64_t s : sizes) total += Align(s * 4);
+  TANDEM_ASSIGN_OR_RETURN(char* acts, acts_.Get(total));
+  float* views[9];
+  for (int i = 0; i < 9; ++i) {
+    views[i] = reinterpret_cast<float*>(acts);
+    acts += Align(sizes[i] * 4);
+  }
+  x_ = views[0], h_ = views[1], qkv_ = views[2], attn_ = views[3], gu_ = views[4], act_ = views[5];
+  float* rows = views[6];
+  float* d_logits = views[7];
+  TANDEM_RETURN_IF_ERROR(
+      gemm_ws_.Get(kc::MatMulWorkspaceBytes(std::max(T, L), weights_.max_cols)).status());
+
+  kc::DeviceAttentionArgs attn;
+  attn.layout = shape_.layout;
+  attn.num_heads = c.num_heads;
+  attn.scale = 1.f / std::sqrt(float(c.head_dim));
+  attn.num_tokens = T;
+  attn.d_positions = reinterpret_cast<const int32_t*>(meta + off_pos);
+  attn.d_token_seq = reinterpret_cast<const int32_t*>(meta + off_seq);
+  attn.d_block_tables = reinterpret_cast<const int32_t*>(meta + off_tables);
+  attn.max_blocks_per_seq = max_blocks;
+  attn.max_position = max_pos;
+  attn.d_workspace = views[8];
+  attn.workspace_floats = attn_ws;
+
+  TANDEM_RETURN_IF_ERROR(kc::EmbeddingGather(
+      weights_.token_embd, reinterpret_cast<const int32_t*>(meta + off_tokens), T, x_, stream_));
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    TANDEM_RETURN_IF_ERROR(RunLayer(layer, T, attn));
+  }
+  if (L > 0) {
+    TANDEM_RETURN_IF_ERROR(kc::GatherRows(x_, H, reinterpret_cast<const int32_t*>(meta + off_logits),
+                                          L, rows, stream_));
+    TANDEM_RETURN_IF_ERROR(kc::RmsNorm(rows, weights_.output_norm, L, H, c.rms_eps, rows, stream_));
+    TANDEM_RETURN_IF_ERROR(MatMul(weights_.lm_head, rows, L, d_logits, c.vocab_size, false));
+    TANDEM_RETURN_IF_ERROR(
+        kc::CopyToHost(logits, d_logits, L * c.vocab_size * int64_t(sizeof(float)), stream_));
+  }
+  return kc::StreamSync(stream_);
+}
+
+absl::Status CudaExecutor::ReadKv(absl::Span<const int64_t> slots, char* dst) {
+  TANDEM_RETURN_IF_ERROR(ValidateSlots(shape_, slots));
+  const int64_t n = static_cast<int64_t>(slots.size());
+  if (n == 0) return absl::OkStatus();
+  const int64_t data_bytes = n * shape_.interchange_bytes_per_token();
+  TANDEM_ASSIGN_OR_RETURN(char* host, Staging(n * 8));
+  std::copy(slots.begin(), slots.end(), reinterpret_cast<int64_t*>(host));
+  TANDEM_ASSIGN_OR_RETURN(char* d, kv_io_.Get(Align(n * 8) + data_bytes));
+  TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(d, host, n * 8, stream_));
+  float* buf = reinterpret_cast<float*>(d + Align(n * 8));
+  TANDEM_RETURN_IF_ERROR(kc::GatherSlots(kv_, reinterpret_cast<int64_t*>(d), n, buf, stream_));
+  TANDEM_RETURN_IF_ERROR(kc::CopyToHost(dst, buf, data_bytes, stream_));
+  return kc::StreamSync(stream_);
+}
+
+absl::Status CudaExecutor::WriteKv(absl::Span<const int64_t> slots, const char* src) {
+  TANDEM_RETURN_IF_ERROR(ValidateSlots(shape_, slots));
+  const int64_t n = static_cast<int64_t>(slots.size());
+  if (n == 0) return absl::OkStatus();
+  const int64_t data_bytes = n * shape_.interchange_bytes_per_token();
+  TANDEM_ASSIGN_OR_RETURN(char* host, Staging(n * 8));
+  std::copy(slots.begin(), slots.end(), reinterpret_cast<int64_t*>(host));
+  TANDEM_ASSIGN_OR_RETURN(char* d, kv_io_.Get(Align(n * 8) + data_bytes));
+  TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(d, host, n * 8, stream_));
+  float* buf = reinterpret_cast<float*>(d + Align(n * 8));
+  TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(buf, src, data_bytes, stream_));
+  TANDEM_RETURN_IF_ERROR(kc::ScatterSlots(kv_, reinterpret_cast<int64_t*>(d), n, buf, stream_));
+  return kc::StreamSync(stream_);
+}
+
+}  // namespace
+
+absl::Status CheckDevice(int device_index) {
+  std::string error;
+  const int n = kc::DeviceCount(&error);
+  if (!error.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device cuda: no CUDA device is visible (cudaGetDeviceCount: ", error, ")"));
+  }
+  if (n == 0) {
+    return absl::FailedPreconditionError(
+        "--device cuda: no CUDA device is visible (cudaGetDeviceCount: 0 devices)");
+  }
+  if (device_index < 0 || device_index >= n) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--device cuda: device ", device_index, " is not visible (", n, " devices)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Executor>> MakeCudaExecutor(const LlamaModel* model,
+                                                           const ExecutorOptions& options) {
+  if (model == nullptr) return absl::InvalidArgumentError("null model");
+  TANDEM_RETURN_IF_ERROR(CheckDevice(options.device_index));
+  return CudaExecutor::Create(model->config(), options, [model](kc::Stream stream) {
+    return UploadWeights(*model, stream);
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Executor>> MakeSyntheticCudaExecutor(
+    const ModelConfig& config, gguf::TensorType matrix_type, const ExecutorOptions& options,
+    uint64_t seed) {
+  TANDEM_RETURN_IF_ERROR(config.Validate());
+  TANDEM_RETURN_IF_ERROR(CheckDevice(options.device_index));
+  return CudaExecutor::Create(config, options, [&](kc::Stream stream) {
+    return SyntheticWeights(config, matrix_type, seed, stream);
+  });
+}
+
+}  // namespace tandem::engine::cuda

@@ -1,0 +1,291 @@
+// The CUDA executor against the CPU executor (KernelMode::kReference) on tiny
+// random models: logits, 32 greedy steps, the bf16 GEMM prefill path, a batch
+// of many against each sequence alone, KV read / write / block copies, bad
+// input as errors, and the no-device error. Skips without a device, except
+// the NoDevice test.
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common/gguf/gguf.h"
+#include "common/status.h"
+#include "engine/cpu_executor.h"
+#include "engine/executor.h"
+#include "engine/llama_model.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "tests/util/tiny_llama.h"
+
+namespace tandem::engine {
+namespace {
+
+#define REQUIRE_DEVICE() \
+  if (kernels::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device"
+
+struct Tiny {
+  std::unique_ptr<gguf::GgufFile> file;
+  std::unique_ptr<LlamaModel> model;
+};
+
+Tiny LoadReference(const testing::TinyLlamaShape& shape, uint32_t seed) {
+  Tiny t;
+  auto file = gguf::GgufFile::FromBuffer(testing::MakeRandomLlamaGguf(shape, seed));
+  TANDEM_CHECK(file.ok());
+  t.file = std::move(*file);
+  LoadOptions options;
+  options.prefault = false;
+  options.kernels = KernelMode::kReference;
+  auto model = LlamaModel::Load(*t.file, options);
+  TANDEM_CHECK(model.ok());
+  t.model = std::move(*model);
+  return t;
+}
+
+// llama: head_dim 64, GQA 4, Q4_1 matrices, Q8_0 tied embedding (the tiny
+// defaults); qwen2: qkv bias, NeoX rope, GQA 3, Q4_0 matrices, Q8_0 output.
+testing::TinyLlamaShape Shape(const std::string& arch = "llama") {
+  testing::TinyLlamaShape s;
+  s.vocab = 256;
+  s.context = 1024;
+  s.hidden = 256;
+  s.ffn = 192;
+  s.num_heads = 4;
+  s.num_kv_heads = 1;
+  if (arch == "qwen2") {
+    s.arch = "qwen2";
+    s.qkv_bias = true;
+    s.hidden = 384;
+    s.num_heads = 6;
+    s.num_kv_heads = 2;
+    s.tied = false;
+    s.matrix_type = gguf::TensorType::kQ4_0;
+  }
+  return s;
+}
+
+std::unique_ptr<Executor> Make(const LlamaModel* model, Device device, int64_t num_blocks = 64,
+                               int64_t block_size = 16) {
+  ExecutorOptions o;
+  o.device = device;
+  o.num_blocks = num_blocks;
+  o.block_size = block_size;
+  auto ex = MakeExecutor(model, o);
+  TANDEM_CHECK(ex.ok());
+  return std::move(*ex);
+}
+
+// A sequence with preassigned blocks; Append adds its next tokens to a batch.
+struct Seq {
+  std::vector<int32_t> blocks;
+  int64_t len = 0;
+};
+
+void Append(Seq& s, const std::vector<int32_t>& tokens, int64_t block_size, ForwardBatch* b) {
+  if (b->query_start.empty()) b->query_start.push_back(0);
+  for (int32_t tok : tokens) {
+    b->token_ids.push_back(tok);
+    b->positions.push_back(static_cast<int32_t>(s.len));
+    b->slot_mapping.push_back(int64_t(s.blocks[s.len / block_size]) * block_size +
+                              s.len % block_size);
+    ++s.len;
+  }
+  b->query_start.push_back(static_cast<int32_t>(b->token_ids.size()));
+  b->context_lens.push_back(static_cast<int32_t>(s.len));
+  b->block_tables.push_back(s.blocks);
+  b->logits_indices.push_back(static_cast<int32_t>(b->token_ids.size() - 1));
+}
+
+double Kl(const float* p_logits, const float* q_logits, int64_t n) {
+  auto logsoftmax = [n](const float* x) {
+    const float mx = *std::max_element(x, x + n);
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += std::exp(double(x[i]) - mx);
+    std::vector<double> out(n);
+    for (int64_t i = 0; i < n; ++i) out[i] = double(x[i]) - mx - std::log(sum);
+    return out;
+  };
+  const auto lp = logsoftmax(p_logits), lq = logsoftmax(q_logits);
+  double kl = 0;
+  for (int64_t i = 0; i < n; ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
+  return kl;
+}
+
+int32_t Argmax(const float* x, int64_t n) { return int32_t(std::max_element(x, x + n) - x); }
+
+class CudaExecutorTest : public ::testing::TestWithParam<std::string> {};
+
+// An 8-token prompt (the Gemv path: f32 math) then 32 greedy steps, each
+// executor feeding back its own choice: identical tokens, small KL.
+TEST_P(CudaExecutorTest, GreedyDecodeMatchesCpuReferenceFor32Steps) {
+  REQUIRE_DEVICE();
+  const Tiny tiny = LoadReference(Shape(GetParam()), 21);
+  const int64_t V = tiny.model->config().vocab_size;
+  auto cpu = Make(tiny.model.get(), Device::kCpu);
+  auto gpu = Make(tiny.model.get(), Device::kCuda);
+  Seq sc{{5, 2, 9, 7}}, sg = sc;
+  std::vector<int32_t> prompt = {1, 17, 200, 3, 45, 99, 12, 250};
+  std::vector<float> lc(V), lg(V);
+  std::vector<int32_t> next_c = prompt, next_g = prompt;
+  double max_kl = 0;
+  for (int step = 0; step <= 32; ++step) {
+    ForwardBatch bc, bg;
+    Append(sc, next_c, 16, &bc);
+    Append(sg, next_g, 16, &bg);
+    ASSERT_TRUE(cpu->Forward(bc, lc.data()).ok());
+    const absl::Status st = gpu->Forward(bg, lg.data());
+    ASSERT_TRUE(st.ok()) << st;
+    max_kl = std::max(max_kl, Kl(lc.data(), lg.data(), V));
+    next_c = {Argmax(lc.data(), V)};
+    next_g = {Argmax(lg.data(), V)};
+    ASSERT_EQ(next_c, next_g) << "step " << step;
+  }
+  EXPECT_LT(max_kl, 1e-4);
+}
+
+// A 40-token prompt runs on the bf16 tensor-core GEMM: all rows' logits close.
+TEST_P(CudaExecutorTest, GemmPrefillLogitsMatchCpuReference) {
+  REQUIRE_DEVICE();
+  const Tiny tiny = LoadReference(Shape(GetParam()), 22);
+  const int64_t V = tiny.model->config().vocab_size;
+  auto cpu = Make(tiny.model.get(), Device::kCpu, 64, 32);
+  auto gpu = Make(tiny.model.get(), Device::kCuda, 64, 32);
+  std::vector<int32_t> prompt(40);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 37 + 5) % V);
+  Seq s{{3, 1}};
+  ForwardBatch b;
+  Append(s, prompt, 32, &b);
+  b.logits_indices.resize(40);
+  std::iota(b.logits_indices.begin(), b.logits_indices.end(), 0);
+  std::vector<float> lc(40 * V), lg(40 * V);
+  ASSERT_TRUE(cpu->Forward(b, lc.data()).ok());
+  ASSERT_TRUE(gpu->Forward(b, lg.data()).ok());
+  double sum_kl = 0;
+  int agree = 0;
+  for (int64_t r = 0; r < 40; ++r) {
+    sum_kl += Kl(&lc[r * V], &lg[r * V], V);
+    agree += Argmax(&lc[r * V], V) == Argmax(&lg[r * V], V);
+  }
+  EXPECT_LT(sum_kl / 40, 2e-3);
+  EXPECT_GE(agree, 36);
+}
+
+// Six sequences in one batch (prompts of 3..23 tokens, then a decode token
+// each) give the logits each gives alone, within the bf16 GEMM's error.
+TEST_P(CudaExecutorTest, BatchOfManyMatchesEachAlone) {
+  REQUIRE_DEVICE();
+  const Tiny tiny = LoadReference(Shape(GetParam()), 23);
+  const int64_t V = tiny.model->config().vocab_size;
+  auto together = Make(tiny.model.get(), Device::kCuda);
+  std::vector<Seq> seqs(6);
+  for (int i = 0; i < 6; ++i) seqs[i].blocks = {int32_t(2 * i), int32_t(2 * i + 1)};
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(std::vector<int32_t>(3 + 4 * i));
+    for (size_t j = 0; j < prompts[i].size(); ++j) prompts[i][j] = int32_t((i * 31 + j * 7) % V);
+  }
+  // Step 1: all prompts together; step 2: one decode token each together.
+  for (int step = 0; step < 2; ++step) {
+    ForwardBatch b;
+    std::vector<Seq> before = seqs;
+    for (int i = 0; i < 6; ++i) Append(seqs[i], step == 0 ? prompts[i] : std::vector<int32_t>{7}, 16, &b);
+    std::vector<float> lt(6 * V);
+    ASSERT_TRUE(together->Forward(b, lt.data()).ok());
+    for (int i = 0; i < 6; ++i) {
+      auto alone = Make(tiny.model.get(), Device::kCuda);
+      Seq s = seqs[i];
+      s.len = 0;
+      ForwardBatch p;
+      Append(s, prompts[i], 16, &p);
+      std::vector<float> la(V);
+      ASSERT_TRUE(alone->Forward(p, la.data()).ok());
+      if (step == 1) {
+        ForwardBatch d;
+        Append(s, {7}, 16, &d);
+        ASSERT_TRUE(alone->Forward(d, la.data()).ok());
+      }
+      // Not bit-identical: above kGemvMaxTokens tokens a step runs on the
+      // bf16 GEMM, so a sequence's numerics depend on the batch size.
+      EXPECT_LT(Kl(la.data(), &lt[i * V], V), 5e-3) << "seq " << i << " step " << step;
+      std::vector<float> sorted(la);
+      std::sort(sorted.rbegin(), sorted.rend());
+      if (sorted[0] - sorted[1] > 0.1f) {
+        EXPECT_EQ(Argmax(la.data(), V), Argmax(&lt[i * V], V)) << "seq " << i << " step " << step;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, CudaExecutorTest, ::testing::Values("llama", "qwen2"));
+
+TEST(CudaExecutorKvTest, ReadWriteCopyBlocksAndBadInput) {
+  REQUIRE_DEVICE();
+  const Tiny tiny = LoadReference(Shape(), 24);
+  auto cpu = Make(tiny.model.get(), Device::kCpu, 16, 16);
+  auto gpu = Make(tiny.model.get(), Device::kCuda, 16, 16);
+  EXPECT_EQ(gpu->device(), Device::kCuda);
+  EXPECT_EQ(gpu->kv_shape().layout.num_blocks, 16);
+  Seq s{{4, 9}}, s2 = s;
+  ForwardBatch b, b2;
+  Append(s, {1, 2, 3, 4, 5, 6}, 16, &b);
+  Append(s2, {1, 2, 3, 4, 5, 6}, 16, &b2);
+  std::vector<float> l(256);
+  ASSERT_TRUE(cpu->Forward(b, l.data()).ok());
+  ASSERT_TRUE(gpu->Forward(b2, l.data()).ok());
+  const int64_t per = gpu->kv_shape().interchange_bytes_per_token() / 4;
+  std::vector<float> kc(6 * per), kg(6 * per);
+  ASSERT_TRUE(cpu->ReadKv(b.slot_mapping, reinterpret_cast<char*>(kc.data())).ok());
+  ASSERT_TRUE(gpu->ReadKv(b2.slot_mapping, reinterpret_cast<char*>(kg.data())).ok());
+  for (size_t i = 0; i < kc.size(); ++i) ASSERT_NEAR(kg[i], kc[i], 1e-4f * (1 + std::fabs(kc[i]))) << i;
+  // WriteKv then ReadKv round trip, exact.
+  std::vector<float> data(3 * per);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = float(i % 977) * 0.25f;
+  const std::vector<int64_t> slots = {0, 255, 17};
+  ASSERT_TRUE(gpu->WriteKv(slots, reinterpret_cast<const char*>(data.data())).ok());
+  std::vector<float> back(3 * per);
+  ASSERT_TRUE(gpu->ReadKv(slots, reinterpret_cast<char*>(back.data())).ok());
+  EXPECT_EQ(back, data);
+  // Block 4 -> block 1: slot 16 + i now holds slot 64 + i.
+  const BlockCopy copy{4, 1};
+  ASSERT_TRUE(gpu->CopyBlocks({&copy, 1}).ok());
+  std::vector<int64_t> src(16), dst(16);
+  std::iota(src.begin(), src.end(), 64);
+  std::iota(dst.begin(), dst.end(), 16);
+  std::vector<float> a(16 * per), c(16 * per);
+  ASSERT_TRUE(gpu->ReadKv(src, reinterpret_cast<char*>(a.data())).ok());
+  ASSERT_TRUE(gpu->ReadKv(dst, reinterpret_cast<char*>(c.data())).ok());
+  EXPECT_EQ(a, c);
+  // Bad input: errors, not crashes.
+  const std::vector<int64_t> bad = {256};
+  EXPECT_EQ(gpu->ReadKv(bad, reinterpret_cast<char*>(back.data())).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu->WriteKv(bad, reinterpret_cast<const char*>(data.data())).code(),
+            absl::StatusCode::kInvalidArgument);
+  const BlockCopy bad_copy{0, 16};
+  EXPECT_EQ(gpu->CopyBlocks({&bad_copy, 1}).code(), absl::StatusCode::kInvalidArgument);
+  ForwardBatch wrong = b2;
+  wrong.slot_mapping[0] = 3;
+  EXPECT_EQ(gpu->Forward(wrong, l.data()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(gpu->Describe().empty());
+}
+
+TEST(CudaExecutorTest, NoDeviceIsAClearError) {
+  if (kernels::cuda::DeviceCount() > 0) GTEST_SKIP() << "a device is present (NoDevice case)";
+  const Tiny tiny = LoadReference(Shape(), 25);
+  ExecutorOptions o;
+  o.device = Device::kCuda;
+  o.num_blocks = 8;
+  auto ex = MakeExecutor(tiny.model.get(), o);
+  ASSERT_FALSE(ex.ok());
+  EXPECT_EQ(ex.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string msg(ex.status().message());
+  EXPECT_EQ(msg.rfind("--device cuda: no CUDA device is visible (cudaGetDeviceCount: ", 0), 0u) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos);
+  std::cout << "message: " << msg << "\n";
+}
+
+}  // namespace
+}  // namespace tandem::engine

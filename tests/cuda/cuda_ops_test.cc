@@ -1,0 +1,225 @@
+// The CUDA kernels of kernels/cuda against the CPU references of
+// kernels/kernels.h on random data; every test skips without a device
+// (tests/gpu/run.sh treats such a skip on a GPU machine as a failure).
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+using gguf::TensorType;
+using testing::DeviceBuffer;
+using testing::ExpectClose;
+using testing::RandomFloats;
+
+// A random [rows, cols] matrix stored as `type` on the host (GGUF bytes).
+struct HostMatrix {
+  TensorType type;
+  int64_t rows, cols, row_bytes;
+  std::vector<uint8_t> bytes;
+  WeightView view() const { return {type, bytes.data(), rows, cols, row_bytes}; }
+};
+
+HostMatrix MakeMatrix(TensorType type, int64_t rows, int64_t cols, uint32_t seed) {
+  HostMatrix m{type, rows, cols, int64_t(*gguf::RowBytes(type, cols)), {}};
+  m.bytes.resize(rows * m.row_bytes);
+  const std::vector<float> v = RandomFloats(rows * cols, seed, 0.5f);
+  for (int64_t r = 0; r < rows; ++r) QuantizeRow(type, v.data() + r * cols, &m.bytes[r * m.row_bytes], cols);
+  return m;
+}
+
+DeviceMatrix OnDevice(const HostMatrix& m, const DeviceBuffer& buf) {
+  return {m.type, buf.get<void>(), m.rows, m.cols, m.row_bytes};
+}
+
+TEST(CudaOpsTest, EmbeddingGatherMatchesReferenceForEveryTableType) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  for (TensorType type : {TensorType::kF32, TensorType::kF16, TensorType::kBF16, TensorType::kQ4_0,
+                          TensorType::kQ4_1, TensorType::kQ8_0}) {
+    const HostMatrix m = MakeMatrix(type, 50, 96, 1);
+    const std::vector<int32_t> ids = {3, 0, 49, 3, 17};
+    std::vector<float> want(ids.size() * m.cols);
+    ref::EmbeddingLookup(m.view(), ids.data(), ids.size(), want.data());
+    DeviceBuffer dm(m.bytes), did(ids), dout(int64_t(want.size() * 4));
+    ASSERT_TRUE(EmbeddingGather(OnDevice(m, dm), did.get<int32_t>(), ids.size(), dout.get(), nullptr).ok());
+    ExpectClose(dout.ToHost<float>(), want, 0.f, 0.f, "embedding");  // exact
+  }
+}
+
+TEST(CudaOpsTest, RmsNormAndFusedAddMatchReference) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  const int64_t n = 5, dim = 576;
+  const auto x = RandomFloats(n * dim, 2), d = RandomFloats(n * dim, 3), w = RandomFloats(dim, 4);
+  std::vector<float> want(n * dim), sum(n * dim);
+  ref::RmsNorm(x.data(), w.data(), n, dim, 1e-5f, want.data());
+  DeviceBuffer dx(x), dd(d), dw(w), dy(n * dim * 4);
+  ASSERT_TRUE(RmsNorm(dx.get(), dw.get(), n, dim, 1e-5f, dy.get(), nullptr).ok());
+  ExpectClose(dy.ToHost<float>(), want, 1e-5f, 1e-4f, "rmsnorm");
+  ref::Add(x.data(), d.data(), n * dim, sum.data());
+  ref::RmsNorm(sum.data(), w.data(), n, dim, 1e-5f, want.data());
+  ASSERT_TRUE(AddRmsNorm(dx.get(), dd.get(), dw.get(), n, dim, 1e-5f, dy.get(), nullptr).ok());
+  ExpectClose(dx.ToHost<float>(), sum, 0.f, 0.f, "residual sum");
+  ExpectClose(dy.ToHost<float>(), want, 1e-5f, 1e-4f, "add+rmsnorm");
+}
+
+TEST(CudaOpsTest, SiluMulMatchesReference) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  const int64_t n = 3, ffn = 100;
+  const auto gu = RandomFloats(n * 2 * ffn, 5, 3.f);
+  std::vector<float> want(n * ffn);
+  for (int64_t t = 0; t < n; ++t) {
+    ref::SiluMul(&gu[t * 2 * ffn], &gu[t * 2 * ffn + ffn], ffn, &want[t * ffn]);
+  }
+  DeviceBuffer dgu(gu), dout(n * ffn * 4);
+  ASSERT_TRUE(SiluMul(dgu.get(), n, ffn, dout.get(), nullptr).ok());
+  ExpectClose(dout.ToHost<float>(), want, 1e-6f, 1e-5f, "silu");
+}
+
+// Gemv (n <= 8: exact f32 math) and the bf16 GEMM path (n > 8: bf16
+// activations, so a looser bound), writing with a row stride and accumulating.
+TEST(CudaOpsTest, MatMulMatchesReferenceForEveryMatrixType) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  auto blas = CreateBlasHandle();
+  ASSERT_TRUE(blas.ok()) << blas.status();
+  for (TensorType type : {TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0, TensorType::kBF16}) {
+    const HostMatrix m = MakeMatrix(type, 200, 320, 6);
+    for (int64_t n : {1, 2, 3, 8, 9, 40}) {
+      const auto x = RandomFloats(n * m.cols, 7 + n);
+      const int64_t ldy = m.rows + 5;
+      const auto y0 = RandomFloats(n * ldy, 8);
+      std::vector<float> prod(n * m.rows), want = y0;
+      ref::MatMul(m.view(), x.data(), n, prod.data());
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t r = 0; r < m.rows; ++r) want[t * ldy + r] += prod[t * m.rows + r];
+      DeviceBuffer dm(m.bytes), dx(x), dy(y0), ws(std::max<int64_t>(1, MatMulWorkspaceBytes(n, m.cols)));
+      const GemmContext ctx{*blas, ws.get<void>(), MatMulWorkspaceBytes(n, m.cols)};
+      ASSERT_TRUE(MatMul(ctx, OnDevice(m, dm), dx.get(), n, dy.get(), ldy, true, nullptr).ok());
+      const bool gemv = n <= kGemvMaxTokens;
+      ExpectClose(dy.ToHost<float>(), want, gemv ? 1e-4f : 0.15f, gemv ? 1e-4f : 0.02f,
+                  gemv ? "gemv" : "bf16 gemm");
+    }
+  }
+  DestroyBlasHandle(*blas);
+}
+
+TEST(CudaOpsTest, QkvRopeKvWriteMatchesReference) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  struct Case { RopeStyle style; int64_t head_dim, rot_dim; bool bias, factors; };
+  for (const Case& c : {Case{RopeStyle::kAdjacentPairs, 64, 64, false, false},
+                        Case{RopeStyle::kNeox, 128, 128, true, false},
+                        Case{RopeStyle::kNeox, 64, 32, false, true},
+                        Case{RopeStyle::kAdjacentPairs, 128, 96, true, true}}) {
+    const int64_t n = 6, H = 6, KVH = 2, hd = c.head_dim, qd = H * hd, kvd = KVH * hd;
+    const int64_t width = qd + 2 * kvd, stride = width + 3;
+    auto qkv = RandomFloats(n * stride, 9);
+    const auto bias = RandomFloats(width, 10);
+    std::vector<float> factors(c.rot_dim / 2);
+    for (size_t i = 0; i < factors.size(); ++i) factors[i] = 1.f + 0.5f * i;
+    const std::vector<int32_t> pos = {0, 1, 7, 100, 4095, 8191};
+    const std::vector<int64_t> slots = {5, 0, 9, 2, 15, 11};
+    const PagedKvLayout layout{4, 4, KVH, hd};
+    // Reference: bias, RopeQK, WriteKv.
+    std::vector<float> q(n * qd), k(n * kvd), v(n * kvd);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t i = 0; i < width; ++i) {
+        const float x = qkv[t * stride + i] + (c.bias ? bias[i] : 0.f);
+        (i < qd ? q[t * qd + i] : i < qd + kvd ? k[t * kvd + i - qd] : v[t * kvd + i - qd - kvd]) = x;
+      }
+    }
+    RopeParams p{c.style, c.rot_dim, 500000.f, 0.5f, c.factors ? factors.data() : nullptr};
+    ref::RopeQK(q.data(), k.data(), pos.data(), n, H, KVH, hd, p);
+    std::vector<float> kc(16 * kvd, 0.f), vc(16 * kvd, 0.f);
+    ref::WriteKv(layout, k.data(), v.data(), slots.data(), n, kc.data(), vc.data());
+
+    DeviceBuffer dqkv(qkv), dbias(bias), dfac(factors), dpos(pos), dslots(slots),
+        dkc(std::vector<float>(16 * kvd, 0.f)), dvc(std::vector<float>(16 * kvd, 0.f));
+    QkvRopeArgs a;
+    a.d_qkv = dqkv.get();
+    a.num_tokens = n;
+    a.stride = stride;
+    a.num_heads = H;
+    a.num_kv_heads = KVH;
+    a.head_dim = hd;
+    a.d_bias = c.bias ? dbias.get() : nullptr;
+    a.d_positions = dpos.get<int32_t>();
+    a.d_slots = dslots.get<int64_t>();
+    a.style = c.style;
+    a.rot_dim = c.rot_dim;
+    a.freq_base = 500000.f;
+    a.freq_scale = 0.5f;
+    a.d_freq_factors = c.factors ? dfac.get() : nullptr;
+    a.d_k_cache = dkc.get();
+    a.d_v_cache = dvc.get();
+    ASSERT_TRUE(QkvRopeKvWrite(a, nullptr).ok());
+    const auto got = dqkv.ToHost<float>();
+    std::vector<float> got_q(n * qd);
+    for (int64_t t = 0; t < n; ++t) std::copy_n(&got[t * stride], qd, &got_q[t * qd]);
+    ExpectClose(got_q, q, 1e-5f, 1e-5f, "rope q");
+    ExpectClose(dkc.ToHost<float>(), kc, 1e-5f, 1e-5f, "k cache");
+    ExpectClose(dvc.ToHost<float>(), vc, 0.f, 0.f, "v cache");
+  }
+}
+
+TEST(CudaOpsTest, KvSlotGatherScatterAndBlockCopy) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  const int64_t layers = 3, row = 2 * 64;
+  const PagedKvLayout layout{6, 16, 2, 64};
+  const int64_t layer_floats = layout.num_blocks * layout.block_size * row;
+  const auto cache = RandomFloats(2 * layers * layer_floats, 11);
+  DeviceBuffer dcache(cache);
+  const DeviceKvCache kv{dcache.get(), layers, layout};
+  const std::vector<int64_t> slots = {95, 0, 17, 40};
+  DeviceBuffer dslots(slots), dbuf(int64_t(slots.size() * 2 * layers * row * 4));
+  ASSERT_TRUE(GatherSlots(kv, dslots.get<int64_t>(), slots.size(), dbuf.get(), nullptr).ok());
+  const auto got = dbuf.ToHost<float>();
+  for (size_t i = 0; i < slots.size(); ++i)
+    for (int64_t l = 0; l < 2 * layers; ++l)
+      for (int64_t d = 0; d < row; ++d)
+        ASSERT_EQ(got[(i * 2 * layers + l) * row + d], cache[l * layer_floats + slots[i] * row + d]);
+  // Scatter a modified copy to other slots, then copy block 1 -> 4.
+  auto changed = got;
+  for (float& x : changed) x += 1.f;
+  const std::vector<int64_t> dst = {1, 2, 3, 90};
+  DeviceBuffer ddst(dst), dchanged(changed);
+  ASSERT_TRUE(ScatterSlots(kv, ddst.get<int64_t>(), dst.size(), dchanged.get(), nullptr).ok());
+  ASSERT_TRUE(CopyBlock(kv, 0, 4, nullptr).ok());
+  auto want = cache;
+  for (size_t i = 0; i < dst.size(); ++i)
+    for (int64_t l = 0; l < 2 * layers; ++l)
+      for (int64_t d = 0; d < row; ++d)
+        want[l * layer_floats + dst[i] * row + d] = changed[(i * 2 * layers + l) * row + d];
+  const int64_t bf = layout.block_size * row;
+  for (int64_t l = 0; l < 2 * layers; ++l)
+    std::copy_n(&want[l * layer_floats], bf, &want[l * layer_floats + 4 * bf]);
+  ExpectClose(dcache.ToHost<float>(), want, 0.f, 0.f, "cache after scatter + copy");
+}
+
+TEST(CudaOpsTest, ArgmaxTakesTheFirstLargest) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  const int64_t n = 3, dim = 49152;
+  auto x = RandomFloats(n * dim, 12);
+  x[0 * dim + 777] = 100.f;
+  x[1 * dim + 5] = 50.f;
+  x[1 * dim + 40000] = 50.f;  // tie: the smaller index wins
+  x[2 * dim + dim - 1] = 9.f;
+  DeviceBuffer dx(x), dout(n * 4);
+  ASSERT_TRUE(Argmax(dx.get(), n, dim, dout.get<int32_t>(), nullptr).ok());
+  EXPECT_EQ(dout.ToHost<int32_t>(), (std::vector<int32_t>{777, 5, int32_t(dim - 1)}));
+}
+
+TEST(CudaOpsTest, NoDeviceIsUnavailableNotACrash) {
+  if (DeviceCount() > 0) GTEST_SKIP() << "a device is present (NoDevice case)";
+  std::string error;
+  EXPECT_EQ(DeviceCount(&error), 0);
+  EXPECT_FALSE(error.empty());
+  EXPECT_FALSE(Malloc(1024).ok());
+}
+
+}  // namespace
+}  // namespace tandem::kernels::cuda
