@@ -163,9 +163,7 @@ absl::Status ParseLogitBias(const json& v, tandem::v1::GenerateRequest* r) {
     if (key.empty() || key.size() > 10 || key.find_first_not_of("0123456789") != std::string::npos ||
         (id = std::stoll(key)) > kInt32Max) {
       return Invalid("logit_bias", absl::StrFormat("key '%s' is not a token id",
-                                                   utf8::IsValidUtf8(key) && key.size() < 32
-                                                       ? key
-                                                       : std::string("<invalid>")));
+                                                   router::SanitizeUtf8(key.substr(0, 32))));
     }
     auto b = Number(val, "logit_bias");
     if (!b.ok()) return b.status();
@@ -303,9 +301,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, std::string_
     bool known = false;
     if (absl::Status s = ParseField(endpoint, key, v, &out, &known); !s.ok()) return s;
     if (!known) {
-      return Invalid(key, absl::StrFormat("unknown field '%s'",
-                                          utf8::IsValidUtf8(key) && key.size() <= 64 ? key
-                                                                                     : "<invalid>"));
+      return Invalid(key, absl::StrFormat("unknown field '%s'", router::SanitizeUtf8(key.substr(0, 64))));
     }
   }
   const char* required = endpoint == Endpoint::kChat ? "messages" : "prompt";
