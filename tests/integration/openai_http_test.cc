@@ -9,15 +9,18 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tandem/v1/generation.grpc.pb.h"
+#include "tandem/v1/worker.grpc.pb.h"
 #include "tests/integration/cluster_util.h"
 #include "tests/util/http_get.h"
 
@@ -62,8 +65,10 @@ double MetricValue(const std::string& page, const std::string& name) {
     const bool line_start = pos == 0 || page[pos - 1] == '\n';
     const char next = page[pos + name.size()];
     if (line_start && (next == ' ' || next == '{')) {
-      const size_t space = page.find(' ', pos + name.size());
-      return std::stod(page.substr(space + 1, page.find('\n', space) - space - 1));
+      // The value is the line's last field (label values may hold spaces).
+      const size_t eol = page.find('\n', pos);
+      const std::string line = page.substr(pos, eol - pos);
+      return std::stod(line.substr(line.rfind(' ') + 1));
     }
     pos += name.size();
   }
@@ -285,15 +290,17 @@ TEST_F(OpenAiHttpTest, MalformedBodiesGetOpenAiErrors) {
   EXPECT_EQ(r->status, 200) << r->body;
 }
 
-TEST_F(OpenAiHttpTest, DisconnectMidStreamFreesKv) {
+// Opens a long streaming completion on a raw socket, reads until the first
+// token chunk, runs `while_streaming`, then closes the socket.
+void StreamThenDisconnect(int http_port, const std::function<void()>& while_streaming) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(http_port_));
+  addr.sin_port = htons(static_cast<uint16_t>(http_port));
   ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   const std::string body = json{{"prompt", "Once upon a time"},
-                                {"max_tokens", 4000},
+                                {"max_tokens", 8000},
                                 {"ignore_eos", true},
                                 {"stream", true}}
                                .dump();
@@ -308,21 +315,82 @@ TEST_F(OpenAiHttpTest, DisconnectMidStreamFreesKv) {
     ASSERT_GT(n, 0);
     got.append(buf, static_cast<size_t>(n));
   }
-  // Generating: KV in use, one request running.
-  const std::string page = HttpGetBody(metrics_port_, "/metrics");
-  EXPECT_GT(MetricValue(page, "tandem_kv_cache_usage_ratio"), 0) << page;
+  while_streaming();
   close(fd);
+}
+
+// Polls the router's /metrics until no request is in flight (true) or 30 s pass.
+bool WaitRouterIdle(int metrics_port) {
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  double usage = -1, running = -1;
   while (std::chrono::steady_clock::now() < give_up) {
-    const std::string p = HttpGetBody(metrics_port_, "/metrics");
-    usage = MetricValue(p, "tandem_kv_cache_usage_ratio");
-    running = MetricValue(p, "tandem_num_requests_running");
-    if (usage == 0 && running == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (MetricValue(HttpGetBody(metrics_port, "/metrics"), "tandem_num_requests_running") == 0) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  EXPECT_EQ(usage, 0);
-  EXPECT_EQ(running, 0);
+  return false;
+}
+
+TEST_F(OpenAiHttpTest, DisconnectMidStreamCancels) {
+  StreamThenDisconnect(http_port_, [] {
+    EXPECT_EQ(MetricValue(HttpGetBody(metrics_port_, "/metrics"), "tandem_num_requests_running"),
+              1);
+  });
+  EXPECT_TRUE(WaitRouterIdle(metrics_port_));
+}
+
+absl::StatusOr<tandem::v1::WorkerStats> DecodeStats(const std::string& address) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  tandem::v1::WorkerStats stats;
+  grpc::Status s = tandem::v1::DecodeWorker::NewStub(channel)->GetStats(&ctx, {}, &stats);
+  if (!s.ok()) return absl::UnavailableError(s.error_message());
+  return stats;
+}
+
+// A disaggregated `tandem serve`: the same answers as gRPC, and a client
+// that goes away mid-stream leaves no KV on the decode worker.
+TEST(OpenAiHttpClusterTest, CompletionAndDisconnectFreesDecodeKv) {
+  ServeProcess serve;
+  ASSERT_EQ(serve.Start({}), "");
+  const int http_port = PortOf(serve.endpoints()[0].http_address);
+  const std::string decode = serve.Address("decode");
+  ASSERT_FALSE(decode.empty());
+
+  tandem::v1::GenerateRequest g;
+  g.set_text("The capital of France is");
+  g.mutable_sampling()->set_temperature(0);
+  g.mutable_stop()->set_max_tokens(8);
+  const GrpcResult want = GrpcGenerate(serve.Address("router"), g);
+  httplib::Client c("127.0.0.1", http_port);
+  c.set_read_timeout(std::chrono::seconds(120));
+  auto r = c.Post("/v1/completions",
+                  R"({"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})",
+                  "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["text"], want.text);
+  EXPECT_EQ(j["usage"]["completion_tokens"], want.completion_tokens);
+
+  StreamThenDisconnect(http_port, [&] {
+    auto s = DecodeStats(decode);
+    ASSERT_TRUE(s.ok());
+    EXPECT_GT(s->num_blocks_used(), 0);
+  });
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  tandem::v1::WorkerStats last;
+  while (std::chrono::steady_clock::now() < give_up) {
+    auto s = DecodeStats(decode);
+    if (s.ok()) last = *s;
+    if (s.ok() && s->num_blocks_used() == 0 && s->num_running() == 0 && s->num_leases() == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(last.num_blocks_used(), 0);
+  EXPECT_EQ(last.num_running(), 0);
+  EXPECT_EQ(last.num_leases(), 0);
+  EXPECT_EQ(serve.Stop(), 0);
 }
 
 }  // namespace
