@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -292,7 +293,8 @@ TEST_F(OpenAiHttpTest, MalformedBodiesGetOpenAiErrors) {
 
 // Opens a long streaming completion on a raw socket, reads until the first
 // token chunk, runs `while_streaming`, then closes the socket.
-void StreamThenDisconnect(int http_port, const std::function<void()>& while_streaming) {
+void StreamThenDisconnect(int http_port, const std::function<void()>& while_streaming,
+                          const std::string& extra_headers = "") {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -305,7 +307,7 @@ void StreamThenDisconnect(int http_port, const std::function<void()>& while_stre
                                 {"stream", true}}
                                .dump();
   const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                          "application/json\r\nContent-Length: " +
+                          "application/json\r\n" + extra_headers + "Content-Length: " +
                           std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
   std::string got;
@@ -375,9 +377,16 @@ TEST(OpenAiHttpClusterTest, CompletionAndDisconnectFreesDecodeKv) {
   EXPECT_EQ(j["usage"]["completion_tokens"], want.completion_tokens);
 
   StreamThenDisconnect(http_port, [&] {
-    auto s = DecodeStats(decode);
-    ASSERT_TRUE(s.ok());
-    EXPECT_GT(s->num_blocks_used(), 0);
+    // The first token comes from the prefill worker; wait for the decode
+    // worker to hold the request's blocks.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    int64_t used = 0;
+    while (used == 0 && std::chrono::steady_clock::now() < until) {
+      auto s = DecodeStats(decode);
+      if (s.ok()) used = s->num_blocks_used();
+      if (used == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_GT(used, 0);
   });
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   tandem::v1::WorkerStats last;
@@ -390,6 +399,52 @@ TEST(OpenAiHttpClusterTest, CompletionAndDisconnectFreesDecodeKv) {
   EXPECT_EQ(last.num_blocks_used(), 0);
   EXPECT_EQ(last.num_running(), 0);
   EXPECT_EQ(last.num_leases(), 0);
+  EXPECT_EQ(serve.Stop(), 0);
+}
+
+// --api-key-file: 401 without / with a wrong bearer key; --max-inflight 1:
+// a second call while one streams gets 429 with Retry-After.
+TEST(OpenAiHttpLimitsTest, ApiKeyAndOverload) {
+  ServeProcess serve;
+  char dir_template[] = "/tmp/tandem_openai_keys_XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  const std::string keys = dir + "/keys.txt";
+  std::ofstream(keys) << "sk-test-key\n";
+  ASSERT_EQ(serve.Start({"--colocated", "--max-inflight", "1", "--api-key-file", keys}), "");
+  const int http_port = PortOf(serve.endpoints()[0].http_address);
+  const std::string body = R"({"prompt": "Hi", "max_tokens": 2})";
+  httplib::Client c("127.0.0.1", http_port);
+  c.set_read_timeout(std::chrono::seconds(60));
+  auto check = [&](const httplib::Headers& headers, int status) {
+    auto r = c.Post("/v1/completions", headers, body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, status) << r->body;
+    json j = json::parse(r->body, nullptr, false);
+    ASSERT_FALSE(j.is_discarded());
+    if (status != 200) {
+      EXPECT_TRUE(j["error"]["message"].is_string());
+      if (status == 401) EXPECT_EQ(j["error"]["code"], "invalid_api_key");
+      if (status == 429) EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+    }
+  };
+  check({}, 401);
+  check({{"Authorization", "Bearer wrong"}}, 401);
+  check({{"Authorization", "Basic abc"}}, 401);
+  check({{"Authorization", "Bearer sk-test-key"}}, 200);
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 401);
+  auto health = c.Get("/health");  // no key needed
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+
+  StreamThenDisconnect(
+      http_port, [&] { check({{"Authorization", "Bearer sk-test-key"}}, 429); },
+      "Authorization: Bearer sk-test-key\r\n");
+  // The slot comes back once the disconnected stream is cancelled.
+  const int metrics_port = PortOf(serve.endpoints()[0].metrics_address);
+  EXPECT_TRUE(WaitRouterIdle(metrics_port));
+  check({{"Authorization", "Bearer sk-test-key"}}, 200);
   EXPECT_EQ(serve.Stop(), 0);
 }
 
