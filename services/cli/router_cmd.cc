@@ -15,6 +15,9 @@ void AddRouterFlags(ArgParser& p, RouterFlags& f) {
   p.AddString("host", &f.host, "gRPC listen host");
   p.AddInt("port", &f.port, 0, 65535, "gRPC port (0 = any free port)");
   p.AddInt("metrics-port", &f.metrics_port, -1, 65535, "/metrics HTTP port (-1 = off)");
+  p.AddInt("http-port", &f.http_port, -1, 65535,
+           "OpenAI-compatible HTTP API port (/v1/completions, /v1/chat/completions; "
+           "-1 = off, 0 = any free port)");
   p.AddString("model", &f.model,
               "GGUF model (the router loads its tokenizer and config only, unless --colocated)");
   p.AddString("prefill", &f.prefill, "static prefill workers: host:port,host:port");
@@ -75,6 +78,10 @@ int RunRouter(int argc, char** argv) {
   std::fprintf(stderr, "[router] gRPC on %s:%d, /metrics on port %d (%s)\n", f.host.c_str(),
                (*router)->server->port(), (*router)->server->metrics_port(),
                f.colocated ? "colocated" : "disaggregated");
+  if ((*router)->http != nullptr) {
+    std::fprintf(stderr, "[router] OpenAI HTTP API on http://%s:%d/v1\n", f.host.c_str(),
+                 (*router)->http->port());
+  }
   std::fprintf(stderr, "[router] %s%s\n", services::DescribeTls(f.tls).c_str(),
                f.api_key_file.empty() ? "" : ", API key required");
   while (WaitStopSignal(absl::Seconds(1)) == 0) {

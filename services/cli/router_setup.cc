@@ -20,6 +20,7 @@
 namespace tandem::cli {
 
 RunningRouter::~RunningRouter() {
+  http.reset();
   if (server != nullptr) server->Shutdown();
   server.reset();
   if (engine != nullptr) engine->Shutdown();
@@ -93,6 +94,17 @@ absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& fl
   o.api_keys = std::move(api_keys);
   o.max_inflight_tokens = flags.max_inflight_tokens;
   TANDEM_ASSIGN_OR_RETURN(r->server, router::RouterServer::Start(std::move(o)));
+  if (flags.http_port >= 0) {
+    http::OpenAiServer::Options ho;
+    ho.host = flags.host;
+    ho.port = static_cast<int>(flags.http_port);
+    ho.generation = r->server->generation();
+    router::RouterServer* server = r->server.get();
+    ho.ready = [server] { return server->Ready(); };
+    // Each streaming call holds a connection thread: as many as gRPC may admit.
+    ho.num_threads = static_cast<int>(std::min<int64_t>(flags.max_inflight + 8, 1024));
+    TANDEM_ASSIGN_OR_RETURN(r->http, http::OpenAiServer::Start(std::move(ho)));
+  }
   return r;
 }
 

@@ -15,6 +15,7 @@
 #include "services/cli/model_loader.h"
 #include "services/cli/spec_flags.h"
 #include "services/common/tls.h"
+#include "services/http/openai_server.h"
 #include "services/router/router_server.h"
 
 namespace tandem::cli {
@@ -23,6 +24,7 @@ struct RouterFlags {
   std::string host = "0.0.0.0";
   int64_t port = 50051;
   int64_t metrics_port = 9090;  // -1 = off
+  int64_t http_port = -1;       // OpenAI HTTP API; -1 = off, 0 = any free port
   std::string model;
   std::string prefill;  // comma-separated static addresses
   std::string decode;
@@ -52,7 +54,8 @@ struct RunningRouter {
   std::unique_ptr<ThreadPool> pool;
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<router::RouterServer> server;
-  ~RunningRouter();  // server first, then the engine
+  std::unique_ptr<http::OpenAiServer> http;  // --http-port; null when off
+  ~RunningRouter();  // HTTP, then the gRPC server, then the engine
 };
 
 absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& flags);

@@ -35,6 +35,7 @@ namespace {
 struct ServeFlags {
   int64_t port = 50051;
   int64_t metrics_port = 9090;
+  int64_t http_port = 8000;  // OpenAI HTTP API; -1 = off, 0 = any free port
   int64_t prefill_workers = 1;
   int64_t decode_workers = 1;
   bool colocated = false;
@@ -64,6 +65,7 @@ struct Child {
   std::string grpc_address;
   std::string metrics_address;
   bool running = false;
+  std::string http_address;  // the router's OpenAI HTTP API, when on
 };
 
 std::string SelfExe(const char* argv0) {
@@ -133,9 +135,12 @@ absl::Status WriteEndpoints(const std::string& path, const std::vector<Child>& a
   std::string out = "[\n";
   for (size_t i = 0; i < all.size(); ++i) {
     out += absl::StrFormat(
-        "  {\"role\": %s, \"pid\": %d, \"grpc_address\": %s, \"metrics_address\": %s}%s\n",
+        "  {\"role\": %s, \"pid\": %d, \"grpc_address\": %s, \"metrics_address\": %s%s}%s\n",
         json::Quote(all[i].role), all[i].pid, json::Quote(all[i].grpc_address),
-        json::Quote(all[i].metrics_address), i + 1 < all.size() ? "," : "");
+        json::Quote(all[i].metrics_address),
+        all[i].http_address.empty() ? ""
+                                    : ", \"http_address\": " + json::Quote(all[i].http_address),
+        i + 1 < all.size() ? "," : "");
   }
   out += "]\n";
   const std::string tmp = path + ".tmp";
@@ -163,12 +168,14 @@ int RunServe(int argc, char** argv) {
   p.AddInt("port", &f.port, 1, 65535, "router gRPC port");
   p.AddInt("metrics-port", &f.metrics_port, 1, 65535,
            "router /metrics port; workers take the next free ports");
+  p.AddInt("http-port", &f.http_port, -1, 65535,
+           "router's OpenAI-compatible HTTP API (-1 = off, 0 = any free port)");
   p.AddInt("prefill-workers", &f.prefill_workers, 1, 64, "prefill worker processes");
   p.AddInt("decode-workers", &f.decode_workers, 1, 64, "decode worker processes");
   p.AddBool("colocated", &f.colocated, "one in-process engine for both phases, no workers");
   p.AddString("model", &f.model, "GGUF model (default: the bundled SmolLM2)");
   p.AddString("endpoints-file", &f.endpoints_file,
-              "write [{role, pid, grpc_address, metrics_address}] as JSON once ready");
+              "write [{role, pid, grpc_address, metrics_address[, http_address]}] as JSON once ready");
   p.AddString("kv-cache-memory", &f.kv_cache_memory, "KV cache budget per engine (1GiB, 0.25)");
   p.AddInt("kv-lease-seconds", &f.kv_lease_seconds, 1, 3600,
            "decode workers free received KV not claimed within this time");
@@ -237,6 +244,7 @@ int RunServe(int argc, char** argv) {
   rf.host = "127.0.0.1";
   rf.port = f.port;
   rf.metrics_port = f.metrics_port;
+  rf.http_port = f.http_port;
   rf.model = *model_path;
   rf.max_inflight = f.max_inflight;
   rf.migration_limit = f.migration_limit;
@@ -258,7 +266,11 @@ int RunServe(int argc, char** argv) {
                              absl::StrFormat("127.0.0.1:%d", (*router)->server->metrics_port()),
                              false}};
   std::vector<Child> children;
+  if ((*router)->http != nullptr) {
+    all[0].http_address = absl::StrFormat("127.0.0.1:%d", (*router)->http->port());
+  }
   std::vector<int> taken = {static_cast<int>(f.port), static_cast<int>(f.metrics_port)};
+  if ((*router)->http != nullptr) taken.push_back((*router)->http->port());
   const std::string self = SelfExe(argv[0]);
   int next_grpc = static_cast<int>(f.port) + 1;
   int next_metrics = static_cast<int>(f.metrics_port) + 1;
@@ -347,6 +359,10 @@ int RunServe(int argc, char** argv) {
   std::printf("Tandem %s: gRPC %s (tandem.v1.Generation), metrics http://%s/metrics\n",
               f.colocated ? "colocated" : "cluster", router_address.c_str(),
               all[0].metrics_address.c_str());
+  if (!all[0].http_address.empty()) {
+    std::printf("  OpenAI HTTP API http://%s/v1 (completions, chat/completions, models)\n",
+                all[0].http_address.c_str());
+  }
   for (const Child& c : children) {
     std::printf("  %-7s pid %d  gRPC %s  metrics %s\n", c.role.c_str(), c.pid,
                 c.grpc_address.c_str(), c.metrics_address.c_str());

@@ -35,15 +35,13 @@ std::string SanitizeUtf8(std::string_view s) {
 
 GenerationServiceImpl::GenerationServiceImpl(Options options) : options_(std::move(options)) {}
 
-grpc::Status GenerationServiceImpl::Fail(const absl::Status& status, grpc::ServerContext* context) {
+absl::Status GenerationServiceImpl::Fail(const absl::Status& status) {
   if (options_.metrics != nullptr) options_.metrics->RequestErrors(status.code())->Inc();
-  if (status.code() != absl::StatusCode::kResourceExhausted) return services::ToGrpcStatus(status);
-  // An engine / worker queue is full: the router's retry hint (RetryInfo +
-  // trailer), whatever the worker suggested.
-  return services::ToGrpcStatus(
-      absl::ResourceExhaustedError(absl::StrFormat("%s; retry after %s", status.message(),
-                                                   absl::FormatDuration(options_.retry_after))),
-      context, options_.retry_after);
+  if (status.code() != absl::StatusCode::kResourceExhausted) return status;
+  // An engine / worker queue is full: the router's retry hint, whatever the
+  // worker suggested.
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%s; retry after %s", status.message(), absl::FormatDuration(options_.retry_after)));
 }
 
 grpc::Status GenerationServiceImpl::Authenticate(const grpc::ServerContext* context) {
@@ -54,35 +52,49 @@ grpc::Status GenerationServiceImpl::Authenticate(const grpc::ServerContext* cont
   return s;
 }
 
-grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
-                                             const tandem::v1::GenerateRequest* request,
-                                             grpc::ServerWriter<GenerateResponse>* writer) {
-  if (grpc::Status auth = Authenticate(context); !auth.ok()) return auth;
+absl::Status GenerationServiceImpl::AuthenticateHeader(const std::string* authorization) {
+  grpc::Status s = options_.api_keys.CheckHeader(authorization);
+  if (!s.ok() && options_.metrics != nullptr) {
+    options_.metrics->RequestErrors(absl::StatusCode::kUnauthenticated)->Inc();
+  }
+  return services::FromGrpcStatus(s);
+}
+
+GenerationServiceImpl::AdmittedCall::~AdmittedCall() {
+  call_.reset();  // cancels a running call and waits until it stops touching the queue
+  if (service_ == nullptr) return;
+  if (metrics::TandemMetrics* m = service_->options_.metrics; m != nullptr) {
+    m->num_requests_running->Dec();
+    m->num_inflight_tokens->Dec(static_cast<double>(cost_));
+  }
+  service_->inflight_tokens_.fetch_sub(cost_);
+  service_->inflight_.fetch_sub(1);
+}
+
+absl::StatusOr<std::unique_ptr<GenerationServiceImpl::AdmittedCall>> GenerationServiceImpl::Admit(
+    const tandem::v1::GenerateRequest& request) {
   if (draining_.load()) {
-    return Fail(absl::UnavailableError("the router is draining (shutting down); retry"), context);
+    return Fail(absl::UnavailableError("the router is draining (shutting down); retry"));
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<PreparedRequest> prepared =
-      PrepareRequest(*request, options_.limits, options_.tokenizer);
-  if (!prepared.ok()) return Fail(prepared.status(), context);
+      PrepareRequest(request, options_.limits, options_.tokenizer);
+  if (!prepared.ok()) return Fail(prepared.status());
   // Token cost of admission: the prompt plus every token it may generate.
   const int64_t cost = static_cast<int64_t>(prepared->prompt_token_ids.size()) +
                        prepared->params.stop.max_tokens.value_or(0);
   if (cost > options_.max_inflight_tokens) {  // could never be admitted: not retryable
     return Fail(absl::InvalidArgumentError(absl::StrFormat(
-                    "prompt (%d tokens) + max_tokens (%d) = %d tokens exceeds the router's "
-                    "--max-inflight-tokens %d",
-                    prepared->prompt_token_ids.size(), prepared->params.stop.max_tokens.value_or(0),
-                    cost, options_.max_inflight_tokens)),
-                context);
+        "prompt (%d tokens) + max_tokens (%d) = %d tokens exceeds the router's "
+        "--max-inflight-tokens %d",
+        prepared->prompt_token_ids.size(), prepared->params.stop.max_tokens.value_or(0), cost,
+        options_.max_inflight_tokens)));
   }
   metrics::TandemMetrics* m = options_.metrics;
   auto reject = [&](const std::string& why) {
     if (m != nullptr) m->RequestErrors(absl::StatusCode::kResourceExhausted)->Inc();
-    services::SetRetryAfter(context, options_.retry_after);  // the plain-metadata hint too
-    return services::ResourceExhaustedWithRetry(
-        absl::StrFormat("%s; retry after %s", why, absl::FormatDuration(options_.retry_after)),
-        options_.retry_after);
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%s; retry after %s", why, absl::FormatDuration(options_.retry_after)));
   };
   if (inflight_.fetch_add(1) >= options_.max_inflight) {
     inflight_.fetch_sub(1);
@@ -102,32 +114,69 @@ grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
     m->num_requests_running->Inc();
     m->num_inflight_tokens->Inc(static_cast<double>(cost));
   }
-  grpc::Status s = Run(context, *prepared, start, writer);
-  if (m != nullptr) {
-    m->num_requests_running->Dec();
-    m->num_inflight_tokens->Dec(static_cast<double>(cost));
+  // From here the slots are held by `admitted` and given back when it goes.
+  auto admitted = std::make_unique<AdmittedCall>();
+  admitted->service_ = this;
+  admitted->cost_ = cost;
+  admitted->start_ = start;
+  admitted->request_ = std::move(prepared).value();
+  if (!options_.backend->Ready()) {
+    return Fail(absl::UnavailableError("no live workers can take the request; retry later"));
   }
-  inflight_tokens_.fetch_sub(cost);
-  inflight_.fetch_sub(1);
-  return s;
+  admitted->queue_ = std::make_shared<CallQueue>();
+  absl::StatusOr<std::unique_ptr<BackendCall>> call =
+      options_.backend->Start(admitted->request_, admitted->queue_);
+  if (!call.ok()) return Fail(call.status());
+  admitted->call_ = std::move(call).value();
+  return admitted;
 }
 
-grpc::Status GenerationServiceImpl::Run(grpc::ServerContext* context,
-                                        const PreparedRequest& request, absl::Time start,
-                                        grpc::ServerWriter<GenerateResponse>* writer) {
-  if (!options_.backend->Ready()) {
-    return Fail(absl::UnavailableError("no live workers can take the request; retry later"),
-                context);
-  }
-  auto queue = std::make_shared<CallQueue>();
-  absl::StatusOr<std::unique_ptr<BackendCall>> call = options_.backend->Start(request, queue);
-  if (!call.ok()) return Fail(call.status(), context);
+namespace {
 
-  // Finish cleanly (DEADLINE) a little before the client's deadline fires.
-  absl::Time finish_by = absl::InfiniteFuture();
+// The gRPC stream as a GenerateSink.
+class GrpcSink final : public GenerateSink {
+ public:
+  GrpcSink(grpc::ServerContext* context, grpc::ServerWriter<GenerateResponse>* writer)
+      : context_(context), writer_(writer) {}
+  bool Write(const GenerateResponse& response) override { return writer_->Write(response); }
+  void WriteLast(const GenerateResponse& response) override {
+    writer_->WriteLast(response, grpc::WriteOptions());
+  }
+  bool IsCancelled() override { return context_->IsCancelled(); }
+
+ private:
+  grpc::ServerContext* context_;
+  grpc::ServerWriter<GenerateResponse>* writer_;
+};
+
+}  // namespace
+
+grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
+                                             const tandem::v1::GenerateRequest* request,
+                                             grpc::ServerWriter<GenerateResponse>* writer) {
+  if (grpc::Status auth = Authenticate(context); !auth.ok()) return auth;
+  absl::StatusOr<std::unique_ptr<AdmittedCall>> call = Admit(*request);
+  // RESOURCE_EXHAUSTED also gets RetryInfo details and the retry-after-ms trailer.
+  if (!call.ok()) return services::ToGrpcStatus(call.status(), context, options_.retry_after);
+  absl::Time deadline = absl::InfiniteFuture();
   const auto chrono_deadline = context->deadline();
   if (chrono_deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
-    const absl::Time deadline = absl::FromChrono(chrono_deadline);
+    deadline = absl::FromChrono(chrono_deadline);
+  }
+  GrpcSink sink(context, writer);
+  absl::Status s = Stream(**call, deadline, &sink);
+  return services::ToGrpcStatus(s, context, options_.retry_after);
+}
+
+absl::Status GenerationServiceImpl::Stream(AdmittedCall& admitted, absl::Time deadline,
+                                           GenerateSink* sink) {
+  const PreparedRequest& request = admitted.request_;
+  const absl::Time start = admitted.start_;
+  CallQueue* queue = admitted.queue_.get();
+  BackendCall* call = admitted.call_.get();
+  // Finish cleanly (DEADLINE) a little before the client's deadline fires.
+  absl::Time finish_by = absl::InfiniteFuture();
+  if (deadline != absl::InfiniteFuture()) {
     const absl::Duration margin =
         std::clamp((deadline - start) / 10, absl::Milliseconds(20), absl::Milliseconds(200));
     finish_by = deadline - margin;
@@ -161,29 +210,29 @@ grpc::Status GenerationServiceImpl::Run(grpc::ServerContext* context,
       m->request_queue_time->Observe(backend_queue_s);
       m->prompt_tokens->Inc(static_cast<double>(num_prompt));
     }
-    writer->WriteLast(resp, grpc::WriteOptions());
+    sink->WriteLast(resp);
   };
 
   while (true) {
     const absl::Time now = absl::Now();
     std::optional<BackendEvent> ev = queue->Pop(std::min(now + kPollInterval, finish_by));
     if (!ev.has_value()) {
-      if (context->IsCancelled()) {
-        (*call)->Cancel();
+      if (sink->IsCancelled()) {
+        call->Cancel();
         if (m != nullptr) m->RequestErrors(absl::StatusCode::kCancelled)->Inc();
-        return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+        return absl::CancelledError("cancelled by the client");
       }
       if (absl::Now() >= finish_by) {
-        (*call)->Cancel();
+        call->Cancel();
         final_message(tandem::v1::FINISH_REASON_DEADLINE, "", 0, 0);
-        return grpc::Status::OK;
+        return absl::OkStatus();
       }
       continue;
     }
     if (ev->finished) {
-      if (!ev->status.ok()) return Fail(ev->status, context);
+      if (!ev->status.ok()) return Fail(ev->status);
       final_message(ev->finish_reason, ev->text, ev->num_cached_tokens, ev->queue_seconds);
-      return grpc::Status::OK;
+      return absl::OkStatus();
     }
     const absl::Time t = absl::Now();
     const int64_t n = static_cast<int64_t>(ev->token_ids.size());
@@ -207,10 +256,10 @@ grpc::Status GenerationServiceImpl::Run(grpc::ServerContext* context,
     resp.mutable_token_ids()->Add(ev->token_ids.begin(), ev->token_ids.end());
     resp.set_text(std::move(ev->text));
     for (auto& lp : ev->logprobs) *resp.add_logprobs() = std::move(lp);
-    if (!writer->Write(resp)) {  // the client went away
-      (*call)->Cancel();
+    if (!sink->Write(resp)) {  // the client went away
+      call->Cancel();
       if (m != nullptr) m->RequestErrors(absl::StatusCode::kCancelled)->Inc();
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the client stream closed");
+      return absl::CancelledError("the client stream closed");
     }
   }
 }

@@ -33,6 +33,19 @@
 
 namespace tandem::router {
 
+// The transport's side of one Generate call: the gRPC stream or an HTTP/SSE
+// response (services/http/). Called on the handler's thread only.
+class GenerateSink {
+ public:
+  virtual ~GenerateSink() = default;
+  // One token message; false when the client has gone away.
+  virtual bool Write(const tandem::v1::GenerateResponse& response) = 0;
+  // The final message (finish reason, usage, timings).
+  virtual void WriteLast(const tandem::v1::GenerateResponse& response) = 0;
+  // True once the client has cancelled / disconnected (polled every 20 ms).
+  virtual bool IsCancelled() = 0;
+};
+
 class GenerationServiceImpl final : public tandem::v1::Generation::Service {
  public:
   struct Options {
@@ -62,17 +75,51 @@ class GenerationServiceImpl final : public tandem::v1::Generation::Service {
                             const tandem::v1::GetModelInfoRequest* request,
                             tandem::v1::ModelInfo* response) override;
 
+  // One admitted call (both encodings: gRPC here, HTTP in services/http/):
+  // validated, counted against the in-flight bounds and started on the
+  // backend. Destroying it cancels the backend call if still running, then
+  // gives its in-flight slots back.
+  class AdmittedCall {
+   public:
+    ~AdmittedCall();
+    const PreparedRequest& request() const { return request_; }
+
+   private:
+    friend class GenerationServiceImpl;
+    GenerationServiceImpl* service_ = nullptr;
+    PreparedRequest request_;
+    absl::Time start_;
+    int64_t cost_ = 0;
+    std::shared_ptr<CallQueue> queue_;
+    std::unique_ptr<BackendCall> call_;
+  };
+
+  // Drain check, PrepareRequest, admission (in-flight bounds), backend
+  // readiness and Start. Errors are counted in the request-error metric;
+  // RESOURCE_EXHAUSTED messages end with the retry hint (options().retry_after).
+  // The caller authenticates first.
+  absl::StatusOr<std::unique_ptr<AdmittedCall>> Admit(const tandem::v1::GenerateRequest& request);
+  // Streams `call` into `sink` until its final message (OK) or an error /
+  // cancel (counted). `deadline` (InfiniteFuture = none): the call finishes
+  // with FINISH_REASON_DEADLINE a margin before it.
+  absl::Status Stream(AdmittedCall& call, absl::Time deadline, GenerateSink* sink);
+  // The API-key check on an `authorization` header value (null = absent);
+  // a failure is counted like the gRPC one.
+  absl::Status AuthenticateHeader(const std::string* authorization);
+
+  const Options& options() const { return options_; }
+  bool draining() const { return draining_.load(); }
   int num_inflight() const { return inflight_.load(); }
   // Drain: new Generate calls get UNAVAILABLE; those in flight go on.
   void StartDraining() { draining_.store(true); }
   int64_t num_inflight_tokens() const { return inflight_tokens_.load(); }
 
  private:
-  grpc::Status Fail(const absl::Status& status, grpc::ServerContext* context);
+  // Counts `status` in the request-error metric; a backend's
+  // RESOURCE_EXHAUSTED gets the router's retry hint in its message.
+  absl::Status Fail(const absl::Status& status);
   // OK, or UNAUTHENTICATED (counted) when the API key is missing / wrong.
   grpc::Status Authenticate(const grpc::ServerContext* context);
-  grpc::Status Run(grpc::ServerContext* context, const PreparedRequest& request, absl::Time start,
-                   grpc::ServerWriter<tandem::v1::GenerateResponse>* writer);
 
   const Options options_;
   std::atomic<int> inflight_{0};

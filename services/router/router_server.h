@@ -68,6 +68,8 @@ class RouterServer {
   int port() const { return port_; }
   int metrics_port() const { return metrics_server_ ? metrics_server_->port() : -1; }
   WorkerPool* pool() { return pool_.get(); }  // null when colocated
+  // The Generation service, shared with the HTTP front door (services/http/).
+  GenerationServiceImpl* generation() { return generation_.get(); }
   bool Ready() const { return backend_->Ready(); }
   // Drain: health NOT_SERVING, new Generate calls UNAVAILABLE, and waits for
   // the calls in flight to finish, at most `timeout`; true when none is left.

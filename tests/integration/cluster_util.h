@@ -59,6 +59,7 @@ struct Endpoint {
   int pid = 0;
   std::string grpc_address;
   std::string metrics_address;
+  std::string http_address;  // the router's OpenAI HTTP API ("" when off)
 };
 
 class ServeProcess {
@@ -78,7 +79,10 @@ class ServeProcess {
                                      "--endpoints-file",
                                      endpoints_file_,
                                      "--kv-cache-memory",
-                                     "256MiB"};
+                                     "256MiB",
+                                     // Never serve's fixed default 8000: tests run in parallel.
+                                     "--http-port",
+                                     "0"};
     argv.insert(argv.end(), extra_args.begin(), extra_args.end());
     pid_ = SpawnLogged(argv, log_file_);
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
@@ -95,7 +99,8 @@ class ServeProcess {
         Json j = Json::Parse(ss.str());
         for (size_t i = 0; i < j.size(); ++i) {
           endpoints_.push_back({j[i]["role"].str, static_cast<int>(j[i]["pid"].number),
-                                j[i]["grpc_address"].str, j[i]["metrics_address"].str});
+                                j[i]["grpc_address"].str, j[i]["metrics_address"].str,
+                                j[i].has("http_address") ? j[i]["http_address"].str : ""});
         }
         return "";
       }
