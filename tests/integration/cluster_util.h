@@ -66,8 +66,7 @@ class CpuHogs {
     for (int i = 0; i < n; ++i) {
       const pid_t pid = fork();
       if (pid == 0) {
-        for (volatile uint64_t x = 0;; x = x + 1) {
-        }
+        for (;;) asm volatile("" ::: "memory");  // spin; never optimized away
       }
       if (pid > 0) pids_.push_back(pid);
     }
