@@ -216,36 +216,51 @@ bool Clean(const tandem::v1::WorkerStats& s) {
 //
 // A cancel takes effect at the engine's next step boundary, and one step can
 // take longer than any fixed wait (ASan on a loaded machine: 30 s and more).
-// So a worker that still has requests after `within` (scaled; much shorter
-// than a lease, so leases were released, not expired) fails only once its
-// engine has run kStepsAfterCancel more steps: the request outlived whole
-// steps after its cancel, i.e. the cancel was lost, however slow the machine.
-// What steps do not free (leases, blocks with no request left) fails at
-// `within`; `kStalledEngine` (scaled) bounds an engine that stopped stepping.
+// So requests still on a worker fail the check in engine steps, not seconds:
+// once kCancelReach (scaled; by then every cancel has reached the engine)
+// has passed, the engine may finish the step in flight and run one more; a
+// request still there after kStepsAfterCancel steps outlived whole steps
+// after its cancel, i.e. the cancel was lost, however slow the machine.
+// What steps do not free (leases, blocks with no request left) must be gone
+// within `within` (scaled; much shorter than a lease, so leases were
+// released, not expired). kStalledEngine (scaled) bounds an engine that
+// stopped stepping.
+constexpr std::chrono::milliseconds kCancelReach(1000);
 constexpr int64_t kStepsAfterCancel = 3;
 constexpr std::chrono::seconds kStalledEngine(120);
 
+// `prefill_steps_at_cancel` (optional): a prefill worker's num_steps read just
+// before the cancels were sent. A prefill step (hundreds of tokens) takes far
+// longer than a cancel's way there (two polls of 10-20 ms), so for those
+// workers the steps count from the cancel itself, not from kCancelReach:
+// fast machines, which finish the queue within kCancelReach, are judged too.
 void ExpectNoKvInUse(const std::vector<Endpoint>& endpoints, const std::vector<int>& dead_pids,
-                     std::chrono::milliseconds within = std::chrono::milliseconds(5000)) {
+                     std::chrono::milliseconds within = std::chrono::milliseconds(5000),
+                     std::optional<int64_t> prefill_steps_at_cancel = std::nullopt) {
   for (const Endpoint& e : endpoints) {
     if (e.role == "router" ||
         std::find(dead_pids.begin(), dead_pids.end(), e.pid) != dead_pids.end()) {
       continue;
     }
     const auto start = Clock::now();
+    const auto reach = start + Scaled(kCancelReach);
     const auto floor = start + Scaled(within);
     const auto cap = floor + Scaled(kStalledEngine);
-    std::optional<int64_t> steps_at_floor;
+    std::optional<int64_t> steps_at_reach;
+    if (e.role == "prefill") steps_at_reach = prefill_steps_at_cancel;
     absl::StatusOr<tandem::v1::WorkerStats> s;
     while (true) {
       s = Stats(e.role, e.grpc_address);
       if (s.ok() && Clean(*s)) break;
       const auto now = Clock::now();
       if (now >= cap) break;
-      if (now >= floor && s.ok()) {
-        if (s->num_running() + s->num_waiting() == 0) break;  // nothing left to step
-        if (!steps_at_floor.has_value()) steps_at_floor = s->num_steps();
-        if (s->num_steps() - *steps_at_floor >= kStepsAfterCancel) break;
+      if (s.ok() && (now >= reach || steps_at_reach.has_value())) {
+        const bool has_requests = s->num_running() + s->num_waiting() > 0;
+        if (!has_requests && now >= floor) break;  // nothing left to step
+        if (has_requests) {
+          if (!steps_at_reach.has_value()) steps_at_reach = s->num_steps();
+          if (s->num_steps() - *steps_at_reach >= kStepsAfterCancel) break;
+        }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -257,9 +272,9 @@ void ExpectNoKvInUse(const std::vector<Endpoint>& endpoints, const std::vector<i
                            << std::chrono::duration_cast<std::chrono::milliseconds>(
                                   Clock::now() - start)
                                   .count()
-                           << " ms and "
-                           << (steps_at_floor.has_value() ? s->num_steps() - *steps_at_floor : 0)
-                           << " engine steps past the " << Scaled(within).count() << " ms floor";
+                           << " ms, "
+                           << (steps_at_reach.has_value() ? s->num_steps() - *steps_at_reach : 0)
+                           << " engine steps after the cancel reached it";
   }
 }
 
@@ -583,13 +598,19 @@ TEST(FaultsTest, CancelAtEveryStageLeavesNoBlocksOrLeases) {
                            const std::function<bool(const Result&)>& per_stream = nullptr) {
     std::vector<std::thread> threads;
     std::vector<Result> results(n);
+    std::optional<int64_t> prefill_steps_at_cancel;
     std::mutex ctx_mu;
     std::condition_variable ctx_cv;
     std::vector<grpc::ClientContext*> contexts(n, nullptr);
     std::vector<bool> finished(n, false);
     for (int i = 0; i < n; ++i) {
-      threads.emplace_back([&, i] {
-        results[i] = Stream(*stub, req, per_stream, nullptr, [&](grpc::ClientContext* ctx) {
+      // A prefix-cache namespace of its own: each call computes its whole
+      // prompt (copies of one prompt would share the first one's blocks and
+      // finish at once, cancelled or not).
+      tandem::v1::GenerateRequest own = req;
+      own.set_cache_salt(std::string(stage) + "/" + std::to_string(i));
+      threads.emplace_back([&, i, own] {
+        results[i] = Stream(*stub, own, per_stream, nullptr, [&](grpc::ClientContext* ctx) {
           std::lock_guard<std::mutex> lock(ctx_mu);
           contexts[i] = ctx;
           ctx_cv.notify_all();
@@ -613,6 +634,9 @@ TEST(FaultsTest, CancelAtEveryStageLeavesNoBlocksOrLeases) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }
       EXPECT_TRUE(reached) << stage << ": the stage was never observed";
+      if (auto st = Stats("prefill", prefill.grpc_address); st.ok()) {
+        prefill_steps_at_cancel = st->num_steps();
+      }
       std::lock_guard<std::mutex> lock(ctx_mu);
       for (int i = 0; i < n; ++i) {
         if (contexts[i] != nullptr && !finished[i]) contexts[i]->TryCancel();
@@ -628,7 +652,8 @@ TEST(FaultsTest, CancelAtEveryStageLeavesNoBlocksOrLeases) {
           << stage << ": " << r.status.error_message();
     }
     SCOPED_TRACE(stage);
-    ExpectNoKvInUse(cluster.endpoints(), {});
+    ExpectNoKvInUse(cluster.endpoints(), {}, std::chrono::milliseconds(5000),
+                    prefill_steps_at_cancel);
   };
   auto prefill_has = [&](std::function<bool(const tandem::v1::WorkerStats&)> pred) {
     return [&, pred] {
@@ -644,8 +669,21 @@ TEST(FaultsTest, CancelAtEveryStageLeavesNoBlocksOrLeases) {
   };
   // Queued behind other prompts on the prefill worker (prompts longer than
   // one step's token budget, so one runs chunk by chunk while others wait).
+  // A cancelled request that kept running would be prefilled to its end and
+  // counted in tandem_prompt_tokens_total (a prompt is >= 1200 tokens): at
+  // most the running one may have finished its prefill before the cancel
+  // reached it.
+  const double prompt_tokens_before =
+      MetricSum(prefill.metrics_address, "tandem_prompt_tokens_total");
   run_cancelled("queued", Request(LongPrompt(1200, 1), 1, 8), 3,
                 prefill_has([](const auto& s) { return s.num_waiting() > 0; }));
+  EXPECT_TRUE(WaitStats("prefill", prefill.grpc_address,
+                        [](const auto& s) { return s.num_active_rpcs() == 0; },
+                        Scaled(std::chrono::seconds(30))));
+  EXPECT_LT(MetricSum(prefill.metrics_address, "tandem_prompt_tokens_total") -
+                prompt_tokens_before,
+            2 * 1200)
+      << "queued: cancelled requests were prefilled to the end (a lost cancel)";
   // Computing the prompt (between its chunks).
   run_cancelled("in prefill", Request(LongPrompt(1500, 2), 2, 8), 1,
                 prefill_has([](const auto& s) { return s.num_running() > 0; }));
