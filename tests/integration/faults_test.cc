@@ -265,16 +265,13 @@ void ExpectNoKvInUse(const std::vector<Endpoint>& endpoints, const std::vector<i
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     ASSERT_TRUE(s.ok()) << e.role << " " << e.grpc_address << ": " << s.status();
-    EXPECT_TRUE(Clean(*s)) << e.role << " " << e.grpc_address << ": blocks used "
-                           << s->num_blocks_used() << ", leases " << s->num_leases()
-                           << ", leased blocks " << s->num_leased_blocks() << ", running "
-                           << s->num_running() << ", waiting " << s->num_waiting() << " after "
-                           << std::chrono::duration_cast<std::chrono::milliseconds>(
-                                  Clock::now() - start)
-                                  .count()
-                           << " ms, "
-                           << (steps_at_reach.has_value() ? s->num_steps() - *steps_at_reach : 0)
-                           << " engine steps after the cancel reached it";
+    EXPECT_TRUE(Clean(*s))
+        << e.role << " " << e.grpc_address << ": blocks used " << s->num_blocks_used()
+        << ", leases " << s->num_leases() << ", leased blocks " << s->num_leased_blocks()
+        << ", running " << s->num_running() << ", waiting " << s->num_waiting() << " after "
+        << std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()
+        << " ms, " << (steps_at_reach.has_value() ? s->num_steps() - *steps_at_reach : 0)
+        << " engine steps after the cancel reached it";
   }
 }
 
