@@ -184,6 +184,7 @@ grpc::Status DecodeServiceImpl::GetStats(grpc::ServerContext* context,
   response->set_prefix_cache_query_tokens(s.num_prefix_cache_query_tokens);
   response->set_prefix_cache_hit_tokens(s.num_prefix_cache_hit_tokens);
   response->set_num_preemptions(s.num_preemptions);
+  response->set_num_steps(s.num_steps);
   *response->mutable_compat() = runtime_->compat();
   response->set_draining(draining_.load());
   response->set_num_active_rpcs(active_rpcs_.load());

@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -53,6 +55,38 @@ inline pid_t SpawnLogged(const std::vector<std::string>& argv, const std::string
   }
   return pid;
 }
+
+// `n` child processes that spin on a CPU until destroyed: CPU contention
+// beside a test (engine steps become slow), e.g. to reproduce a test's
+// timing assumptions. n = TANDEM_TEST_CPU_HOGS (0..64) by default.
+class CpuHogs {
+ public:
+  CpuHogs() : CpuHogs(FromEnv()) {}
+  explicit CpuHogs(int n) {
+    for (int i = 0; i < n; ++i) {
+      const pid_t pid = fork();
+      if (pid == 0) {
+        for (;;) asm volatile("" ::: "memory");  // spin; never optimized away
+      }
+      if (pid > 0) pids_.push_back(pid);
+    }
+  }
+  ~CpuHogs() {
+    for (pid_t pid : pids_) kill(pid, SIGKILL);
+    for (pid_t pid : pids_) waitpid(pid, nullptr, 0);
+  }
+  CpuHogs(const CpuHogs&) = delete;
+  CpuHogs& operator=(const CpuHogs&) = delete;
+  int size() const { return static_cast<int>(pids_.size()); }
+
+ private:
+  static int FromEnv() {
+    const char* v = std::getenv("TANDEM_TEST_CPU_HOGS");
+    const int n = v != nullptr ? std::atoi(v) : 0;
+    return n >= 0 && n <= 64 ? n : 0;
+  }
+  std::vector<pid_t> pids_;
+};
 
 struct Endpoint {
   std::string role;

@@ -30,9 +30,12 @@
 #include "services/transfer/nccl_kv_transport.h"
 #include "services/transfer/nccl_receiver.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/util/wait.h"
 
 namespace tandem::transfer {
 namespace {
+
+using testing::WaitFor;
 
 constexpr int kBlock = 16;
 constexpr int kLayers = 3;
@@ -71,16 +74,6 @@ engine::KvExport MakeKv(int num_tokens, uint32_t seed) {
   kv.bytes_per_token = Bpt();
   kv.bytes = RandomBytes(num_tokens * Bpt(), seed);
   return kv;
-}
-
-template <typename Pred>
-bool WaitFor(Pred pred, absl::Duration timeout = absl::Seconds(5)) {
-  const absl::Time end = absl::Now() + timeout;
-  while (absl::Now() < end) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return pred();
 }
 
 // ---- block packing -----------------------------------------------------------

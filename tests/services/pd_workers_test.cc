@@ -15,6 +15,7 @@
 #include "services/transfer/host_kv_transport.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/util/test_paths.h"
+#include "tests/util/wait.h"
 
 namespace tandem {
 namespace {
@@ -251,12 +252,13 @@ TEST_F(PdWorkersTest, PushKvThatDiesMidwayLeavesNothing) {
   ASSERT_TRUE(w->Write(ch));
   ch.set_data(std::string(10 * bpt, '\0'));
   ASSERT_TRUE(w->Write(ch));
-  absl::SleepFor(absl::Milliseconds(100));
+  // The header is in: the reservation is held while the payload arrives.
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return c.decode->service().leases().Stats().num_reserved == 1; }, absl::Seconds(10)));
   ctx.TryCancel();
   EXPECT_FALSE(w->Finish().ok());
-  for (int i = 0; i < 100 && c.decode->service().leases().Stats().num_reserved > 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  EXPECT_TRUE(testing::WaitFor(
+      [&] { return c.decode->service().leases().Stats().num_reserved == 0; }, absl::Seconds(10)));
   EXPECT_EQ(c.decode->service().leases().Stats().num_reserved, 0);
   EXPECT_EQ(c.decode->service().leases().Stats().num_bytes, 0);
   EXPECT_EQ(Stats(*c.d).num_leases(), 0);
@@ -274,10 +276,13 @@ TEST_F(PdWorkersTest, LeaseExpiryFreesAndDecodeGetsNotFound) {
   v1::PrefillResponse presp;
   grpc::ClientContext pctx;
   ASSERT_TRUE(c.p->Prefill(&pctx, pr, &presp).ok());
+  const absl::Time pushed = absl::Now();
   EXPECT_EQ(Stats(*c.d).num_leases(), 1);
   EXPECT_EQ(Stats(*c.d).num_leased_blocks(), 3);
-  absl::SleepFor(absl::Milliseconds(600));
-  EXPECT_EQ(Stats(*c.d).num_leases(), 0);
+  // The reaper frees it once the 200 ms lease has run out, not before.
+  EXPECT_TRUE(testing::WaitFor([&] { return Stats(*c.d).num_leases() == 0; }, absl::Seconds(10)));
+  EXPECT_GE(absl::Now() - pushed, absl::Milliseconds(200));
+  EXPECT_EQ(Stats(*c.d).num_leased_blocks(), 0);
   v1::DecodeRequest dr;
   dr.set_kv_handle("expires");
   *dr.mutable_prompt_token_ids() = pr.prompt_token_ids();
