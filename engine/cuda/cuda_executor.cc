@@ -67,6 +67,15 @@ class CudaExecutor final : public Executor {
  private:
   explicit CudaExecutor(const ModelConfig& config) : config_(config) {}
   absl::StatusOr<char*> Staging(int64_t bytes);
+  // The slot list of a ReadKv / WriteKv on the device (validated), and the
+  // device buffer for its data in the interchange layout.
+  struct SlotIo {
+    int64_t n = 0;
+    int64_t data_bytes = 0;
+    int64_t* slots = nullptr;
+    float* buf = nullptr;
+  };
+  absl::StatusOr<SlotIo> UploadSlots(absl::Span<const int64_t> slots);
   absl::Status RunLayer(int64_t layer, int64_t T, const kc::DeviceAttentionArgs& attn_base);
   absl::Status MatMul(const kc::DeviceMatrix& w, const float* x, int64_t n, float* y, int64_t ldy,
                       bool accumulate);
@@ -287,33 +296,35 @@ absl::Status CudaExecutor::Forward(const ForwardBatch& b, float* logits) {
   return kc::StreamSync(stream_);
 }
 
-absl::Status CudaExecutor::ReadKv(absl::Span<const int64_t> slots, char* dst) {
+absl::StatusOr<CudaExecutor::SlotIo> CudaExecutor::UploadSlots(absl::Span<const int64_t> slots) {
   TANDEM_RETURN_IF_ERROR(ValidateSlots(shape_, slots));
   const int64_t n = static_cast<int64_t>(slots.size());
-  if (n == 0) return absl::OkStatus();
-  const int64_t data_bytes = n * shape_.interchange_bytes_per_token();
+  SlotIo io;
+  io.n = n;
+  io.data_bytes = n * shape_.interchange_bytes_per_token();
+  if (n == 0) return io;
   TANDEM_ASSIGN_OR_RETURN(char* host, Staging(n * 8));
   std::copy(slots.begin(), slots.end(), reinterpret_cast<int64_t*>(host));
-  TANDEM_ASSIGN_OR_RETURN(char* d, kv_io_.Get(Align(n * 8) + data_bytes));
+  TANDEM_ASSIGN_OR_RETURN(char* d, kv_io_.Get(Align(n * 8) + io.data_bytes));
   TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(d, host, n * 8, stream_));
-  float* buf = reinterpret_cast<float*>(d + Align(n * 8));
-  TANDEM_RETURN_IF_ERROR(kc::GatherSlots(kv_, reinterpret_cast<int64_t*>(d), n, buf, stream_));
-  TANDEM_RETURN_IF_ERROR(kc::CopyToHost(dst, buf, data_bytes, stream_));
+  io.slots = reinterpret_cast<int64_t*>(d);
+  io.buf = reinterpret_cast<float*>(d + Align(n * 8));
+  return io;
+}
+
+absl::Status CudaExecutor::ReadKv(absl::Span<const int64_t> slots, char* dst) {
+  TANDEM_ASSIGN_OR_RETURN(const SlotIo io, UploadSlots(slots));
+  if (io.n == 0) return absl::OkStatus();
+  TANDEM_RETURN_IF_ERROR(kc::GatherSlots(kv_, io.slots, io.n, io.buf, stream_));
+  TANDEM_RETURN_IF_ERROR(kc::CopyToHost(dst, io.buf, io.data_bytes, stream_));
   return kc::StreamSync(stream_);
 }
 
 absl::Status CudaExecutor::WriteKv(absl::Span<const int64_t> slots, const char* src) {
-  TANDEM_RETURN_IF_ERROR(ValidateSlots(shape_, slots));
-  const int64_t n = static_cast<int64_t>(slots.size());
-  if (n == 0) return absl::OkStatus();
-  const int64_t data_bytes = n * shape_.interchange_bytes_per_token();
-  TANDEM_ASSIGN_OR_RETURN(char* host, Staging(n * 8));
-  std::copy(slots.begin(), slots.end(), reinterpret_cast<int64_t*>(host));
-  TANDEM_ASSIGN_OR_RETURN(char* d, kv_io_.Get(Align(n * 8) + data_bytes));
-  TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(d, host, n * 8, stream_));
-  float* buf = reinterpret_cast<float*>(d + Align(n * 8));
-  TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(buf, src, data_bytes, stream_));
-  TANDEM_RETURN_IF_ERROR(kc::ScatterSlots(kv_, reinterpret_cast<int64_t*>(d), n, buf, stream_));
+  TANDEM_ASSIGN_OR_RETURN(const SlotIo io, UploadSlots(slots));
+  if (io.n == 0) return absl::OkStatus();
+  TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(io.buf, src, io.data_bytes, stream_));
+  TANDEM_RETURN_IF_ERROR(kc::ScatterSlots(kv_, io.slots, io.n, io.buf, stream_));
   return kc::StreamSync(stream_);
 }
 
