@@ -132,6 +132,15 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
                    "Speculative decoding: draft tokens accepted at each draft position (0 = the "
                    "first draft of a step).",
                    {"phase", "model", "position"}));
+  // Decode workers export every position from the start (at 0), so
+  // dashboards and rules see the series before the first draft is accepted.
+  if (phase == kPhaseDecode) {
+    for (int position = 0; position < kSpecMaxPositions; ++position) {
+      TANDEM_RETURN_IF_ERROR(m->spec_accepted_per_pos_family
+                                 ->WithLabelValues({phase, model, absl::StrCat(position)})
+                                 .status());
+    }
+  }
   TANDEM_ASSIGN_OR_RETURN(
       m->request_success_family,
       r.AddCounter("tandem_request_success_total", "Requests finished, by finish reason.",

@@ -60,6 +60,9 @@ inline constexpr double kBatchSizeBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256,
 inline constexpr std::string_view kPhaseRouter = "router";
 inline constexpr std::string_view kPhasePrefill = "prefill";
 inline constexpr std::string_view kPhaseDecode = "decode";
+// Draft positions of tandem_spec_decode_num_accepted_tokens_per_pos_total
+// (engine::kMaxSpeculativeTokens).
+inline constexpr int kSpecMaxPositions = 16;
 inline constexpr std::string_view kPhaseColocated = "colocated";
 
 // `finish_reason` values (tandem.v1.FinishReason, lower case); created up
