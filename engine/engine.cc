@@ -445,16 +445,13 @@ void Engine::Step() {
   }
   {
     absl::MutexLock lock(&mu_);
-    step_ids_.clear();
-    step_cancelled_.clear();
+    // step_ids_ and step_cancelled_ are empty between steps.
     for (const ScheduledSequence& s : out.scheduled) step_ids_.insert(s.seq_id);
     for (int64_t id : cancels_) {
       if (step_ids_.contains(id)) step_cancelled_.insert(id);
     }
     // Stats show the step being run (a long prefill is visible as running).
-    stats_.num_running = scheduler_->num_running();
-    stats_.num_waiting = scheduler_->num_waiting();
-    stats_.num_blocks_used = kv_->num_blocks() - kv_->num_free_blocks();
+    MirrorQueueStats();
     abort_step_.store(!step_ids_.empty() && (step_cancelled_.size() == step_ids_.size() ||
                                              (stopping_ && shutdown_mode_ == ShutdownMode::kCancel)));
   }
@@ -537,6 +534,12 @@ void Engine::Step() {
   if (config_.check_integrity_every_step && integrity_.ok()) integrity_ = kv_->CheckIntegrity();
 }
 
+void Engine::MirrorQueueStats() {
+  stats_.num_running = scheduler_->num_running();
+  stats_.num_waiting = scheduler_->num_waiting();
+  stats_.num_blocks_used = kv_->num_blocks() - kv_->num_free_blocks();
+}
+
 void Engine::Publish() {
   {
     absl::MutexLock lock(&mu_);
@@ -546,9 +549,7 @@ void Engine::Publish() {
     for (const Pending& p : inbox_) inbox_tokens += p.seq->num_tokens();
     num_waiting_ = scheduler_->num_waiting() + static_cast<int64_t>(inbox_.size());
     num_waiting_tokens_ = scheduler_->num_waiting_tokens() + inbox_tokens;
-    stats_.num_running = scheduler_->num_running();
-    stats_.num_waiting = scheduler_->num_waiting();
-    stats_.num_blocks_used = kv_->num_blocks() - kv_->num_free_blocks();
+    MirrorQueueStats();
     stats_.num_prefix_cache_query_tokens = kv_->prefix_cache_stats().num_query_tokens;
     stats_.num_prefix_cache_hit_tokens = kv_->prefix_cache_stats().num_hit_tokens;
     stats_.num_preemptions = scheduler_->num_preemptions();

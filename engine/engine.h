@@ -188,6 +188,8 @@ class Engine {
   void FinishRequest(int64_t id, const Sequence* seq, RequestFinishReason reason,
                      absl::Status status, std::string tail_text);
   void Publish();  // stats mirror, then the deferred FinishEvents
+  // Running / waiting requests and blocks in use into stats_.
+  void MirrorQueueStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   EngineConfig config_;
   std::unique_ptr<Owned> owned_;

@@ -24,13 +24,15 @@ struct HostFree {
 
 int64_t Align(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// A device buffer that only grows.
-class Scratch {
+// A buffer that only grows: device memory (Scratch) or pinned host memory
+// (HostStaging), freed by Ptr's deleter.
+template <typename Ptr, absl::StatusOr<void*> (*Alloc)(int64_t)>
+class GrowingBuffer {
  public:
   absl::StatusOr<char*> Get(int64_t bytes) {
     if (bytes > bytes_) {
       ptr_.reset();
-      TANDEM_ASSIGN_OR_RETURN(void* p, kc::Malloc(bytes));
+      TANDEM_ASSIGN_OR_RETURN(void* p, Alloc(bytes));
       ptr_.reset(p);
       bytes_ = bytes;
     }
@@ -39,9 +41,11 @@ class Scratch {
   int64_t bytes() const { return bytes_; }
 
  private:
-  DevicePtr ptr_;
+  Ptr ptr_;
   int64_t bytes_ = 0;
 };
+using Scratch = GrowingBuffer<DevicePtr, kc::Malloc>;
+using HostStaging = GrowingBuffer<std::unique_ptr<void, HostFree>, kc::MallocHost>;
 
 class CudaExecutor final : public Executor {
  public:
@@ -66,7 +70,6 @@ class CudaExecutor final : public Executor {
 
  private:
   explicit CudaExecutor(const ModelConfig& config) : config_(config) {}
-  absl::StatusOr<char*> Staging(int64_t bytes);
   // The slot list of a ReadKv / WriteKv on the device (validated), and the
   // device buffer for its data in the interchange layout.
   struct SlotIo {
@@ -88,8 +91,7 @@ class CudaExecutor final : public Executor {
   DeviceWeights weights_;
   DevicePtr kv_data_;
   kc::DeviceKvCache kv_;
-  std::unique_ptr<void, HostFree> staging_;
-  int64_t staging_bytes_ = 0;
+  HostStaging staging_;  // host side of metadata and slot uploads
   Scratch meta_, acts_, gemm_ws_, kv_io_;
   // Activation views into acts_ for the current Forward.
   float *x_ = nullptr, *h_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *gu_ = nullptr,
@@ -142,16 +144,6 @@ std::string CudaExecutor::Describe() const {
                          "memory (%.1f MiB)",
                          device_index_, kc::DeviceDescription(device_index_),
                          weights_.bytes / 1073741824.0, types, kv_cache_bytes() / 1048576.0);
-}
-
-absl::StatusOr<char*> CudaExecutor::Staging(int64_t bytes) {
-  if (bytes > staging_bytes_) {
-    staging_.reset();
-    TANDEM_ASSIGN_OR_RETURN(void* p, kc::MallocHost(bytes));
-    staging_.reset(p);
-    staging_bytes_ = bytes;
-  }
-  return static_cast<char*>(staging_.get());
 }
 
 absl::Status CudaExecutor::CopyBlocks(absl::Span<const BlockCopy> copies) {
@@ -227,7 +219,7 @@ absl::Status CudaExecutor::Forward(const ForwardBatch& b, float* logits) {
   const int64_t off_tokens = 0, off_pos = Align(off_tokens + T * 4), off_seq = Align(off_pos + T * 4),
                 off_logits = Align(off_seq + T * 4), off_tables = Align(off_logits + L * 4),
                 off_slots = Align(off_tables + S * max_blocks * 4), meta_bytes = off_slots + T * 8;
-  TANDEM_ASSIGN_OR_RETURN(char* host, Staging(meta_bytes));
+  TANDEM_ASSIGN_OR_RETURN(char* host, staging_.Get(meta_bytes));
   std::copy(b.token_ids.begin(), b.token_ids.end(), reinterpret_cast<int32_t*>(host + off_tokens));
   std::copy(b.positions.begin(), b.positions.end(), reinterpret_cast<int32_t*>(host + off_pos));
   auto* seq = reinterpret_cast<int32_t*>(host + off_seq);
@@ -303,7 +295,7 @@ absl::StatusOr<CudaExecutor::SlotIo> CudaExecutor::UploadSlots(absl::Span<const 
   io.n = n;
   io.data_bytes = n * shape_.interchange_bytes_per_token();
   if (n == 0) return io;
-  TANDEM_ASSIGN_OR_RETURN(char* host, Staging(n * 8));
+  TANDEM_ASSIGN_OR_RETURN(char* host, staging_.Get(n * 8));
   std::copy(slots.begin(), slots.end(), reinterpret_cast<int64_t*>(host));
   TANDEM_ASSIGN_OR_RETURN(char* d, kv_io_.Get(Align(n * 8) + io.data_bytes));
   TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(d, host, n * 8, stream_));
