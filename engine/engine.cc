@@ -26,6 +26,8 @@ struct Engine::ActiveRequest {
   std::optional<RequestFinishReason> finish;  // decided by the OutputProcessor
   Usage usage;
   bool export_kv = false;
+  bool stream_kv_export = false;
+  int64_t kv_streamed = 0;  // stream_kv_export: tokens whose K/V went out as chunks
   std::shared_ptr<const KvExport> import_kv;  // until admitted
   std::shared_ptr<const KvExport> kv_export;  // set when exported
   absl::Status error;                          // with finish == kError
@@ -240,6 +242,7 @@ absl::StatusOr<RequestHandle> Engine::Submit(EngineRequest request) {
   for (int32_t t : request.prefix_output_token_ids) seq->AppendToken(t);
   if (request.import_kv != nullptr) seq->set_num_imported_tokens(request.import_kv->num_tokens());
   inbox_.push_back(Pending{std::move(seq), stream, absl::Now(), request.export_kv,
+                           request.export_kv && request.stream_kv_export,
                            std::move(request.import_kv),
                            static_cast<int64_t>(request.prefix_output_token_ids.size())});
   ++num_waiting_;
@@ -332,6 +335,7 @@ void Engine::Admit(std::vector<Pending> submits) {
     active->output = std::make_unique<OutputProcessor>(tokenizer_, p.seq->sampling_params().stop,
                                                        eos_token_ids_, room);
     active->export_kv = p.export_kv;
+    active->stream_kv_export = p.stream_kv_export;
     active->import_kv = std::move(p.import_kv);
     absl::Status st;
     // Replay delivered output through the detokenizer / stop checker, silently.
@@ -507,7 +511,12 @@ void Engine::Step() {
       r.token_id = token_id;
       finish = outcome.finish;
     }
-    if (!finish.has_value() && a.export_kv) {
+    if (!finish.has_value() && a.export_kv && a.stream_kv_export) {
+      // Prefill-only, streamed: the rest of the K/V after the first token.
+      const absl::Status st = StreamKv(a, t.seq_id, scheduler_->Find(t.seq_id)->num_tokens());
+      finish = st.ok() ? RequestFinishReason::kLength : RequestFinishReason::kError;
+      if (!st.ok()) a.error = st;
+    } else if (!finish.has_value() && a.export_kv) {
       // Prefill-only: copy the computed K/V out before Update frees the blocks.
       const Sequence* seq = scheduler_->Find(t.seq_id);
       absl::StatusOr<KvExport> exported = ExportKv(*executor_, *kv_, t.seq_id, seq->token_ids());
@@ -525,6 +534,26 @@ void Engine::Step() {
     }
     results.push_back(std::move(r));
   }
+  // Streamed exports: K/V of prompt chunks computed this step (no token yet).
+  std::vector<std::pair<SeqId, absl::Status>> stream_failures;
+  for (const ScheduledSequence& s : out.scheduled) {
+    if (s.samples) continue;
+    ActiveRequest& a = *active_.at(s.seq_id);
+    if (!a.stream_kv_export || a.finish.has_value()) continue;
+    if (absl::Status st = StreamKv(a, s.seq_id, s.start_position + s.num_tokens); !st.ok()) {
+      stream_failures.emplace_back(s.seq_id, std::move(st));
+    }
+  }
+  // A failed copy (device error) ends that request; the others go on.
+  for (auto& [id, st] : stream_failures) {
+    std::erase_if(out.scheduled, [&, id = id](const ScheduledSequence& s) {
+      if (s.seq_id != id) return false;
+      out.num_batched_tokens -= s.num_tokens;
+      return true;
+    });
+    absl::StatusOr<std::unique_ptr<Sequence>> seq = scheduler_->Cancel(id);
+    FinishRequest(id, seq.ok() ? seq->get() : nullptr, RequestFinishReason::kError, st, "");
+  }
   std::vector<std::unique_ptr<Sequence>> finished = scheduler_->Update(out, results);
   for (const std::unique_ptr<Sequence>& seq : finished) {
     const std::optional<RequestFinishReason> reason = active_.at(seq->id())->finish;
@@ -532,6 +561,17 @@ void Engine::Step() {
                   active_.at(seq->id())->error, "");
   }
   if (config_.check_integrity_every_step && integrity_.ok()) integrity_ = kv_->CheckIntegrity();
+}
+
+absl::Status Engine::StreamKv(ActiveRequest& a, SeqId seq_id, int64_t end) {
+  if (end <= a.kv_streamed) return absl::OkStatus();
+  KvChunkEvent chunk;
+  chunk.begin = a.kv_streamed;
+  chunk.end = end;
+  TANDEM_RETURN_IF_ERROR(ReadKvRange(*executor_, *kv_, seq_id, chunk.begin, chunk.end, &chunk.bytes));
+  a.kv_streamed = end;
+  a.stream->Push(std::move(chunk));
+  return absl::OkStatus();
 }
 
 void Engine::MirrorQueueStats() {

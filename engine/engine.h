@@ -170,6 +170,7 @@ class Engine {
     RequestHandle stream;
     absl::Time submit_time;
     bool export_kv = false;
+    bool stream_kv_export = false;
     std::shared_ptr<const KvExport> import_kv;
     int64_t num_prefix_output_tokens = 0;
   };
@@ -190,6 +191,9 @@ class Engine {
   void Publish();  // stats mirror, then the deferred FinishEvents
   // Running / waiting requests and blocks in use into stats_.
   void MirrorQueueStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // stream_kv_export: pushes a KvChunkEvent with the K/V of tokens
+  // [a.kv_streamed, end) of seq_id (nothing when end <= kv_streamed).
+  absl::Status StreamKv(ActiveRequest& a, SeqId seq_id, int64_t end);
 
   EngineConfig config_;
   std::unique_ptr<Owned> owned_;

@@ -43,10 +43,17 @@ absl::StatusOr<KvExport> ExportKv(Executor& executor, const KvCacheManager& kv, 
   out.num_kv_heads = shape.layout.num_kv_heads;
   out.head_dim = shape.layout.head_dim;
   out.bytes_per_token = KvExport::BytesPerToken(out.num_layers, out.num_kv_heads, out.head_dim);
-  out.bytes.resize(out.num_tokens() * out.bytes_per_token);
-  TANDEM_RETURN_IF_ERROR(
-      executor.ReadKv(SlotsOf(kv, seq, 0, out.num_tokens()), out.bytes.data()));
+  TANDEM_RETURN_IF_ERROR(ReadKvRange(executor, kv, seq, 0, out.num_tokens(), &out.bytes));
   return out;
+}
+
+absl::Status ReadKvRange(Executor& executor, const KvCacheManager& kv, SeqId seq, int64_t begin,
+                         int64_t end, std::string* bytes) {
+  const KvCacheShape& shape = executor.kv_shape();
+  bytes->resize((end - begin) * KvExport::BytesPerToken(shape.num_layers,
+                                                        shape.layout.num_kv_heads,
+                                                        shape.layout.head_dim));
+  return executor.ReadKv(SlotsOf(kv, seq, begin, end), bytes->data());
 }
 
 absl::Status ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvCacheManager& kv,

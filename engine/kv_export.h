@@ -50,6 +50,13 @@ struct KvExport {
 absl::StatusOr<KvExport> ExportKv(Executor& executor, const KvCacheManager& kv, SeqId seq,
                                   absl::Span<const int32_t> token_ids);
 
+// Copies positions [begin, end) of `seq` (computed) into *bytes in the
+// layout above ((end - begin) * bytes_per_token bytes): one piece of a
+// streamed export. REQUIRES: 0 <= begin <= end <= tokens covered by seq's
+// block table.
+absl::Status ReadKvRange(Executor& executor, const KvCacheManager& kv, SeqId seq, int64_t begin,
+                         int64_t end, std::string* bytes);
+
 // Writes positions [begin, end) of `src` into the slots of `seq`.
 // InvalidArgument when src's geometry differs from the executor's cache or
 // [begin, end) is not within src. REQUIRES: the block table of seq covers

@@ -67,6 +67,8 @@ CollectedOutput Collect(RequestStream& stream, absl::Duration timeout) {
       out.token_ids.push_back(token->token_id);
       out.text += token->text;
       if (token->logprobs.has_value()) out.logprobs.push_back(token->logprobs->logprob);
+    } else if (std::holds_alternative<KvChunkEvent>(*event)) {
+      continue;  // only requests that asked for it get these; Collect ignores them
     } else {
       out.finish = std::get<FinishEvent>(std::move(*event));
       out.text += out.finish->text;

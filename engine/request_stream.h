@@ -77,7 +77,23 @@ struct FinishEvent {
   std::shared_ptr<const KvExport> kv_export;
 };
 
-using EngineEvent = std::variant<TokenEvent, FinishEvent>;
+// EngineRequest::stream_kv_export only: the K/V of tokens [begin, end) of
+// prompt + prefix_output_token_ids in engine/kv_export.h's layout
+// (bytes.size() == (end - begin) * bytes_per_token), pushed as soon as a step
+// has computed them, so a prefill worker can ship them while the rest of the
+// prompt is still being computed. Chunks are contiguous and in order, start
+// at 0 and, when the request continues elsewhere (its FinishEvent is kLength
+// after one token), the last one ends at the export's token count and comes
+// after that TokenEvent, before the FinishEvent. When the first token ends
+// the request (EOS, stop, max_tokens 1), on cancel and on error the chunks
+// stop early: the receiver must drop what it got.
+struct KvChunkEvent {
+  int64_t begin = 0;
+  int64_t end = 0;
+  std::string bytes;
+};
+
+using EngineEvent = std::variant<TokenEvent, KvChunkEvent, FinishEvent>;
 using EventCallback = std::function<void(const EngineEvent&)>;
 
 struct EngineRequest {
@@ -92,6 +108,9 @@ struct EngineRequest {
   // Prefill-only: run the prompt, sample one token, emit it, finish; the
   // FinishEvent carries the K/V (FinishEvent::kv_export).
   bool export_kv = false;
+  // With export_kv: the K/V goes out as KvChunkEvents while the prompt is
+  // computed instead of as FinishEvent::kv_export (which stays null).
+  bool stream_kv_export = false;
   // K/V of the leading tokens of prompt + prefix_output_token_ids (its
   // token_ids must equal them; fewer than all of them, so at least one token
   // is computed here to produce logits). The engine writes it into freshly

@@ -4,6 +4,7 @@
 // everything: tokens and logprobs must be bit-identical.
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -324,6 +325,91 @@ TEST(PdHandoffRealModelTest, DisaggregatedMatchesColocated) {
   ExpectAllFree(**prefill);
   ExpectAllFree(**decode);
   ExpectAllFree(**colocated);
+}
+
+// stream_kv_export: the K/V leaves in ordered, contiguous chunks as chunked
+// prefill computes them (one per step), the first token comes before the
+// last chunk, and the chunks put together are exactly the one-piece export.
+TEST_F(PdHandoffTest, StreamedExportMatchesOnePieceAndLeadsWithTheToken) {
+  EngineConfig config = TinyEngineConfig(64);
+  config.scheduler.max_num_batched_tokens = 16;  // 53 tokens: 4 steps
+  const std::vector<int32_t> prompt = RandomPrompt(53, 256, 5);
+  EngineRequest r = MakeRequest(prompt, 8);
+  r.export_kv = true;
+  auto whole_engine = MakeEngine(config, model());
+  const CollectedOutput whole = Collect(**whole_engine->Submit(r));
+  ASSERT_TRUE(whole.finish.has_value());
+  ASSERT_NE(whole.finish->kv_export, nullptr);
+
+  auto engine = MakeEngine(config, model());
+  r.stream_kv_export = true;
+  auto h = engine->Submit(r);
+  ASSERT_TRUE(h.ok());
+  std::string bytes;
+  std::vector<std::string> order;  // "kv[b,e)", "token", "finish"
+  int64_t next = 0;
+  std::optional<FinishEvent> finish;
+  std::vector<int32_t> tokens;
+  while (!finish.has_value()) {
+    std::optional<EngineEvent> ev = (*h)->Next(absl::Seconds(60));
+    ASSERT_TRUE(ev.has_value());
+    if (auto* c = std::get_if<KvChunkEvent>(&*ev)) {
+      EXPECT_EQ(c->begin, next);
+      EXPECT_GT(c->end, c->begin);
+      EXPECT_EQ(static_cast<int64_t>(c->bytes.size()),
+                (c->end - c->begin) * engine->kv_bytes_per_token());
+      next = c->end;
+      bytes += c->bytes;
+      order.push_back("kv");
+    } else if (auto* t = std::get_if<TokenEvent>(&*ev)) {
+      tokens.push_back(t->token_id);
+      order.push_back("token");
+    } else {
+      finish = std::get<FinishEvent>(std::move(*ev));
+    }
+  }
+  EXPECT_EQ(finish->reason, RequestFinishReason::kLength);
+  EXPECT_EQ(finish->kv_export, nullptr);
+  EXPECT_EQ(tokens, whole.token_ids);
+  EXPECT_EQ(next, 53);
+  EXPECT_TRUE(bytes == whole.finish->kv_export->bytes);
+  // Chunks of the first 3 steps (48 tokens), then the token, then the tail.
+  const std::vector<std::string> expected = {"kv", "kv", "kv", "token", "kv"};
+  EXPECT_EQ(order, expected);
+  ExpectAllFree(*engine);
+  ExpectAllFree(*whole_engine);
+}
+
+// When the first token ends the request, no final chunk follows it.
+TEST_F(PdHandoffTest, StreamedExportStopsWhenTheFirstTokenFinishes) {
+  EngineConfig config = TinyEngineConfig(64);
+  config.scheduler.max_num_batched_tokens = 16;
+  auto engine = MakeEngine(config, model());
+  EngineRequest r = MakeRequest(RandomPrompt(40, 256, 6), 1);
+  r.export_kv = true;
+  r.stream_kv_export = true;
+  auto h = engine->Submit(r);
+  ASSERT_TRUE(h.ok());
+  int64_t streamed = 0;
+  bool token_seen = false;
+  while (true) {
+    std::optional<EngineEvent> ev = (*h)->Next(absl::Seconds(60));
+    ASSERT_TRUE(ev.has_value());
+    if (auto* c = std::get_if<KvChunkEvent>(&*ev)) {
+      EXPECT_FALSE(token_seen) << "a chunk after a finishing token";
+      streamed = c->end;
+    } else if (std::holds_alternative<TokenEvent>(*ev)) {
+      token_seen = true;
+    } else {
+      const FinishEvent& f = std::get<FinishEvent>(*ev);
+      EXPECT_EQ(f.reason, RequestFinishReason::kLength);
+      EXPECT_EQ(f.kv_export, nullptr);
+      break;
+    }
+  }
+  EXPECT_TRUE(token_seen);
+  EXPECT_EQ(streamed, 32);  // the two full steps before the sampling one
+  ExpectAllFree(*engine);
 }
 
 }  // namespace
