@@ -27,6 +27,7 @@ struct Engine::ActiveRequest {
   Usage usage;
   bool export_kv = false;
   bool stream_kv_export = false;
+  bool kv_exported = false;  // the request ends because its K/V was exported
   int64_t kv_streamed = 0;  // stream_kv_export: tokens whose K/V went out as chunks
   std::shared_ptr<const KvExport> import_kv;  // until admitted
   std::shared_ptr<const KvExport> kv_export;  // set when exported
@@ -401,6 +402,7 @@ void Engine::FinishRequest(int64_t id, const Sequence* seq, RequestFinishReason 
   finish.status = std::move(status);
   finish.usage = std::move(a.usage);
   finish.kv_export = std::move(a.kv_export);
+  finish.kv_exported = a.kv_exported && reason == RequestFinishReason::kLength;
   if (seq != nullptr) {
     finish.usage.num_completion_tokens = seq->num_output_tokens();
     finish.usage.num_preemptions = seq->num_preemptions();
@@ -515,6 +517,7 @@ void Engine::Step() {
       // Prefill-only, streamed: the rest of the K/V after the first token.
       const absl::Status st = StreamKv(a, t.seq_id, scheduler_->Find(t.seq_id)->num_tokens());
       finish = st.ok() ? RequestFinishReason::kLength : RequestFinishReason::kError;
+      a.kv_exported = st.ok();
       if (!st.ok()) a.error = st;
     } else if (!finish.has_value() && a.export_kv) {
       // Prefill-only: copy the computed K/V out before Update frees the blocks.
@@ -522,6 +525,7 @@ void Engine::Step() {
       absl::StatusOr<KvExport> exported = ExportKv(*executor_, *kv_, t.seq_id, seq->token_ids());
       if (exported.ok()) {
         a.kv_export = std::make_shared<const KvExport>(*std::move(exported));
+        a.kv_exported = true;
         finish = RequestFinishReason::kLength;
       } else {
         a.error = exported.status();

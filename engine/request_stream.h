@@ -75,6 +75,10 @@ struct FinishEvent {
   // when the first token already finished the request (EOS / stop /
   // max_tokens == 1: reason is the real one), on cancel and on error.
   std::shared_ptr<const KvExport> kv_export;
+  // EngineRequest::export_kv only: true when the request ends here only
+  // because its K/V was exported (kv_export, or the KvChunkEvents, cover
+  // every computed token); false when the first token really ended it.
+  bool kv_exported = false;
 };
 
 // EngineRequest::stream_kv_export only: the K/V of tokens [begin, end) of

@@ -80,6 +80,13 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
       hist("tandem_kv_transfer_seconds",
            "Time to move one request's KV blocks from a prefill to a decode worker, in seconds.",
            kTransferSecondsBuckets));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->kv_transfer_after_first_token,
+      hist("tandem_kv_transfer_after_first_token_seconds",
+           "Prefill worker: time from sending a request's first token to its KV landing on the "
+           "decode worker (the part of the transfer not overlapped with the prefill), in "
+           "seconds.",
+           kTransferSecondsBuckets));
   TANDEM_ASSIGN_OR_RETURN(m->iteration_tokens,
                           hist("tandem_iteration_tokens",
                                "Tokens scheduled in one engine step (prefill chunks + decodes).",
@@ -101,6 +108,11 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
       m->kv_transfer_failures,
       counter("tandem_kv_transfer_failures_total",
               "KV handoffs that failed (rejected header, timeout, expired lease, peer error)."));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->kv_transfer_overlapped_bytes,
+      counter("tandem_kv_transfer_overlapped_bytes_total",
+              "Prefill worker: KV bytes handed to the transfer while the prompt was still being "
+              "computed (before its first token): the share of the handoff that overlaps prefill."));
   TANDEM_ASSIGN_OR_RETURN(m->prompt_tokens,
                           counter("tandem_prompt_tokens_total", "Prompt tokens processed."));
   TANDEM_ASSIGN_OR_RETURN(m->generation_tokens,
@@ -166,6 +178,20 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
     }
   }
 
+  TANDEM_ASSIGN_OR_RETURN(
+      m->prefill_decisions_family,
+      r.AddCounter("tandem_router_prefill_decisions_total",
+                   "Router: where each disaggregated request's prompt was prefilled: remote (a "
+                   "prefill worker, KV handed over) or local (on its decode worker: a short "
+                   "prompt or one mostly in that worker's prefix cache, --remote-prefill-min-tokens).",
+                   {"phase", "model", "where"}));
+  if (phase == "router") {
+    for (std::string_view where : {"remote", "local"}) {
+      TANDEM_RETURN_IF_ERROR(
+          m->prefill_decisions_family->WithLabelValues({phase, model, where}).status());
+    }
+  }
+
   // Gauges.
   TANDEM_ASSIGN_OR_RETURN(
       m->kv_cache_usage_ratio,
@@ -202,6 +228,10 @@ Counter* TandemMetrics::RequestErrors(absl::StatusCode code) {
 
 Counter* TandemMetrics::Migrations(std::string_view reason) {
   return LabelledCounter(migrations_family, reason);
+}
+
+Counter* TandemMetrics::PrefillDecisions(std::string_view where) {
+  return LabelledCounter(prefill_decisions_family, where);
 }
 
 Counter* TandemMetrics::SpecAcceptedAtPosition(int64_t position) {

@@ -91,6 +91,8 @@ struct TandemMetrics {
   // health checks missed; replayed elsewhere), "prefill_failed",
   // "transfer_failed" (the push to the decode worker failed). Never null.
   Counter* Migrations(std::string_view reason);
+  // Router: tandem_router_prefill_decisions_total{where="remote"|"local"}.
+  Counter* PrefillDecisions(std::string_view where);
   Counter* SpecAcceptedAtPosition(int64_t position);
 
   std::string phase;
@@ -104,6 +106,7 @@ struct TandemMetrics {
   Histogram* request_prefill_time = nullptr;  // first scheduled step -> first token
   Histogram* request_decode_time = nullptr;   // first token -> finished
   Histogram* kv_transfer_time = nullptr;      // tandem_kv_transfer_seconds, per request
+  Histogram* kv_transfer_after_first_token = nullptr;  // prefill: first token sent -> KV landed
   Histogram* iteration_tokens = nullptr;      // tokens per engine step
   Histogram* batch_size = nullptr;            // sequences per engine step
   Histogram* migration_recovery_time = nullptr;  // router: failure seen -> next token
@@ -111,6 +114,7 @@ struct TandemMetrics {
   // Counters.
   Counter* kv_transfer_bytes = nullptr;
   Counter* kv_transfer_failures = nullptr;
+  Counter* kv_transfer_overlapped_bytes = nullptr;  // prefill: pushed before the first token
   Counter* prompt_tokens = nullptr;
   Counter* generation_tokens = nullptr;
   Counter* num_preemptions = nullptr;
@@ -123,6 +127,7 @@ struct TandemMetrics {
   CounterFamily* request_success_family = nullptr;  // {phase, model, finish_reason}
   CounterFamily* request_errors_family = nullptr;   // {phase, model, code}
   CounterFamily* migrations_family = nullptr;       // {phase, model, reason}
+  CounterFamily* prefill_decisions_family = nullptr;  // {phase, model, where}
 
   // Gauges (Set/Inc/Dec, or SetCallback to compute them at scrape time).
   Gauge* kv_cache_usage_ratio = nullptr;  // 0..1

@@ -90,6 +90,7 @@ absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& fl
   o.architecture = config.architecture;
   o.max_inflight = static_cast<int>(flags.max_inflight);
   o.migration_limit = static_cast<int>(flags.migration_limit);
+  o.remote_prefill_min_tokens = flags.remote_prefill_min_tokens;
   o.tls = flags.tls;
   o.api_keys = std::move(api_keys);
   o.max_inflight_tokens = flags.max_inflight_tokens;

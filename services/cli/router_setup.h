@@ -30,6 +30,7 @@ struct RouterFlags {
   std::string decode;
   int64_t max_inflight = 256;
   int64_t migration_limit = 3;  // re-dispatches after worker failures
+  int64_t remote_prefill_min_tokens = router::kDefaultRemotePrefillMinTokens;  // pd-decider
   int64_t drain_seconds = 30;   // SIGTERM: in-flight calls finish within this
   int64_t max_inflight_tokens = 1 << 20;  // prompt + max_tokens of admitted calls
   bool colocated = false;

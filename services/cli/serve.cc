@@ -44,6 +44,7 @@ struct ServeFlags {
   std::string kv_cache_memory = "1GiB";
   int64_t kv_lease_seconds = 30;
   int64_t migration_limit = 3;
+  int64_t remote_prefill_min_tokens = router::kDefaultRemotePrefillMinTokens;
   int64_t drain_seconds = 30;
   int64_t max_inflight = 256;
   int64_t max_inflight_tokens = 1 << 20;
@@ -182,6 +183,8 @@ int RunServe(int argc, char** argv) {
   p.AddInt("max-inflight", &f.max_inflight, 1, 100000, "router: Generate calls at once");
   p.AddInt("migration-limit", &f.migration_limit, 0, 100,
            "router: re-dispatch a request at most this often when its worker fails");
+  p.AddInt("remote-prefill-min-tokens", &f.remote_prefill_min_tokens, 0, int64_t{1} << 30,
+           "router: " "prompts with fewer tokens than this not already in the chosen decode worker's prefix cache are prefilled on that decode worker instead of a prefill worker (0 = always remote)");
   p.AddInt("drain-seconds", &f.drain_seconds, 0, 3600,
            "SIGTERM: calls in flight finish within this (router, then each worker)");
   p.AddInt("max-inflight-tokens", &f.max_inflight_tokens, 1, int64_t{1} << 40,
@@ -248,6 +251,7 @@ int RunServe(int argc, char** argv) {
   rf.model = *model_path;
   rf.max_inflight = f.max_inflight;
   rf.migration_limit = f.migration_limit;
+  rf.remote_prefill_min_tokens = f.remote_prefill_min_tokens;
   rf.max_inflight_tokens = f.max_inflight_tokens;
   rf.max_waiting_requests = f.max_waiting_requests;
   rf.max_waiting_tokens = f.max_waiting_tokens;

@@ -7,22 +7,28 @@
 //   (*server)->port();
 //   (*server)->Shutdown();
 //
-// Prefill(request): runs the prompt (chunked prefill, prefix cache), samples
-// the first token, pushes the K/V to request.decode_address under
-// request.kv_handle through the KvTransport (skipped when decode_address is
-// empty or when the first token already ends the request: finish_reason is
-// then set), and returns the first token. The RPC deadline bounds the whole
-// call (engine wait and transfer); cancel / deadline cancel the engine
-// request. Errors: INVALID_ARGUMENT (params / prompt), RESOURCE_EXHAUSTED
-// (+ retry-after-ms trailer), a failed transfer (ABORTED naming the decode
-// worker when the transport or receiver failed; the receiver's
-// RESOURCE_EXHAUSTED / FAILED_PRECONDITION / INVALID_ARGUMENT as they are),
-// CANCELLED / DEADLINE_EXCEEDED, UNAVAILABLE while draining.
+// Prefill(request) -> stream of PrefillResponse: runs the prompt (chunked
+// prefill, prefix cache) with the engine streaming its K/V
+// (EngineRequest::stream_kv_export); each chunk a step computes is pushed to
+// request.decode_address under request.kv_handle through the KvTransport on
+// a sender thread (transfer::KvPushPipe), so the push overlaps the rest of
+// the prefill. The first token goes to the router as soon as it is sampled
+// (first message: TTFT = queue + prefill), then, once the decode worker
+// accepted every byte, a second message with kv_landed. When the first token
+// ends the request (EOS, stop, max_tokens 1) the second message carries
+// finish_reason instead and the push is cancelled; with an empty
+// decode_address nothing is pushed. The RPC deadline bounds the whole call;
+// cancel / deadline cancel the engine request and the push. Errors (after
+// the first message when they happen later): INVALID_ARGUMENT (params /
+// prompt), RESOURCE_EXHAUSTED (+ retry-after-ms trailer), a failed transfer
+// (ABORTED naming the decode worker when the transport or receiver failed;
+// the receiver's RESOURCE_EXHAUSTED / FAILED_PRECONDITION / INVALID_ARGUMENT
+// as they are), CANCELLED / DEADLINE_EXCEEDED, UNAVAILABLE while draining.
 // prefix_output_token_ids (migration replay) are computed with the prompt;
 // the K/V sent covers both, and the token returned is the next output. When
-// they already end the request, first_token_id is -1 and finish_reason set.
-// Cancelling the call mid-transfer cancels the push (child call), so the
-// decode worker drops the partial handoff at once.
+// they already end the request, first_token_id is -1 and finish_reason set
+// (one message). Cancelling the call mid-transfer cancels the push (child
+// call), so the decode worker drops the partial handoff at once.
 //
 // Thread safety: all methods thread-safe.
 #ifndef TANDEM_SERVICES_PREFILL_PREFILL_SERVER_H_
@@ -46,7 +52,7 @@ class PrefillServiceImpl final : public tandem::v1::PrefillWorker::Service {
   PrefillServiceImpl(services::WorkerRuntime* runtime, transfer::KvTransport* transport);
 
   grpc::Status Prefill(grpc::ServerContext* context, const tandem::v1::PrefillRequest* request,
-                       tandem::v1::PrefillResponse* response) override;
+                       grpc::ServerWriter<tandem::v1::PrefillResponse>* writer) override;
   grpc::Status GetStats(grpc::ServerContext* context, const tandem::v1::WorkerStatsRequest* request,
                         tandem::v1::WorkerStats* response) override;
 

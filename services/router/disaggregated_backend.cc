@@ -186,19 +186,45 @@ class DisaggregatedCall final : public BackendCall {
       *req.mutable_params() = params;
       req.set_decode_address(decode->address);
       req.set_kv_handle(handle);
-      tandem::v1::PrefillResponse first;
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + kWorkerRpcLimit));
       grpc::Status s;
+      tandem::v1::FinishReason early_finish = tandem::v1::FINISH_REASON_UNSPECIFIED;
+      bool kv_landed = false;
       {
         // The push hangs on the decode worker too when that one hangs.
         WatchScope watch_prefill(this, *prefill);
         WatchScope watch_decode(this, *decode);
-        s = Arm(&ctx) ? prefill->prefill->Prefill(&ctx, req, &first)
-                      : grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+        if (Arm(&ctx)) {
+          auto reader = prefill->prefill->Prefill(&ctx, req);
+          tandem::v1::PrefillResponse msg;
+          while (reader->Read(&msg)) {
+            num_cached_tokens_ = std::max(num_cached_tokens_, msg.num_cached_tokens());
+            queue_seconds_ += msg.queue_seconds();
+            // 2. The first token goes to the client the moment it arrives
+            // (TTFT), while the prefill worker still pushes the K/V.
+            std::vector<tandem::v1::PositionLogprobs> lp;
+            if (msg.first_token_id() >= 0 && request_.logprobs) lp.push_back(msg.first_logprobs());
+            if (msg.first_token_id() >= 0) {
+              PushTokens({msg.first_token_id()}, msg.first_text(), std::move(lp));
+            } else if (!msg.first_text().empty()) {
+              PushTokens({}, msg.first_text(), {});
+            }
+            if (msg.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+              early_finish = msg.finish_reason();
+            }
+            kv_landed = kv_landed || msg.kv_landed();
+          }
+          s = reader->Finish();
+        } else {
+          s = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+        }
       }
       Disarm();
       WorkerPool::DonePrefill(*prefill, static_cast<int64_t>(request_.prompt_token_ids.size()));
+      if (s.ok() && early_finish == tandem::v1::FINISH_REASON_UNSPECIFIED && !kv_landed) {
+        s = grpc::Status(grpc::StatusCode::INTERNAL, "prefill ended without its K/V landing");
+      }
       if (!s.ok()) {
         const Worker* failed = failed_worker();
         if (failed != decode.get()) ReleaseKv(*decode, handle);  // a hung one would stall us
@@ -224,21 +250,13 @@ class DisaggregatedCall final : public BackendCall {
         FinishError(s, absl::StrFormat("prefill worker %s", prefill->address));
         return Failure::kNone;
       }
-      num_cached_tokens_ = std::max(num_cached_tokens_, first.num_cached_tokens());
-      queue_seconds_ += first.queue_seconds();
-      // 2. The first token goes to the client now: TTFT.
-      if (first.first_token_id() >= 0) {
-        std::vector<tandem::v1::PositionLogprobs> lp;
-        if (request_.logprobs) lp.push_back(first.first_logprobs());
-        PushTokens({first.first_token_id()}, first.first_text(), std::move(lp));
-      }
-      if (first.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED || cancelled()) {
+      if (early_finish != tandem::v1::FINISH_REASON_UNSPECIFIED || cancelled()) {
         ReleaseKv(*decode, handle);
         WorkerPool::DoneDecode(*decode);
         if (cancelled()) {
           FinishCancelled();
         } else {
-          Finish(first.finish_reason(), absl::OkStatus());
+          Finish(early_finish, absl::OkStatus());
         }
         return Failure::kNone;
       }
@@ -332,6 +350,7 @@ class DisaggregatedCall final : public BackendCall {
       }
       // Null: no prefill worker is healthy; the decode worker prefills.
       prefill = pool_->PickPrefill(request_.prompt_token_ids, request_.cache_key, bad_prefill);
+      pool_->NotePrompt(*decode, request_.prompt_token_ids, request_.cache_key);
       const std::string via =
           prefill != nullptr ? absl::StrFormat("prefill %s + decode %s", prefill->address,
                                                decode->address)
@@ -372,8 +391,20 @@ absl::StatusOr<std::unique_ptr<BackendCall>> DisaggregatedBackend::Start(
     const PreparedRequest& request, std::shared_ptr<CallQueue> queue) {
   std::shared_ptr<Worker> decode = pool_->PickDecode();
   if (decode == nullptr) return absl::UnavailableError("no healthy decode worker");
-  // Null when no prefill worker is healthy: the decode worker prefills.
-  std::shared_ptr<Worker> prefill = pool_->PickPrefill(request.prompt_token_ids, request.cache_key);
+  // The pd-decider: a handoff pays off only for enough tokens the decode
+  // worker would otherwise compute itself.
+  const int64_t uncached =
+      static_cast<int64_t>(request.prompt_token_ids.size()) -
+      pool_->CachedPromptTokens(*decode, request.prompt_token_ids, request.cache_key);
+  std::shared_ptr<Worker> prefill;
+  if (uncached >= options_.remote_prefill_min_tokens) {
+    // Null when no prefill worker is healthy: the decode worker prefills.
+    prefill = pool_->PickPrefill(request.prompt_token_ids, request.cache_key);
+  }
+  pool_->NotePrompt(*decode, request.prompt_token_ids, request.cache_key);
+  if (options_.metrics != nullptr) {
+    options_.metrics->PrefillDecisions(prefill != nullptr ? "remote" : "local")->Inc();
+  }
   std::string handle = absl::StrFormat("%s/%d", request.request_id, next_handle_.fetch_add(1));
   return std::make_unique<DisaggregatedCall>(request, std::move(queue), pool_, options_,
                                              std::move(prefill), std::move(decode),

@@ -1,10 +1,15 @@
 // DisaggregatedBackend: one request = PrefillWorker.Prefill on a prefill
-// worker (which pushes the prompt's KV to the chosen decode worker under
-// kv_handle and returns the first token), then DecodeWorker.Decode on that
+// worker (which streams the prompt's KV to the chosen decode worker under
+// kv_handle while it computes it, sends the first token as soon as it is
+// sampled, then a kv_landed message), then DecodeWorker.Decode on that
 // decode worker (which adopts the leased KV and streams the rest).
 //
-// The first token is queued for the client the moment Prefill returns (the
-// router's TTFT). On every path that does not end in a clean Decode finish
+// The first token is queued for the client the moment the Prefill stream
+// delivers it (the router's TTFT: queue + prefill, no transfer); the Decode
+// call starts once the KV has landed. Where the prompt is prefilled is
+// decided per request (Options::remote_prefill_min_tokens): short prompts,
+// or prompts mostly in the decode worker's prefix cache, skip the prefill
+// worker and the handoff (tandem_router_prefill_decisions_total{where}). On every path that does not end in a clean Decode finish
 // (prefill error, cancel, deadline, decode error, first token already final)
 // the router sends DecodeWorker.ReleaseKv(kv_handle), which is idempotent
 // (and refuses a push that arrives after it), so no lease outlives the
@@ -46,10 +51,19 @@
 
 namespace tandem::router {
 
+// Below this many uncached prompt tokens a handoff costs more than it saves
+// (docs/architecture.md, "Where a prompt is prefilled").
+inline constexpr int64_t kDefaultRemotePrefillMinTokens = 32;
+
 class DisaggregatedBackend final : public Backend {
  public:
   struct Options {
     int migration_limit = 3;                   // re-dispatches per request (0 = none)
+    // The pd-decider: a prompt with fewer tokens than this that the chosen
+    // decode worker does not already hold in its prefix cache (as far as the
+    // router knows: the block hashes it sent there) is prefilled on that
+    // decode worker, with no KV handoff; 0 = always on a prefill worker.
+    int64_t remote_prefill_min_tokens = kDefaultRemotePrefillMinTokens;
     metrics::TandemMetrics* metrics = nullptr;  // router phase; may be null
   };
   // `pool` (and options.metrics) must outlive the backend and every call.

@@ -89,6 +89,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
   if (options.migration_limit < 0 || options.migration_limit > 100) {
     return absl::InvalidArgumentError("router: migration_limit must be in [0, 100]");
   }
+  if (options.remote_prefill_min_tokens < 0) {
+    return absl::InvalidArgumentError("router: remote_prefill_min_tokens must be >= 0");
+  }
   if (options.max_inflight_tokens < 1) {
     return absl::InvalidArgumentError("router: max_inflight_tokens must be >= 1");
   }
@@ -121,6 +124,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
     }
     DisaggregatedBackend::Options bo;
     bo.migration_limit = options.migration_limit;
+    bo.remote_prefill_min_tokens = options.remote_prefill_min_tokens;
     bo.metrics = r->metrics_.get();
     r->owned_backend_ = std::make_unique<DisaggregatedBackend>(r->pool_.get(), bo);
   }

@@ -26,6 +26,7 @@
 #include "engine/engine.h"
 #include "grpcpp/server.h"
 #include "services/router/backend.h"
+#include "services/router/disaggregated_backend.h"
 #include "services/router/generation_service.h"
 #include "services/router/worker_pool.h"
 
@@ -55,6 +56,9 @@ class RouterServer {
     Backend* backend_override = nullptr;
     // Disaggregated: re-dispatches of a request after worker failures.
     int migration_limit = 3;
+    // Disaggregated: prompts with fewer uncached tokens on the chosen decode
+    // worker are prefilled there (DisaggregatedBackend::Options).
+    int64_t remote_prefill_min_tokens = kDefaultRemotePrefillMinTokens;
     // TLS of the one gRPC port (clients, WorkerRegistry) and of the
     // channels to workers (docs/security.md). Empty = plaintext.
     services::TlsOptions tls;

@@ -323,6 +323,33 @@ std::shared_ptr<Worker> WorkerPool::PickDecode(const WorkerSet& exclude) {
   return best;
 }
 
+namespace {
+
+int BlockSizeOf(const Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w.mu) {
+  return w.stats.compat().block_size() > 0 ? w.stats.compat().block_size() : kDefaultBlockSize;
+}
+
+}  // namespace
+
+int64_t WorkerPool::CachedPromptTokens(Worker& w, const std::vector<int32_t>& prompt,
+                                       uint64_t cache_key) {
+  absl::MutexLock lock(&w.mu);
+  const int bs = BlockSizeOf(w);
+  const std::vector<uint64_t> hashes = BlockHashes(prompt, cache_key, bs);
+  int64_t cached = 0;
+  while (cached < static_cast<int64_t>(hashes.size()) && w.seen_blocks.contains(hashes[cached])) {
+    ++cached;
+  }
+  return cached * bs;
+}
+
+void WorkerPool::NotePrompt(Worker& w, const std::vector<int32_t>& prompt, uint64_t cache_key) {
+  absl::MutexLock lock(&w.mu);
+  const std::vector<uint64_t> hashes = BlockHashes(prompt, cache_key, BlockSizeOf(w));
+  if (w.seen_blocks.size() + hashes.size() > options_.max_seen_blocks) w.seen_blocks.clear();
+  w.seen_blocks.insert(hashes.begin(), hashes.end());
+}
+
 void WorkerPool::DonePrefill(Worker& w, int64_t num_tokens) {
   absl::MutexLock lock(&w.mu);
   w.inflight_tokens = std::max<int64_t>(0, w.inflight_tokens - num_tokens);

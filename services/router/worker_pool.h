@@ -115,6 +115,12 @@ class WorkerPool {
   std::shared_ptr<Worker> PickPrefill(const std::vector<int32_t>& prompt, uint64_t cache_key,
                                       const WorkerSet& exclude = {});
   std::shared_ptr<Worker> PickDecode(const WorkerSet& exclude = {});
+  // Decode workers: prompt tokens the router expects `w` to hold in its
+  // prefix cache (leading full blocks whose hashes it sent there; an
+  // estimate: the worker may have evicted them). NotePrompt records that the
+  // prompt's K/V goes to `w` (handed over or computed there).
+  int64_t CachedPromptTokens(Worker& w, const std::vector<int32_t>& prompt, uint64_t cache_key);
+  void NotePrompt(Worker& w, const std::vector<int32_t>& prompt, uint64_t cache_key);
   static void DonePrefill(Worker& w, int64_t num_tokens);
   static void DoneDecode(Worker& w);
 

@@ -5,6 +5,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "common/status.h"
 #include "services/common/fault_injection.h"
 #include "services/common/grpc_status.h"
 
@@ -39,53 +40,117 @@ std::shared_ptr<tandem::v1::DecodeWorker::Stub> HostKvTransport::StubFor(
 
 tandem::v1::KvTransferHeader HostKvTransport::MakeHeader(const KvTransferTarget& target,
                                                          const tandem::v1::KvCompatibility& compat,
-                                                         const engine::KvExport& kv) {
+                                                         const KvSendPlan& plan) {
   tandem::v1::KvTransferHeader h;
   h.set_kv_handle(target.kv_handle);
   h.set_request_id(target.request_id);
   *h.mutable_compat() = compat;
-  h.set_num_tokens(static_cast<int32_t>(kv.num_tokens()));
-  h.set_bytes_per_token(kv.bytes_per_token);
-  h.set_total_bytes(static_cast<int64_t>(kv.bytes.size()));
-  for (int32_t id : kv.token_ids) h.add_token_ids(id);
+  h.set_num_tokens(static_cast<int32_t>(plan.token_ids.size()));
+  h.set_bytes_per_token(plan.bytes_per_token);
+  h.set_total_bytes(plan.total_bytes());
+  for (int32_t id : plan.token_ids) h.add_token_ids(id);
   return h;
 }
 
-absl::StatusOr<KvSendResult> HostKvTransport::Send(const KvTransferTarget& target,
-                                                   const tandem::v1::KvCompatibility& compat,
-                                                   const engine::KvExport& kv,
-                                                   absl::Time deadline) {
-  const absl::Time start = absl::Now();
-  auto stub = StubFor(target.address);
-  const std::unique_ptr<grpc::ClientContext> owned = MakeTransferContext(target, deadline);
-  grpc::ClientContext& context = *owned;
-  tandem::v1::PushKvResponse response;
-  std::unique_ptr<grpc::ClientWriter<tandem::v1::KvChunk>> writer =
-      stub->PushKv(&context, &response);
-  tandem::v1::KvChunk chunk;
-  *chunk.mutable_header() = MakeHeader(target, compat, kv);
-  bool ok = writer->Write(chunk);
+namespace {
+
+// One PushKv call: the header went out at Open; Write sends raw chunks.
+class HostKvSendStream final : public KvSendStream {
+ public:
+  HostKvSendStream(std::shared_ptr<tandem::v1::DecodeWorker::Stub> stub,
+                   std::unique_ptr<grpc::ClientContext> context, int64_t chunk_bytes,
+                   int64_t total_bytes)
+      : stub_(std::move(stub)),
+        context_(std::move(context)),
+        chunk_bytes_(chunk_bytes),
+        total_bytes_(total_bytes),
+        start_(absl::Now()) {
+    writer_ = stub_->PushKv(context_.get(), &response_);
+  }
+  ~HostKvSendStream() override {
+    if (!finished_) {
+      context_->TryCancel();  // the receiver drops the partial push and its reservation
+      (void)writer_->Finish();
+    }
+  }
+
+  absl::Status WriteHeader(const tandem::v1::KvTransferHeader& header) {
+    tandem::v1::KvChunk chunk;
+    *chunk.mutable_header() = header;
+    return writer_->Write(chunk) ? absl::OkStatus() : Broken();
+  }
+
+  absl::Status Write(std::string_view bytes) override {
+    if (broken_) return absl::FailedPreconditionError("PushKv: write after a failed write");
+    if (sent_ + static_cast<int64_t>(bytes.size()) > total_bytes_) {
+      return absl::InvalidArgumentError("PushKv: more bytes than the header declared");
+    }
+    for (size_t off = 0; off < bytes.size(); off += static_cast<size_t>(chunk_bytes_)) {
+      const size_t n = std::min(static_cast<size_t>(chunk_bytes_), bytes.size() - off);
+      chunk_.set_data(bytes.data() + off, n);
+      if (!writer_->Write(chunk_)) return Broken();
+      sent_ += static_cast<int64_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+  void Cancel() override { context_->TryCancel(); }
+
+  absl::StatusOr<KvSendResult> Finish() override {
+    if (broken_) return absl::FailedPreconditionError("PushKv: finish after a failed write");
+    if (sent_ != total_bytes_) {
+      return absl::InvalidArgumentError("PushKv: fewer bytes than the header declared");
+    }
+    const bool ok = writer_->WritesDone();
+    finished_ = true;
+    const grpc::Status status = writer_->Finish();
+    if (!status.ok()) return services::FromGrpcStatus(status);
+    if (!ok) return absl::UnavailableError("PushKv stream broke");
+    KvSendResult result;
+    result.num_bytes = response_.bytes_received();
+    result.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+    result.lease_seconds = response_.lease_seconds();
+    if (result.num_bytes != total_bytes_) {
+      return absl::DataLossError("PushKv: receiver counted a different number of bytes");
+    }
+    return result;
+  }
+
+ private:
+  // The stream closed under a write: the receiver's status says why.
+  absl::Status Broken() {
+    broken_ = true;
+    finished_ = true;
+    const grpc::Status status = writer_->Finish();
+    if (!status.ok()) return services::FromGrpcStatus(status);
+    return absl::UnavailableError("PushKv stream broke");
+  }
+
+  const std::shared_ptr<tandem::v1::DecodeWorker::Stub> stub_;
+  const std::unique_ptr<grpc::ClientContext> context_;
+  const int64_t chunk_bytes_;
+  const int64_t total_bytes_;
+  const absl::Time start_;
+  tandem::v1::PushKvResponse response_;
+  std::unique_ptr<grpc::ClientWriter<tandem::v1::KvChunk>> writer_;
+  tandem::v1::KvChunk chunk_;
+  int64_t sent_ = 0;
+  bool broken_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvSendStream>> HostKvTransport::Open(
+    const KvTransferTarget& target, const tandem::v1::KvCompatibility& compat,
+    const KvSendPlan& plan, absl::Time deadline) {
+  auto stream = std::make_unique<HostKvSendStream>(
+      StubFor(target.address), MakeTransferContext(target, deadline), chunk_bytes_,
+      plan.total_bytes());
+  TANDEM_RETURN_IF_ERROR(stream->WriteHeader(MakeHeader(target, compat, plan)));
   static const absl::Duration fault_delay = services::FaultDelay(services::kFaultKvPushDelay);
   if (fault_delay > absl::ZeroDuration()) absl::SleepFor(fault_delay);  // tests only
-  const int64_t total = static_cast<int64_t>(kv.bytes.size());
-  for (int64_t off = 0; ok && off < total; off += chunk_bytes_) {
-    const int64_t n = std::min(chunk_bytes_, total - off);
-    chunk.set_data(kv.bytes.data() + off, n);
-    // The last chunk may coalesce with WritesDone.
-    ok = writer->Write(chunk);
-  }
-  if (ok) writer->WritesDone();
-  const grpc::Status status = writer->Finish();
-  if (!status.ok()) return services::FromGrpcStatus(status);
-  if (!ok) return absl::UnavailableError("PushKv stream broke");
-  KvSendResult result;
-  result.num_bytes = response.bytes_received();
-  result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  result.lease_seconds = response.lease_seconds();
-  if (result.num_bytes != total) {
-    return absl::DataLossError("PushKv: receiver counted a different number of bytes");
-  }
-  return result;
+  return std::unique_ptr<KvSendStream>(std::move(stream));
 }
 
 }  // namespace tandem::transfer

@@ -1,7 +1,9 @@
 // HostKvTransport: the client side of DecodeWorker.PushKv. One header
 // message (handle, compat, num_tokens, bytes_per_token, total_bytes, token
-// ids), then the payload (KvExport layout, engine/kv_export.h) in raw chunks
-// of at most kMaxChunkBytes. Channels are cached per address.
+// ids), written at Open, then the payload (KvExport layout,
+// engine/kv_export.h) in raw chunks of at most kMaxChunkBytes as each piece
+// is written, so the receiver copies the first blocks while the prefill
+// still computes the rest. Channels are cached per address.
 //
 // Thread safety: thread-safe.
 #ifndef TANDEM_SERVICES_TRANSFER_HOST_KV_TRANSPORT_H_
@@ -28,14 +30,15 @@ class HostKvTransport final : public KvTransport {
                            services::ChannelSecurity security = {})
       : chunk_bytes_(chunk_bytes), security_(std::move(security)) {}
 
-  absl::StatusOr<KvSendResult> Send(const KvTransferTarget& target,
-                                    const tandem::v1::KvCompatibility& compat,
-                                    const engine::KvExport& kv, absl::Time deadline) override;
+  absl::StatusOr<std::unique_ptr<KvSendStream>> Open(const KvTransferTarget& target,
+                                                     const tandem::v1::KvCompatibility& compat,
+                                                     const KvSendPlan& plan,
+                                                     absl::Time deadline) override;
 
-  // The header Send writes first (exposed for tests).
+  // The header Open writes first (exposed for tests and the NCCL transport).
   static tandem::v1::KvTransferHeader MakeHeader(const KvTransferTarget& target,
                                                  const tandem::v1::KvCompatibility& compat,
-                                                 const engine::KvExport& kv);
+                                                 const KvSendPlan& plan);
 
  private:
   std::shared_ptr<tandem::v1::DecodeWorker::Stub> StubFor(const std::string& address);

@@ -8,12 +8,19 @@
 // stream; host_kv_transport.h) and NcclKvTransport (the header over gRPC, the
 // payload by ncclSend; nccl_kv_transport.h, docs/nccl.md).
 //
-// Thread safety: Send may be called from many threads at once.
+// A handoff is streamed: Open declares the tokens (the receiver reserves the
+// whole size), then KvSendStream::Write sends the payload piece by piece as
+// the prefill computes it, and Finish waits for the receiver's acceptance.
+//
+// Thread safety: Open / Send may be called from many threads at once.
 #ifndef TANDEM_SERVICES_TRANSFER_KV_TRANSPORT_H_
 #define TANDEM_SERVICES_TRANSFER_KV_TRANSPORT_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -41,16 +48,51 @@ struct KvSendResult {
   double lease_seconds = 0;  // how long the receiver holds it unclaimed
 };
 
+// What a handoff declares before its first byte: the receiver checks it and
+// reserves the whole size at once.
+struct KvSendPlan {
+  std::vector<int32_t> token_ids;  // the tokens whose K/V follow, in order
+  int64_t bytes_per_token = 0;     // engine/kv_export.h layout
+  int64_t total_bytes() const {
+    return static_cast<int64_t>(token_ids.size()) * bytes_per_token;
+  }
+};
+
+// One handoff in flight: the payload goes out in pieces as the prefill
+// computes it (Write, in order), then Finish waits for the receiver's
+// acceptance. Destroying it without Finish (or after a failed Write) cancels
+// the handoff: the receiver drops its partial copy and its reservation.
+// Not thread-safe: one thread drives it.
+class KvSendStream {
+ public:
+  virtual ~KvSendStream() = default;
+  // The next piece of the payload. May block while the wire is behind (gRPC
+  // flow control bounds the bytes in flight). An error ends the handoff
+  // (e.g. the receiver refused the header, or the peer went away).
+  virtual absl::Status Write(std::string_view bytes) = 0;
+  // REQUIRES: plan.total_bytes() written. Returns when the receiver holds
+  // all of it under its lease.
+  virtual absl::StatusOr<KvSendResult> Finish() = 0;
+  // From any thread: ends the handoff now (a Write or Finish blocked in
+  // another thread returns an error); the receiver drops what it got.
+  virtual void Cancel() {}
+};
+
 class KvTransport {
  public:
   virtual ~KvTransport() = default;
-  // Sends `kv` (described by `compat`) to target; returns when the receiver
-  // has accepted all of it. Errors are the receiver's (FailedPrecondition
-  // for a compat mismatch, InvalidArgument for sizes, ResourceExhausted when
-  // it has no room) or the transport's (Unavailable, DeadlineExceeded).
+  // Starts a handoff of `plan` (described by `compat`) to target. Errors
+  // are the receiver's (FailedPrecondition for a compat mismatch,
+  // InvalidArgument for sizes, ResourceExhausted when it has no room) or the
+  // transport's (Unavailable, DeadlineExceeded), here or from the stream.
+  virtual absl::StatusOr<std::unique_ptr<KvSendStream>> Open(
+      const KvTransferTarget& target, const tandem::v1::KvCompatibility& compat,
+      const KvSendPlan& plan, absl::Time deadline) = 0;
+  // The whole of `kv` in one piece (Open, Write, Finish); returns when the
+  // receiver has accepted all of it.
   virtual absl::StatusOr<KvSendResult> Send(const KvTransferTarget& target,
                                             const tandem::v1::KvCompatibility& compat,
-                                            const engine::KvExport& kv, absl::Time deadline) = 0;
+                                            const engine::KvExport& kv, absl::Time deadline);
 };
 
 }  // namespace tandem::transfer

@@ -155,6 +155,60 @@ absl::Status NcclKvTransport::Connect(Pair& pair, const KvTransferTarget& target
   return absl::OkStatus();
 }
 
+namespace {
+
+// Collects the pieces of one handoff; Finish sends them in one transfer.
+class BufferedKvSendStream final : public KvSendStream {
+ public:
+  BufferedKvSendStream(NcclKvTransport* transport, KvTransferTarget target,
+                       tandem::v1::KvCompatibility compat, const KvSendPlan& plan,
+                       absl::Time deadline, int64_t num_layers, int64_t num_kv_heads,
+                       int64_t head_dim)
+      : transport_(transport),
+        target_(std::move(target)),
+        compat_(std::move(compat)),
+        deadline_(deadline) {
+    kv_.token_ids = plan.token_ids;
+    kv_.bytes_per_token = plan.bytes_per_token;
+    kv_.num_layers = num_layers;
+    kv_.num_kv_heads = num_kv_heads;
+    kv_.head_dim = head_dim;
+    total_ = plan.total_bytes();
+    kv_.bytes.reserve(total_);
+  }
+  absl::Status Write(std::string_view bytes) override {
+    if (static_cast<int64_t>(kv_.bytes.size() + bytes.size()) > total_) {
+      return absl::InvalidArgumentError("NCCL KV transfer: more bytes than declared");
+    }
+    kv_.bytes.append(bytes);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<KvSendResult> Finish() override {
+    if (static_cast<int64_t>(kv_.bytes.size()) != total_) {
+      return absl::InvalidArgumentError("NCCL KV transfer: fewer bytes than declared");
+    }
+    return transport_->Send(target_, compat_, kv_, deadline_);
+  }
+
+ private:
+  NcclKvTransport* const transport_;
+  const KvTransferTarget target_;
+  const tandem::v1::KvCompatibility compat_;
+  const absl::Time deadline_;
+  engine::KvExport kv_;
+  int64_t total_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvSendStream>> NcclKvTransport::Open(
+    const KvTransferTarget& target, const tandem::v1::KvCompatibility& compat,
+    const KvSendPlan& plan, absl::Time deadline) {
+  return std::unique_ptr<KvSendStream>(std::make_unique<BufferedKvSendStream>(
+      this, target, compat, plan, deadline, compat.num_layers(), compat.num_kv_heads(),
+      compat.head_dim()));
+}
+
 absl::StatusOr<KvSendResult> NcclKvTransport::Send(const KvTransferTarget& target,
                                                    const tandem::v1::KvCompatibility& compat,
                                                    const engine::KvExport& kv,
@@ -204,7 +258,8 @@ absl::StatusOr<KvSendResult> NcclKvTransport::SendOnce(Pair& pair, const KvTrans
   tandem::v1::NcclPushBegin* begin = request.mutable_begin();
   begin->set_peer_id(options_.peer_id);
   begin->set_comm_generation(pair.generation);
-  *begin->mutable_header() = HostKvTransport::MakeHeader(target, compat, kv);
+  *begin->mutable_header() =
+      HostKvTransport::MakeHeader(target, compat, KvSendPlan{kv.token_ids, kv.bytes_per_token});
   begin->set_blocks_per_segment(blocks_per_segment);
   tandem::v1::NcclPushKvResponse response;
   // 1. The receiver accepts the header (or rejects it: then nothing was posted).

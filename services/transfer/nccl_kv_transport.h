@@ -64,6 +64,15 @@ class NcclKvTransport final : public KvTransport {
   NcclKvTransport(std::shared_ptr<NcclOps> ops, NcclTransportOptions options = {});
   ~NcclKvTransport() override;  // aborts every communicator
 
+  // Buffers the pieces and sends them all at Finish (one Send): NCCL
+  // operations on a pair's communicator are serialized, so a handoff that
+  // streamed over the whole prefill would block every other handoff to that
+  // decode worker meanwhile. The first token still leaves before the
+  // transfer (the prefill worker sends it as soon as it is sampled).
+  absl::StatusOr<std::unique_ptr<KvSendStream>> Open(const KvTransferTarget& target,
+                                                     const tandem::v1::KvCompatibility& compat,
+                                                     const KvSendPlan& plan,
+                                                     absl::Time deadline) override;
   absl::StatusOr<KvSendResult> Send(const KvTransferTarget& target,
                                     const tandem::v1::KvCompatibility& compat,
                                     const engine::KvExport& kv, absl::Time deadline) override;

@@ -370,6 +370,8 @@ TEST_F(PdHandoffTest, StreamedExportMatchesOnePieceAndLeadsWithTheToken) {
   }
   EXPECT_EQ(finish->reason, RequestFinishReason::kLength);
   EXPECT_EQ(finish->kv_export, nullptr);
+  EXPECT_TRUE(finish->kv_exported);
+  EXPECT_TRUE(whole.finish->kv_exported);
   EXPECT_EQ(tokens, whole.token_ids);
   EXPECT_EQ(next, 53);
   EXPECT_TRUE(bytes == whole.finish->kv_export->bytes);
@@ -404,6 +406,7 @@ TEST_F(PdHandoffTest, StreamedExportStopsWhenTheFirstTokenFinishes) {
       const FinishEvent& f = std::get<FinishEvent>(*ev);
       EXPECT_EQ(f.reason, RequestFinishReason::kLength);
       EXPECT_EQ(f.kv_export, nullptr);
+      EXPECT_FALSE(f.kv_exported);  // max_tokens 1 really ended it
       break;
     }
   }

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -117,6 +118,13 @@ class ServeProcess {
                                      // Never serve's fixed default 8000: tests run in parallel.
                                      "--http-port",
                                      "0"};
+    // The disaggregated tests test the handoff: every prompt, however
+    // short, goes through a prefill worker unless a test sets the
+    // pd-decider's threshold itself.
+    if (std::find(extra_args.begin(), extra_args.end(), "--remote-prefill-min-tokens") ==
+        extra_args.end()) {
+      argv.insert(argv.end(), {"--remote-prefill-min-tokens", "0"});
+    }
     argv.insert(argv.end(), extra_args.begin(), extra_args.end());
     pid_ = SpawnLogged(argv, log_file_);
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);

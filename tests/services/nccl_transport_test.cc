@@ -18,6 +18,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "tests/util/prefill_call.h"
 #include "services/common/compat.h"
 #include "services/common/convert.h"
 #include "services/decode/decode_server.h"
@@ -584,7 +585,7 @@ class NcclReceiverProtocolTest : public NcclTransportTest {
     b->set_peer_id("nobody");
     b->set_comm_generation(1);
     *b->mutable_header() =
-        HostKvTransport::MakeHeader({node_->address, "h", "r"}, TestCompat(), kv);
+        HostKvTransport::MakeHeader({node_->address, "h", "r"}, TestCompat(), KvSendPlan{kv.token_ids, kv.bytes_per_token});
     b->set_blocks_per_segment(1);
     return req;
   }
@@ -722,7 +723,7 @@ TEST_F(NcclWorkersTest, PrefillToDecodeOverNcclMatchesColocated) {
     const v1::PrefillRequest pr = MakePrefill(r, handle, w.d->address());
     v1::PrefillResponse presp;
     grpc::ClientContext pctx;
-    grpc::Status st = w.ps->Prefill(&pctx, pr, &presp);
+    grpc::Status st = testing::CallPrefill(*w.ps, &pctx, pr, &presp);
     ASSERT_TRUE(st.ok()) << st.error_message();
     ASSERT_GT(presp.kv_bytes(), 0);
     std::vector<int32_t> tokens = {presp.first_token_id()};
@@ -776,7 +777,7 @@ TEST_F(NcclWorkersTest, CancellingPrefillAbortsTheNcclTransfer) {
     const absl::Time start = absl::Now();
     v1::PrefillResponse resp;
     const grpc::Status st =
-        w.ps->Prefill(&ctx, MakePrefill(r, absl::StrCat("c", n++), w.d->address()), &resp);
+        testing::CallPrefill(*w.ps, &ctx, MakePrefill(r, absl::StrCat("c", n++), w.d->address()), &resp);
     canceller.join();
     EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED) << st.error_message();
     // The worker's handler ends well before any transport timeout.
@@ -793,7 +794,7 @@ TEST_F(NcclWorkersTest, CancellingPrefillAbortsTheNcclTransfer) {
   // Nothing is left behind: the next request transfers on a new communicator.
   v1::PrefillResponse resp;
   grpc::ClientContext ctx;
-  const grpc::Status st = w.ps->Prefill(&ctx, MakePrefill(r, "after", w.d->address()), &resp);
+  const grpc::Status st = testing::CallPrefill(*w.ps, &ctx, MakePrefill(r, "after", w.d->address()), &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();
   EXPECT_GT(resp.kv_bytes(), 0);
   EXPECT_EQ(w.pops->num_inits(), 2);

@@ -8,6 +8,7 @@
 
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "tests/util/prefill_call.h"
 #include "services/common/compat.h"
 #include "services/common/convert.h"
 #include "services/decode/decode_server.h"
@@ -72,7 +73,7 @@ CollectedOutput RunDisaggregated(Cluster& c, const EngineRequest& r, const std::
   pr.set_kv_handle(handle);
   v1::PrefillResponse presp;
   grpc::ClientContext pctx;
-  grpc::Status st = c.p->Prefill(&pctx, pr, &presp);
+  grpc::Status st = testing::CallPrefill(*c.p, &pctx, pr, &presp);
   EXPECT_TRUE(st.ok()) << st.error_message();
   if (!st.ok()) return out;
   out.token_ids.push_back(presp.first_token_id());
@@ -275,7 +276,7 @@ TEST_F(PdWorkersTest, LeaseExpiryFreesAndDecodeGetsNotFound) {
   pr.set_kv_handle("expires");
   v1::PrefillResponse presp;
   grpc::ClientContext pctx;
-  ASSERT_TRUE(c.p->Prefill(&pctx, pr, &presp).ok());
+  ASSERT_TRUE(testing::CallPrefill(*c.p, &pctx, pr, &presp).ok());
   const absl::Time pushed = absl::Now();
   EXPECT_EQ(Stats(*c.d).num_leases(), 1);
   EXPECT_EQ(Stats(*c.d).num_leased_blocks(), 3);

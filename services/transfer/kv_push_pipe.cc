@@ -1,0 +1,101 @@
+#include "services/transfer/kv_push_pipe.h"
+
+#include <utility>
+
+namespace tandem::transfer {
+
+KvPushPipe::KvPushPipe(KvTransport* transport, KvTransferTarget target,
+                       tandem::v1::KvCompatibility compat, KvSendPlan plan, absl::Time deadline)
+    : transport_(transport),
+      target_(std::move(target)),
+      compat_(std::move(compat)),
+      plan_(std::move(plan)),
+      deadline_(deadline) {}
+
+KvPushPipe::~KvPushPipe() {
+  if (!finished_) Cancel();
+  if (thread_.joinable()) thread_.join();
+}
+
+void KvPushPipe::Push(std::string bytes) {
+  if (failed_.load()) return;
+  if (!thread_.joinable()) {
+    first_push_ = absl::Now();
+    thread_ = std::thread([this] { Run(); });
+  }
+  absl::MutexLock lock(&mu_);
+  pieces_.push_back(std::move(bytes));
+}
+
+absl::StatusOr<KvSendResult> KvPushPipe::Finish() {
+  finished_ = true;
+  if (!thread_.joinable()) {
+    // Nothing was pushed (a zero-byte handoff cannot happen: >= 1 token).
+    return absl::FailedPreconditionError("KV push: finish without any piece");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+  thread_.join();
+  absl::MutexLock lock(&mu_);
+  return *std::move(result_);
+}
+
+void KvPushPipe::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  closed_ = true;
+  if (stream_ != nullptr) stream_->Cancel();
+}
+
+void KvPushPipe::Run() {
+  absl::StatusOr<std::unique_ptr<KvSendStream>> stream =
+      transport_->Open(target_, compat_, plan_, deadline_);
+  auto done = [&](absl::StatusOr<KvSendResult> r) {
+    if (!r.ok()) failed_.store(true);
+    absl::MutexLock lock(&mu_);
+    stream_ = nullptr;
+    result_ = std::move(r);
+  };
+  if (!stream.ok()) {
+    done(stream.status());
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stream_ = stream->get();
+    if (cancelled_) (*stream)->Cancel();
+  }
+  while (true) {
+    std::string piece;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](KvPushPipe* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
+            return !p->pieces_.empty() || p->closed_;
+          },
+          this));
+      if (cancelled_) break;
+      if (pieces_.empty()) break;  // closed and drained
+      piece = std::move(pieces_.front());
+      pieces_.pop_front();
+    }
+    if (absl::Status st = (*stream)->Write(piece); !st.ok()) {
+      done(st);
+      return;
+    }
+  }
+  bool cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled = cancelled_;
+  }
+  if (cancelled) {
+    done(absl::CancelledError("KV push cancelled"));
+    return;  // the stream's destructor cancels the call
+  }
+  done((*stream)->Finish());
+}
+
+}  // namespace tandem::transfer

@@ -1,0 +1,83 @@
+// KvPushPipe: one streamed KV handoff driven from its own thread, so that
+// the thread that produces the pieces (the Prefill call, reading engine
+// events) never waits on the wire: it hands each piece over and goes on to
+// send the first token to the router at once.
+//
+//   KvPushPipe pipe(transport, target, compat, plan, deadline);
+//   pipe.Push(chunk.bytes);          // per KvChunkEvent, in order (starts the push)
+//   ... absl::StatusOr<KvSendResult> r = pipe.Finish();   // all pushed: wait for the receiver
+//   or pipe.Cancel();                // drop the handoff (the receiver frees its reservation)
+//
+// The thread opens the handoff at the first Push (the receiver checks the
+// header and reserves the whole size) and writes each piece as it comes.
+// Bytes handed over but not yet written are bounded by the request's own
+// K/V (what a one-piece export held); bytes on the wire by gRPC flow control.
+// Once the handoff failed, failed() is true and Push drops its bytes, so the
+// producer can stop early; Finish returns the error.
+//
+// Thread safety: Push, Finish and Cancel are called by one producer thread;
+// failed() from any thread.
+#ifndef TANDEM_SERVICES_TRANSFER_KV_PUSH_PIPE_H_
+#define TANDEM_SERVICES_TRANSFER_KV_PUSH_PIPE_H_
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "services/transfer/kv_transport.h"
+
+namespace tandem::transfer {
+
+class KvPushPipe {
+ public:
+  KvPushPipe(KvTransport* transport, KvTransferTarget target, tandem::v1::KvCompatibility compat,
+             KvSendPlan plan, absl::Time deadline);
+  ~KvPushPipe();  // Cancel() unless finished
+
+  KvPushPipe(const KvPushPipe&) = delete;
+  KvPushPipe& operator=(const KvPushPipe&) = delete;
+
+  // The next piece. Starts the sender thread at the first call.
+  void Push(std::string bytes);
+  // Every piece was pushed: waits until the receiver accepted them all (or
+  // the handoff failed) and returns the result. Call at most once.
+  absl::StatusOr<KvSendResult> Finish();
+  // Ends the handoff (idempotent): the receiver drops it.
+  void Cancel();
+
+  bool started() const { return thread_.joinable(); }
+  bool failed() const { return failed_.load(); }
+  // When the first piece was handed over (nullopt before).
+  std::optional<absl::Time> first_push() const { return first_push_; }
+
+ private:
+  void Run();
+
+  KvTransport* const transport_;
+  const KvTransferTarget target_;
+  const tandem::v1::KvCompatibility compat_;
+  const KvSendPlan plan_;
+  const absl::Time deadline_;
+  std::thread thread_;
+  std::optional<absl::Time> first_push_;  // producer thread only
+  bool finished_ = false;                 // producer thread only
+  std::atomic<bool> failed_{false};
+
+  absl::Mutex mu_;
+  std::deque<std::string> pieces_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;     // no more pieces
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  KvSendStream* stream_ ABSL_GUARDED_BY(mu_) = nullptr;  // for Cancel
+  std::optional<absl::StatusOr<KvSendResult>> result_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::transfer
+
+#endif  // TANDEM_SERVICES_TRANSFER_KV_PUSH_PIPE_H_
