@@ -129,8 +129,7 @@ absl::Status KldBaseWriter::Append(const KldBaseRecord& record) {
     Put<float>(&buf_, e.logprob);
   }
   if (std::fwrite(buf_.data(), 1, buf_.size(), f_) != buf_.size()) {
-    return absl::InternalError(
-        absl::StrFormat("cannot write %s: %s", path_, std::strerror(errno)));
+    return absl::InternalError(absl::StrFormat("cannot write %s: %s", path_, std::strerror(errno)));
   }
   ++written_;
   return absl::OkStatus();
@@ -143,8 +142,7 @@ absl::Status KldBaseWriter::Finish() {
   const bool closed = std::fclose(f_) == 0;
   f_ = nullptr;
   if (!flushed || !closed) {
-    return absl::InternalError(
-        absl::StrFormat("cannot write %s: %s", path_, std::strerror(errno)));
+    return absl::InternalError(absl::StrFormat("cannot write %s: %s", path_, std::strerror(errno)));
   }
   if (written_ != want) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -176,8 +174,8 @@ absl::StatusOr<std::unique_ptr<KldBaseReader>> KldBaseReader::Open(const std::st
   if (std::memcmp(fixed, kKldBaseMagic, 8) != 0) return bad("wrong magic (not a KLD base)");
   const uint32_t version = Get<uint32_t>(fixed + 8);
   if (version != kKldBaseVersion) {
-    return bad(absl::StrFormat("version %d, this build reads version %d", version,
-                               kKldBaseVersion));
+    return bad(
+        absl::StrFormat("version %d, this build reads version %d", version, kKldBaseVersion));
   }
   const uint32_t header_bytes = Get<uint32_t>(fixed + 12);
   KldBaseHeader& h = r->header_;
@@ -204,10 +202,9 @@ absl::StatusOr<std::unique_ptr<KldBaseReader>> KldBaseReader::Open(const std::st
   const uint64_t payload = file_size - header_bytes;
   if (payload % h.RecordBytes() != 0 || payload / h.RecordBytes() != records) {
     const bool short_file = payload / h.RecordBytes() < records;
-    return bad(absl::StrFormat(
-        "%s: %d bytes of records for %d chunks x %d tokens x %d bytes",
-        short_file ? "truncated" : "trailing bytes", payload, h.n_chunks, h.scored_per_chunk,
-        h.RecordBytes()));
+    return bad(absl::StrFormat("%s: %d bytes of records for %d chunks x %d tokens x %d bytes",
+                               short_file ? "truncated" : "trailing bytes", payload, h.n_chunks,
+                               h.scored_per_chunk, h.RecordBytes()));
   }
   return r;
 }

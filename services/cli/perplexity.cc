@@ -156,27 +156,23 @@ void PrintKldSummary(const KldSummary& s, std::FILE* out) {
 
 std::string KldJson(const KldSummary& s, const KldBaseHeader& h) {
   return absl::StrCat(
-      "{\"base_model\":", json::Quote(h.model_name),
-      ",\"base_top_k\":", h.top_k,
+      "{\"base_model\":", json::Quote(h.model_name), ",\"base_top_k\":", h.top_k,
       ",\"ppl\":", json::Number(s.ppl), ",\"ppl_error\":", json::Number(s.ppl_error),
       ",\"ppl_base\":", json::Number(s.ppl_base),
       ",\"ppl_base_error\":", json::Number(s.ppl_base_error),
       ",\"cor_ln_ppl\":", json::Number(s.cor_ln_ppl),
-      ",\"ln_ppl_ratio\":", JsonMean(s.ln_ppl_ratio),
-      ",\"kld_mean\":", JsonMean(s.kld),
+      ",\"ln_ppl_ratio\":", JsonMean(s.ln_ppl_ratio), ",\"kld_mean\":", JsonMean(s.kld),
       ",\"kld_max\":", json::Number(s.kld_max), ",\"kld_p999\":", json::Number(s.kld_p999),
       ",\"kld_p99\":", json::Number(s.kld_p99), ",\"kld_p90\":", json::Number(s.kld_p90),
       ",\"kld_median\":", json::Number(s.kld_median), ",\"kld_p10\":", json::Number(s.kld_p10),
       ",\"kld_p5\":", json::Number(s.kld_p5), ",\"kld_p1\":", json::Number(s.kld_p1),
-      ",\"kld_min\":", json::Number(s.kld_min),
-      ",\"delta_p_mean\":", JsonMean(s.delta_p),
+      ",\"kld_min\":", json::Number(s.kld_min), ",\"delta_p_mean\":", JsonMean(s.delta_p),
       ",\"delta_p_max\":", json::Number(s.delta_p_max),
       ",\"delta_p_p99\":", json::Number(s.delta_p_p99),
       ",\"delta_p_median\":", json::Number(s.delta_p_median),
       ",\"delta_p_p1\":", json::Number(s.delta_p_p1),
       ",\"delta_p_min\":", json::Number(s.delta_p_min),
-      ",\"rms_delta_p\":", JsonMean(s.rms_delta_p),
-      ",\"same_top_p\":", JsonMean(s.same_top), "}");
+      ",\"rms_delta_p\":", JsonMean(s.rms_delta_p), ",\"same_top_p\":", JsonMean(s.same_top), "}");
 }
 
 }  // namespace
@@ -242,8 +238,8 @@ int RunPerplexity(int argc, char** argv) {
   const int64_t n_vocab = config.vocab_size;
   const int64_t n_ctx = flags.ctx_size;
   if (n_ctx > config.context_length) {
-    return UsageError(absl::StrFormat("--ctx-size %d exceeds the model's context length %d",
-                                      n_ctx, config.context_length));
+    return UsageError(absl::StrFormat("--ctx-size %d exceeds the model's context length %d", n_ctx,
+                                      config.context_length));
   }
   if (tok.vocab().size() != n_vocab) {
     return UsageError(absl::StrFormat("the tokenizer has %d tokens, the model's vocab %d",
@@ -267,8 +263,8 @@ int RunPerplexity(int argc, char** argv) {
   const int64_t max_chunks = static_cast<int64_t>(tokens.size()) / n_ctx;
   const int64_t n_chunks = flags.chunks > 0 ? std::min(flags.chunks, max_chunks) : max_chunks;
   if (reader != nullptr && n_chunks != flags.chunks) {
-    return UsageError(absl::StrFormat("the base has %d chunks, this text only %d", flags.chunks,
-                                      max_chunks));
+    return UsageError(
+        absl::StrFormat("the base has %d chunks, this text only %d", flags.chunks, max_chunks));
   }
   const int64_t first = n_ctx / 2;
   const int64_t scored = n_ctx - 1 - first;  // per chunk
@@ -376,8 +372,8 @@ int RunPerplexity(int argc, char** argv) {
       const int32_t target = tokens[start + first + r + 1];
       const TokenScore score = ScoreToken(row, target);
       if (!std::isfinite(score.nll)) {
-        return Failure(absl::StrFormat("chunk %d, position %d: non-finite logits", c + 1,
-                                       first + r));
+        return Failure(
+            absl::StrFormat("chunk %d, position %d: non-finite logits", c + 1, first + r));
       }
       ppl.Add(score.nll);
       if (writer == nullptr && reader == nullptr) continue;
@@ -400,8 +396,7 @@ int RunPerplexity(int argc, char** argv) {
       if (reader != nullptr) {
         std::printf("%5d %12.4f %12.5f ± %9.5f %16.6f %11.3f%%\n", static_cast<int>(c + 1),
                     ppl.Ppl(), kld.MeanNll() - kld.MeanNllBase(),
-                    kld.Summarize().ln_ppl_ratio.error, kld.MeanKld(),
-                    100 * kld.SameTopFraction());
+                    kld.Summarize().ln_ppl_ratio.error, kld.MeanKld(), 100 * kld.SameTopFraction());
       } else {
         std::printf("[%d]%.4f,", static_cast<int>(c + 1), ppl.Ppl());
       }
@@ -410,8 +405,8 @@ int RunPerplexity(int argc, char** argv) {
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     std::fprintf(stderr, "[perplexity] chunk %d/%d: PPL %.4f, %.2f s/chunk, ETA %.1f s\n",
-                 static_cast<int>(c + 1), static_cast<int>(n_chunks), ppl.Ppl(),
-                 elapsed / (c + 1), elapsed / (c + 1) * (n_chunks - c - 1));
+                 static_cast<int>(c + 1), static_cast<int>(n_chunks), ppl.Ppl(), elapsed / (c + 1),
+                 elapsed / (c + 1) * (n_chunks - c - 1));
   }
   if (writer != nullptr) {
     if (absl::Status s = writer->Finish(); !s.ok()) return Failure(std::string(s.message()));

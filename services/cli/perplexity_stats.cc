@@ -80,9 +80,7 @@ double TopKKld(absl::Span<const TopEntry> base, absl::Span<const double> logprob
 
 double PplAccumulator::Ppl() const { return std::exp(MeanNll()); }
 
-double PplAccumulator::PplError() const {
-  return Ppl() * MeanAndError(sum_, sum2_, count_).error;
-}
+double PplAccumulator::PplError() const { return Ppl() * MeanAndError(sum_, sum2_, count_).error; }
 
 double Percentile(absl::Span<const double> sorted, double fraction) {
   if (sorted.empty()) return 0;

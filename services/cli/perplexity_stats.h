@@ -75,17 +75,17 @@ struct MeanWithError {
 // What `--kl-divergence` reports (as llama-perplexity --kl-divergence does).
 struct KldSummary {
   int64_t count = 0;
-  double ppl = 0, ppl_error = 0;             // current run
-  double ppl_base = 0, ppl_base_error = 0;   // the base run (from its stored NLL)
-  double cor_ln_ppl = 0;                     // correlation of per-token NLL, current vs base
-  MeanWithError ln_ppl_ratio;                // mean of nll - nll_base
-  MeanWithError kld;                         // mean KLD
+  double ppl = 0, ppl_error = 0;            // current run
+  double ppl_base = 0, ppl_base_error = 0;  // the base run (from its stored NLL)
+  double cor_ln_ppl = 0;                    // correlation of per-token NLL, current vs base
+  MeanWithError ln_ppl_ratio;               // mean of nll - nll_base
+  MeanWithError kld;                        // mean KLD
   double kld_max = 0, kld_p999 = 0, kld_p99 = 0, kld_p90 = 0, kld_median = 0, kld_p10 = 0,
          kld_p5 = 0, kld_p1 = 0, kld_min = 0;
   MeanWithError delta_p;  // mean p(target) - p_base(target), as a fraction (x100 for %)
   double delta_p_max = 0, delta_p_p999 = 0, delta_p_p99 = 0, delta_p_p95 = 0, delta_p_p90 = 0,
-         delta_p_median = 0, delta_p_p10 = 0, delta_p_p5 = 0, delta_p_p1 = 0,
-         delta_p_p001 = 0, delta_p_min = 0;
+         delta_p_median = 0, delta_p_p10 = 0, delta_p_p5 = 0, delta_p_p1 = 0, delta_p_p001 = 0,
+         delta_p_min = 0;
   MeanWithError rms_delta_p;  // sqrt(mean dp^2), error by the delta method
   MeanWithError same_top;     // fraction of tokens whose top-1 matches the base's
 };
