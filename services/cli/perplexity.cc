@@ -395,8 +395,8 @@ int RunPerplexity(int argc, char** argv) {
     if (print_running) {
       if (reader != nullptr) {
         std::printf("%5d %12.4f %12.5f ± %9.5f %16.6f %11.3f%%\n", static_cast<int>(c + 1),
-                    ppl.Ppl(), kld.MeanNll() - kld.MeanNllBase(),
-                    kld.Summarize().ln_ppl_ratio.error, kld.MeanKld(), 100 * kld.SameTopFraction());
+                    ppl.Ppl(), kld.LnPplRatio().mean, kld.LnPplRatio().error, kld.MeanKld(),
+                    100 * kld.SameTopFraction());
       } else {
         std::printf("[%d]%.4f,", static_cast<int>(c + 1), ppl.Ppl());
       }

@@ -113,6 +113,22 @@ double KldAccumulator::SameTopFraction() const {
   return kld_.empty() ? 0 : static_cast<double>(same_top_) / static_cast<double>(kld_.size());
 }
 
+MeanWithError KldAccumulator::LnPplRatio(double* correlation) const {
+  // ln PPL is the mean NLL: its standard error, the covariance of the two
+  // means, their correlation and the error of their difference.
+  const int64_t n = count();
+  const double mean_c = cur_.MeanNll(), mean_b = base_.MeanNll();
+  const double se_c = cur_.Ppl() > 0 ? cur_.PplError() / cur_.Ppl() : 0;
+  const double se_b = base_.Ppl() > 0 ? base_.PplError() / base_.Ppl() : 0;
+  const double cov = n > 1 ? (sum_nll_nll_base_ / n - mean_c * mean_b) / (n - 1) : 0;
+  if (correlation != nullptr) *correlation = (se_c > 0 && se_b > 0) ? cov / (se_c * se_b) : 0;
+  MeanWithError out;
+  out.mean = mean_c - mean_b;
+  const double var = se_c * se_c + se_b * se_b - 2 * cov;
+  out.error = var > 0 ? std::sqrt(var) : 0;
+  return out;
+}
+
 KldSummary KldAccumulator::Summarize() const {
   KldSummary s;
   const int64_t n = count();
@@ -123,16 +139,9 @@ KldSummary KldAccumulator::Summarize() const {
   s.ppl_base = base_.Ppl();
   s.ppl_base_error = base_.PplError();
 
-  // ln PPL is the mean NLL: its standard error, the covariance of the two
-  // means, their correlation and the error of their difference.
-  const double mean_c = cur_.MeanNll(), mean_b = base_.MeanNll();
-  const double se_c = cur_.Ppl() > 0 ? cur_.PplError() / cur_.Ppl() : 0;
-  const double se_b = base_.Ppl() > 0 ? base_.PplError() / base_.Ppl() : 0;
-  const double cov = n > 1 ? (sum_nll_nll_base_ / n - mean_c * mean_b) / (n - 1) : 0;
-  s.cor_ln_ppl = (se_c > 0 && se_b > 0) ? cov / (se_c * se_b) : 0;
-  s.ln_ppl_ratio.mean = mean_c - mean_b;
-  const double var_ratio = se_c * se_c + se_b * se_b - 2 * cov;
-  s.ln_ppl_ratio.error = var_ratio > 0 ? std::sqrt(var_ratio) : 0;
+  double cor = 0;
+  s.ln_ppl_ratio = LnPplRatio(&cor);
+  s.cor_ln_ppl = cor;
 
   double sum = 0, sum2 = 0;
   for (double v : kld_) {

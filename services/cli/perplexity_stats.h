@@ -100,7 +100,10 @@ class KldAccumulator {
   double MeanNll() const { return cur_.MeanNll(); }
   double MeanNllBase() const { return base_.MeanNll(); }
   double SameTopFraction() const;
-  KldSummary Summarize() const;
+  // Mean ln(PPL / PPL_base) with its error (cheap; per-chunk lines);
+  // correlation: optional, the per-token NLL correlation.
+  MeanWithError LnPplRatio(double* correlation = nullptr) const;
+  KldSummary Summarize() const;  // sorts every value: once, at the end
 
  private:
   PplAccumulator cur_, base_;

@@ -135,6 +135,8 @@ TEST(PerplexityStatsTest, KldSummaryOfIdenticalRunsIsZeroAndOfKnownRuns) {
   EXPECT_NEAR(s.delta_p.mean, 0.25, 1e-12);
   EXPECT_NEAR(s.ppl, 2.0, 1e-12);
   EXPECT_NEAR(s.ppl_base, 4.0, 1e-12);
+  EXPECT_NEAR(s.ln_ppl_ratio.mean, -std::log(2.0), 1e-12);
+  EXPECT_NEAR(two.LnPplRatio().mean, -std::log(2.0), 1e-12);
 }
 
 // ---------------------------------------------------------------- base file
