@@ -76,7 +76,8 @@ void AddFlags(ArgParser& p, PerplexityFlags& f) {
   p.AddInt("chunks", &f.chunks, 0, 1 << 24, "evaluate at most this many chunks, 0 = all");
   p.AddInt("batch-size", &f.batch_size, 0, 1 << 20,
            "tokens per forward step within a chunk (the paged KV cache carries the rest), "
-           "0 = the whole chunk; larger values are clamped to --ctx-size");
+           "0 = the whole chunk; larger values are clamped to --ctx-size; memory for logits is "
+           "about batch / 2 x vocab x 4 bytes");
   p.AddInt("threads", &f.threads, 0, 1024, "compute threads, 0 = all cores");
   p.AddString("kernels", &f.kernels,
               "CPU kernel mode: fast (default), fast-int8 or reference (exact f32)");
@@ -327,8 +328,7 @@ int RunPerplexity(int argc, char** argv) {
   std::vector<int32_t> block_table(eopts.num_blocks);
   for (int64_t i = 0; i < eopts.num_blocks; ++i) block_table[i] = static_cast<int32_t>(i);
 
-  std::vector<float> logits(static_cast<size_t>(scored * n_vocab));
-  std::vector<float> step_logits;
+  std::vector<float> step_logits;  // [scored rows of one step, vocab]
   std::vector<double> logprobs;
   PplAccumulator ppl;
   KldAccumulator kld;
@@ -362,33 +362,30 @@ int RunPerplexity(int argc, char** argv) {
       if (absl::Status s = (*executor)->Forward(fb, step_logits.data()); !s.ok()) {
         return Failure(absl::StrFormat("chunk %d: %s", c + 1, s.message()));
       }
-      if (!fb.logits_indices.empty()) {
-        const int64_t row0 = b0 + fb.logits_indices[0] - first;
-        std::copy(step_logits.begin(), step_logits.end(), logits.begin() + row0 * n_vocab);
-      }
-    }
-    for (int64_t r = 0; r < scored; ++r) {
-      const absl::Span<const float> row(logits.data() + r * n_vocab, n_vocab);
-      const int32_t target = tokens[start + first + r + 1];
-      const TokenScore score = ScoreToken(row, target);
-      if (!std::isfinite(score.nll)) {
-        return Failure(
-            absl::StrFormat("chunk %d, position %d: non-finite logits", c + 1, first + r));
-      }
-      ppl.Add(score.nll);
-      if (writer == nullptr && reader == nullptr) continue;
-      LogSoftmax(row, &logprobs);
-      if (writer != nullptr) {
-        record.nll = static_cast<float>(score.nll);
-        record.top = TopK(logprobs, top_k);
-        if (absl::Status s = writer->Append(record); !s.ok()) {
-          return Failure(std::string(s.message()));
+      // Score this step's rows: position pos predicts token pos + 1.
+      for (size_t i = 0; i < fb.logits_indices.size(); ++i) {
+        const int64_t pos = b0 + fb.logits_indices[i];
+        const absl::Span<const float> row(step_logits.data() + i * n_vocab, n_vocab);
+        const int32_t target = tokens[start + pos + 1];
+        const TokenScore score = ScoreToken(row, target);
+        if (!std::isfinite(score.nll)) {
+          return Failure(absl::StrFormat("chunk %d, position %d: non-finite logits", c + 1, pos));
         }
-      } else {
-        if (absl::Status s = reader->Next(&record); !s.ok()) {
-          return UsageError(std::string(s.message()));
+        ppl.Add(score.nll);
+        if (writer == nullptr && reader == nullptr) continue;
+        LogSoftmax(row, &logprobs);
+        if (writer != nullptr) {
+          record.nll = static_cast<float>(score.nll);
+          record.top = TopK(logprobs, top_k);
+          if (absl::Status s = writer->Append(record); !s.ok()) {
+            return Failure(std::string(s.message()));
+          }
+        } else {
+          if (absl::Status s = reader->Next(&record); !s.ok()) {
+            return UsageError(std::string(s.message()));
+          }
+          kld.Add(score, record.nll, record.top[0].id, TopKKld(record.top, logprobs));
         }
-        kld.Add(score, record.nll, record.top[0].id, TopKKld(record.top, logprobs));
       }
     }
     chunk_ppl.push_back(ppl.Ppl());
