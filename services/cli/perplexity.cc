@@ -80,7 +80,8 @@ void AddFlags(ArgParser& p, PerplexityFlags& f) {
            "about batch / 2 x vocab x 4 bytes");
   p.AddInt("threads", &f.threads, 0, 1024, "compute threads, 0 = all cores");
   p.AddString("kernels", &f.kernels,
-              "CPU kernel mode: fast (default), fast-int8 or reference (exact f32)");
+              "CPU kernel mode: fast, fast-int8 (llama.cpp's int8 activation precision) or "
+              "reference (exact f32)");
   AddDeviceFlag(p, &f.device);
   p.AddString("kl-divergence-base", &f.kld_base,
               "alone: write this run's top-K log-probs to FILE; with --kl-divergence: read "
