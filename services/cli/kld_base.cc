@@ -88,10 +88,12 @@ uint64_t HashVocab(absl::Span<const std::string> tokens) {
 absl::StatusOr<std::unique_ptr<KldBaseWriter>> KldBaseWriter::Create(const std::string& path,
                                                                      const KldBaseHeader& header) {
   if (absl::Status s = CheckHeader(header, path); !s.ok()) return s;
-  std::FILE* f = std::fopen(path.c_str(), "wb");
+  // Written to PATH.partial and renamed by Finish, so an interrupted or
+  // failed run never leaves a file that looks complete.
+  std::FILE* f = std::fopen((path + ".partial").c_str(), "wb");
   if (f == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("cannot write %s: %s", path, std::strerror(errno)));
+        absl::StrFormat("cannot write %s.partial: %s", path, std::strerror(errno)));
   }
   std::unique_ptr<KldBaseWriter> w(new KldBaseWriter(f, path, header));
   std::vector<char> buf(kKldBaseMagic, kKldBaseMagic + 8);
@@ -114,7 +116,10 @@ absl::StatusOr<std::unique_ptr<KldBaseWriter>> KldBaseWriter::Create(const std::
 }
 
 KldBaseWriter::~KldBaseWriter() {
-  if (f_ != nullptr) std::fclose(f_);
+  if (f_ != nullptr) {
+    std::fclose(f_);
+    std::remove((path_ + ".partial").c_str());
+  }
 }
 
 absl::Status KldBaseWriter::Append(const KldBaseRecord& record) {
@@ -144,9 +149,15 @@ absl::Status KldBaseWriter::Finish() {
   if (!flushed || !closed) {
     return absl::InternalError(absl::StrFormat("cannot write %s: %s", path_, std::strerror(errno)));
   }
+  const std::string partial = path_ + ".partial";
   if (written_ != want) {
+    std::remove(partial.c_str());
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s: wrote %d of %d token records; the file is incomplete", path_, written_, want));
+  }
+  if (std::rename(partial.c_str(), path_.c_str()) != 0) {
+    return absl::InternalError(
+        absl::StrFormat("cannot rename %s to %s: %s", partial, path_, std::strerror(errno)));
   }
   return absl::OkStatus();
 }

@@ -69,7 +69,9 @@ class KldBaseWriter {
   ~KldBaseWriter();
   // record.top must hold exactly header.top_k entries.
   absl::Status Append(const KldBaseRecord& record);
-  // Flushes and closes; FailedPrecondition unless every record was written.
+  // Records go to `path`.partial; Finish flushes, closes and renames it to
+  // `path`. FailedPrecondition (and the partial file removed) unless every
+  // record was written; a writer destroyed unfinished removes it too.
   absl::Status Finish();
 
  private:

@@ -233,6 +233,16 @@ TEST_F(KldBaseFileTest, WriterRefusesIncompleteAndWrongRecords) {
   const absl::Status s = (*w)->Finish();
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("incomplete"), std::string::npos) << s;
+  // Nothing that looks like a base is left behind, finished or abandoned.
+  EXPECT_FALSE(KldBaseReader::Open(path_).ok());
+  EXPECT_FALSE(std::ifstream(path_ + ".partial").good());
+  {
+    auto abandoned = KldBaseWriter::Create(path_, header_);
+    ASSERT_TRUE(abandoned.ok());
+    ASSERT_TRUE((*abandoned)->Append(Record(0)).ok());
+  }
+  EXPECT_FALSE(std::ifstream(path_).good());
+  EXPECT_FALSE(std::ifstream(path_ + ".partial").good());
   KldBaseHeader bad = header_;
   bad.top_k = 6;  // above the vocab
   EXPECT_FALSE(KldBaseWriter::Create(path_, bad).ok());
