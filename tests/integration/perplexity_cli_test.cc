@@ -98,7 +98,8 @@ TEST(PerplexityCliTest, AgreesWithLlamaCppOnTheBundledModel) {
 
 // The human output: running PPL per chunk and llama-perplexity's final line.
 TEST(PerplexityCliTest, PrintsRunningPplAndFinalEstimate) {
-  ProcessResult r = Tandem({"perplexity", "--file", TextPath(), "--chunks", "2"});
+  ProcessResult r =
+      Tandem({"perplexity", "--file", TextPath(), "--ctx-size", "128", "--chunks", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("[1]", 0), 0u) << r.out;
   EXPECT_NE(r.out.find(",[2]"), std::string::npos) << r.out;
@@ -110,22 +111,23 @@ TEST(PerplexityCliTest, PrintsRunningPplAndFinalEstimate) {
 // Chunks run in several forward steps through the paged KV cache give the
 // same logits as one step (the engine's chunking determinism).
 TEST(PerplexityCliTest, BatchSizeDoesNotChangeTheResult) {
-  const Json whole = RunJson({"--file", TextPath(), "--chunks", "2"});
-  const Json steps = RunJson({"--file", TextPath(), "--chunks", "2", "--batch-size", "100"});
+  const Json whole = RunJson({"--file", TextPath(), "--chunks", "1"});
+  const Json steps = RunJson({"--file", TextPath(), "--chunks", "1", "--batch-size", "100"});
   EXPECT_EQ(steps["batch_size"].number, 100);
   EXPECT_EQ(whole["ppl"].number, steps["ppl"].number);
 }
 
 TEST(PerplexityCliTest, KlDivergenceOfARunAgainstItsOwnBaseIsZero) {
   const std::string base = TempPath("self.kld");
-  const Json written = RunJson(
-      {"--file", TextPath(), "--chunks", "2", "--kl-divergence-base", base, "--kl-top-k", "256"});
+  const Json written = RunJson({"--file", TextPath(), "--ctx-size", "256", "--chunks", "2",
+                                "--kl-divergence-base", base, "--kl-top-k", "256"});
   ASSERT_GT(ReadFile(base).size(), 0u);
   // n_ctx and the chunk count come from the base.
   const Json cmp = RunJson({"--file", TextPath(), "--kl-divergence", "--kl-divergence-base", base});
   ASSERT_TRUE(cmp.has("kl_divergence")) << "no kl_divergence object";
   const Json& k = cmp["kl_divergence"];
   EXPECT_EQ(cmp["n_chunks"].number, 2);
+  EXPECT_EQ(cmp["n_ctx"].number, 256);
   EXPECT_LT(k["kld_mean"]["mean"].number, 1e-6);
   EXPECT_LT(k["kld_max"].number, 1e-5);
   EXPECT_EQ(k["same_top_p"]["mean"].number, 1.0);
@@ -148,8 +150,8 @@ TEST(PerplexityCliTest, KlDivergenceOfARunAgainstItsOwnBaseIsZero) {
 
 TEST(PerplexityCliTest, MismatchedOrCorruptedBaseIsRefused) {
   const std::string base = TempPath("mismatch.kld");
-  ASSERT_EQ(Tandem({"perplexity", "--file", TextPath(), "--chunks", "2", "--kl-divergence-base",
-                    base, "--kl-top-k", "16"})
+  ASSERT_EQ(Tandem({"perplexity", "--file", TextPath(), "--ctx-size", "128", "--chunks", "2",
+                    "--kl-divergence-base", base, "--kl-top-k", "16"})
                 .exit_code,
             0);
   const std::string other_text = TempPath("other.txt");
@@ -158,7 +160,7 @@ TEST(PerplexityCliTest, MismatchedOrCorruptedBaseIsRefused) {
     std::vector<std::string> args;
     std::string message;
   } cases[] = {
-      {{"--ctx-size", "256"}, "differs from the base's n_ctx 512"},
+      {{"--ctx-size", "256"}, "differs from the base's n_ctx 128"},
       {{"--chunks", "3"}, "differs from the base's 2 chunks"},
       {{"--file", other_text}, "different text"},
   };
