@@ -83,6 +83,24 @@ def main():
     write("kv_push", "data_first", stream(data64, header))
     write("kv_push", "second_header", stream(header, data64, header))
     write("kv_push", "foreign_compat", stream(header, data64, data64, flag=1))
+
+    # `tandem perplexity` KLD base files (services/cli/kld_base.h, version 1):
+    # n_vocab 5, n_ctx 8, 2 chunks x 3 scored tokens, top-2.
+    def kld_base(n_chunks=2, scored=3, top_k=2, name=b"tiny.gguf", records=None):
+        head = struct.pack("<II3Q6I", 1, 64 + len(name), 0x1234, 0x5678, 0x9ABC,
+                           5, 8, n_chunks, scored, top_k, len(name))
+        body = b"".join(struct.pack("<f", 0.5 + i) +
+                        b"".join(struct.pack("<If", (i + j) % 5, -0.7 * (j + 1))
+                                 for j in range(top_k))
+                        for i in range(n_chunks * scored if records is None else records))
+        return b"TNDMKLDB" + head + name + body
+    good = kld_base()
+    write("kld_base", "valid", good)
+    write("kld_base", "valid_top1_one_chunk", kld_base(n_chunks=1, top_k=1))
+    write("kld_base", "truncated", good[:-5])
+    write("kld_base", "trailing", good + b"x")
+    write("kld_base", "header_only", good[:73])
+    write("kld_base", "wrong_magic", b"XXXXXXXX" + good[8:])
     return 0
 
 

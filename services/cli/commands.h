@@ -21,6 +21,7 @@ int RunDecode(int argc, char** argv);   // workers.cc
 int RunServe(int argc, char** argv);    // serve.cc
 int RunClient(int argc, char** argv);   // client.cc
 int RunBench(int argc, char** argv);    // bench.cc
+int RunPerplexity(int argc, char** argv);  // perplexity.cc
 
 }  // namespace tandem::cli
 

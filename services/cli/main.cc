@@ -19,6 +19,7 @@ constexpr char kUsage[] =
     "  bench      serving benchmark: TTFT, TPOT, ITL, throughput, goodput vs request rate\n"
     "  generate   generate text from a prompt with a local model\n"
     "  plan       capacity estimate: memory, batch, throughput, $/token, worker ratio\n"
+    "  perplexity perplexity / KL divergence on a text file (llama-perplexity convention)\n"
     "  tokenize   print the token ids of a text\n"
     "  version    print the version and build configuration\n"
     "\n"
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
   if (command == "client") return tandem::cli::RunClient(argc, argv);
   if (command == "bench") return tandem::cli::RunBench(argc, argv);
   if (command == "plan") return tandem::cli::RunPlan(argc, argv);
+  if (command == "perplexity") return tandem::cli::RunPerplexity(argc, argv);
   if (command == "tokenize") return tandem::cli::RunTokenize(argc, argv);
   if (command == "version" || command == "--version") return tandem::cli::RunVersion(argc, argv);
   if (command == "help" || command == "--help" || command == "-h") {

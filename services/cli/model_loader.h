@@ -33,8 +33,10 @@ struct LoadedModel {
 absl::StatusOr<LoadedModel> LoadTokenizer(const std::string& path);
 
 // Resolves, opens and loads. verbose: progress bar and summary on stderr.
+// kernels: the CPU kernel mode (engine/llama_model.h; `tandem perplexity --kernels`).
 absl::StatusOr<LoadedModel> LoadModel(const std::string& model_flag, ThreadPool* pool,
-                                      bool verbose);
+                                      bool verbose,
+                                      engine::KernelMode kernels = engine::KernelMode::kFast);
 
 }  // namespace tandem::cli
 

@@ -1,0 +1,444 @@
+// `tandem perplexity`: perplexity of a model on a text file in llama.cpp's
+// llama-perplexity convention (docs/perplexity.md): the whole file is
+// tokenized with BOS, cut into chunks of --ctx-size tokens, each chunk's first
+// token replaced by BOS, every chunk run through the engine's executor (the
+// real paged-KV forward pass, in --batch-size steps), and only the second
+// half of each chunk scored (positions n_ctx/2 .. n_ctx-2 predicting the next
+// token). Prints the running PPL per chunk ("[1]12.3456,[2]...") and
+// "Final estimate: PPL = X +/- err". --kl-divergence-base writes the run's
+// top-K log-probs to a file; with --kl-divergence it compares this run with
+// such a file instead (KLD, same top-1, delta p, both PPLs).
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/json.h"
+#include "common/thread_pool.h"
+#include "engine/executor.h"
+#include "engine/forward_batch.h"
+#include "services/cli/args.h"
+#include "services/cli/commands.h"
+#include "services/cli/device_flag.h"
+#include "services/cli/kld_base.h"
+#include "services/cli/model_loader.h"
+#include "services/cli/perplexity_stats.h"
+#include "services/common/compat.h"
+
+namespace tandem::cli {
+namespace {
+
+constexpr int64_t kMaxTextBytes = int64_t{256} << 20;
+
+struct PerplexityFlags {
+  std::string model;
+  std::string file;
+  int64_t ctx_size = 512;
+  int64_t chunks = 0;
+  int64_t threads = 0;
+  int64_t batch_size = 0;
+  std::string kernels = "fast";
+  std::string device = "cpu";
+  std::string kld_base;
+  bool kl_divergence = false;
+  int64_t kl_top_k = 1024;
+  bool json = false;
+};
+
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "tandem perplexity: %s\n", message.c_str());
+  return kExitUsage;
+}
+
+int Failure(const std::string& message) {
+  std::fprintf(stderr, "tandem perplexity: %s\n", message.c_str());
+  return kExitFailure;
+}
+
+void AddFlags(ArgParser& p, PerplexityFlags& f) {
+  p.AddString("model", &f.model,
+              "GGUF model path (default: $TANDEM_MODEL, else models/" +
+                  std::string(kDefaultModelName) + ")");
+  p.AddString("file", &f.file, "text file to evaluate (required; at most 256 MiB)");
+  p.AddInt("ctx-size", &f.ctx_size, 8, 1 << 20,
+           "tokens per chunk (n_ctx); the second half of each chunk is scored");
+  p.AddInt("chunks", &f.chunks, 0, 1 << 24, "evaluate at most this many chunks, 0 = all");
+  p.AddInt("batch-size", &f.batch_size, 0, 1 << 20,
+           "tokens per forward step within a chunk (the paged KV cache carries the rest), "
+           "0 = the whole chunk; larger values are clamped to --ctx-size; memory for logits is "
+           "about batch / 2 x vocab x 4 bytes");
+  p.AddInt("threads", &f.threads, 0, 1024, "compute threads, 0 = all cores");
+  p.AddString("kernels", &f.kernels,
+              "CPU kernel mode: fast, fast-int8 (llama.cpp's int8 activation precision) or "
+              "reference (exact f32)");
+  AddDeviceFlag(p, &f.device);
+  p.AddString("kl-divergence-base", &f.kld_base,
+              "alone: write this run's top-K log-probs to FILE; with --kl-divergence: read "
+              "FILE and compare this run with it");
+  p.AddBool("kl-divergence", &f.kl_divergence,
+            "compare with --kl-divergence-base: KLD, same top-1, delta p, both PPLs");
+  p.AddInt("kl-top-k", &f.kl_top_k, 1, 1 << 24,
+           "log-probs stored per token when writing a base (clamped to the vocab size; the "
+           "vocab size makes the KLD exact, see docs/perplexity.md)");
+  p.AddBool("json", &f.json, "print one JSON object with the results on stdout");
+}
+
+absl::StatusOr<std::string> ReadText(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrFormat("--file: no regular file at '%s'", path));
+  }
+  if (st.st_size > kMaxTextBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--file: '%s' is %d bytes, above the 256 MiB limit", path, st.st_size));
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (!in.good() && !in.eof()) {
+    return absl::InvalidArgumentError(absl::StrFormat("--file: cannot read '%s'", path));
+  }
+  return ss.str();
+}
+
+std::string JsonMean(const MeanWithError& m) {
+  return absl::StrFormat("{\"mean\":%s,\"error\":%s}", json::Number(m.mean), json::Number(m.error));
+}
+
+void PrintKldSummary(const KldSummary& s, std::FILE* out) {
+  std::fprintf(out, "\n====== Perplexity statistics ======\n");
+  std::fprintf(out, "Mean PPL(Q)                   : %10.6f ± %10.6f\n", s.ppl, s.ppl_error);
+  std::fprintf(out, "Mean PPL(base)                : %10.6f ± %10.6f\n", s.ppl_base,
+               s.ppl_base_error);
+  std::fprintf(out, "Cor(ln(PPL(Q)), ln(PPL(base))): %6.2f%%\n", 100.0 * s.cor_ln_ppl);
+  std::fprintf(out, "Mean ln(PPL(Q)/PPL(base))     : %10.6f ± %10.6f\n", s.ln_ppl_ratio.mean,
+               s.ln_ppl_ratio.error);
+  std::fprintf(out, "Mean PPL(Q)/PPL(base)         : %10.6f ± %10.6f\n",
+               std::exp(s.ln_ppl_ratio.mean), std::exp(s.ln_ppl_ratio.mean) * s.ln_ppl_ratio.error);
+  std::fprintf(out, "\n====== KL divergence statistics ======\n");
+  std::fprintf(out, "Mean    KLD: %10.6f ± %10.6f\n", s.kld.mean, s.kld.error);
+  std::fprintf(out, "Maximum KLD: %10.6f\n", s.kld_max);
+  std::fprintf(out, "99.9%%   KLD: %10.6f\n", s.kld_p999);
+  std::fprintf(out, "99.0%%   KLD: %10.6f\n", s.kld_p99);
+  std::fprintf(out, "90.0%%   KLD: %10.6f\n", s.kld_p90);
+  std::fprintf(out, "Median  KLD: %10.6f\n", s.kld_median);
+  std::fprintf(out, "10.0%%   KLD: %10.6f\n", s.kld_p10);
+  std::fprintf(out, " 5.0%%   KLD: %10.6f\n", s.kld_p5);
+  std::fprintf(out, " 1.0%%   KLD: %10.6f\n", s.kld_p1);
+  std::fprintf(out, "Minimum KLD: %10.6f\n", s.kld_min);
+  std::fprintf(out, "\n====== Token probability statistics ======\n");
+  std::fprintf(out, "Mean    Δp: %6.3f ± %5.3f %%\n", 100 * s.delta_p.mean, 100 * s.delta_p.error);
+  std::fprintf(out, "Maximum Δp: %6.3f%%\n", 100 * s.delta_p_max);
+  std::fprintf(out, "99.9%%   Δp: %6.3f%%\n", 100 * s.delta_p_p999);
+  std::fprintf(out, "99.0%%   Δp: %6.3f%%\n", 100 * s.delta_p_p99);
+  std::fprintf(out, "95.0%%   Δp: %6.3f%%\n", 100 * s.delta_p_p95);
+  std::fprintf(out, "90.0%%   Δp: %6.3f%%\n", 100 * s.delta_p_p90);
+  std::fprintf(out, "Median  Δp: %6.3f%%\n", 100 * s.delta_p_median);
+  std::fprintf(out, "10.0%%   Δp: %6.3f%%\n", 100 * s.delta_p_p10);
+  std::fprintf(out, " 5.0%%   Δp: %6.3f%%\n", 100 * s.delta_p_p5);
+  std::fprintf(out, " 1.0%%   Δp: %6.3f%%\n", 100 * s.delta_p_p1);
+  std::fprintf(out, " 0.1%%   Δp: %6.3f%%\n", 100 * s.delta_p_p001);
+  std::fprintf(out, "Minimum Δp: %6.3f%%\n", 100 * s.delta_p_min);
+  std::fprintf(out, "RMS Δp    : %6.3f ± %5.3f %%\n", 100 * s.rms_delta_p.mean,
+               100 * s.rms_delta_p.error);
+  std::fprintf(out, "Same top p: %6.3f ± %5.3f %%\n", 100 * s.same_top.mean,
+               100 * s.same_top.error);
+}
+
+std::string KldJson(const KldSummary& s, const KldBaseHeader& h) {
+  return absl::StrCat(
+      "{\"base_model\":", json::Quote(h.model_name), ",\"base_top_k\":", h.top_k,
+      ",\"ppl\":", json::Number(s.ppl), ",\"ppl_error\":", json::Number(s.ppl_error),
+      ",\"ppl_base\":", json::Number(s.ppl_base),
+      ",\"ppl_base_error\":", json::Number(s.ppl_base_error),
+      ",\"cor_ln_ppl\":", json::Number(s.cor_ln_ppl),
+      ",\"ln_ppl_ratio\":", JsonMean(s.ln_ppl_ratio), ",\"kld_mean\":", JsonMean(s.kld),
+      ",\"kld_max\":", json::Number(s.kld_max), ",\"kld_p999\":", json::Number(s.kld_p999),
+      ",\"kld_p99\":", json::Number(s.kld_p99), ",\"kld_p90\":", json::Number(s.kld_p90),
+      ",\"kld_median\":", json::Number(s.kld_median), ",\"kld_p10\":", json::Number(s.kld_p10),
+      ",\"kld_p5\":", json::Number(s.kld_p5), ",\"kld_p1\":", json::Number(s.kld_p1),
+      ",\"kld_min\":", json::Number(s.kld_min), ",\"delta_p_mean\":", JsonMean(s.delta_p),
+      ",\"delta_p_max\":", json::Number(s.delta_p_max),
+      ",\"delta_p_p99\":", json::Number(s.delta_p_p99),
+      ",\"delta_p_median\":", json::Number(s.delta_p_median),
+      ",\"delta_p_p1\":", json::Number(s.delta_p_p1),
+      ",\"delta_p_min\":", json::Number(s.delta_p_min),
+      ",\"rms_delta_p\":", JsonMean(s.rms_delta_p), ",\"same_top_p\":", JsonMean(s.same_top), "}");
+}
+
+}  // namespace
+
+int RunPerplexity(int argc, char** argv) {
+  PerplexityFlags flags;
+  ArgParser parser("perplexity",
+                   "Perplexity of a model on a text file, as llama.cpp's llama-perplexity "
+                   "computes it (chunks of --ctx-size, second half scored), and KL divergence "
+                   "against a saved base run (docs/perplexity.md).");
+  AddFlags(parser, flags);
+  if (absl::Status s = parser.Parse(argc, argv, 2); !s.ok()) {
+    return UsageError(std::string(s.message()));
+  }
+  if (parser.help_requested()) {
+    std::fputs(parser.Help().c_str(), stdout);
+    return kExitOk;
+  }
+  if (!parser.WasSet("file")) return UsageError("--file is required");
+  if (flags.kl_divergence && flags.kld_base.empty()) {
+    return UsageError("--kl-divergence needs --kl-divergence-base FILE");
+  }
+  if (flags.kl_divergence && parser.WasSet("kl-top-k")) {
+    return UsageError("--kl-top-k applies when writing a base, not with --kl-divergence");
+  }
+  engine::KernelMode mode;
+  if (!engine::ParseKernelMode(flags.kernels, &mode)) {
+    return UsageError("--kernels: expected fast, fast-int8 or reference, got '" + flags.kernels +
+                      "'");
+  }
+  auto device = ResolveDevice(flags.device);
+  if (!device.ok()) return UsageError(std::string(device.status().message()));
+  auto text = ReadText(flags.file);
+  if (!text.ok()) return UsageError(std::string(text.status().message()));
+
+  // Compare mode: the base fixes n_ctx and the chunk count unless given.
+  std::unique_ptr<KldBaseReader> reader;
+  if (flags.kl_divergence) {
+    auto r = KldBaseReader::Open(flags.kld_base);
+    if (!r.ok()) return UsageError(std::string(r.status().message()));
+    reader = std::move(r).value();
+    const KldBaseHeader& h = reader->header();
+    if (!parser.WasSet("ctx-size")) flags.ctx_size = h.n_ctx;
+    if (!parser.WasSet("chunks")) flags.chunks = h.n_chunks;
+    if (flags.ctx_size != h.n_ctx) {
+      return UsageError(absl::StrFormat("--ctx-size %d differs from the base's n_ctx %d",
+                                        flags.ctx_size, h.n_ctx));
+    }
+    if (flags.chunks != h.n_chunks) {
+      return UsageError(absl::StrFormat("--chunks %d differs from the base's %d chunks",
+                                        flags.chunks, h.n_chunks));
+    }
+  }
+
+  const int threads = flags.threads > 0
+                          ? static_cast<int>(flags.threads)
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ThreadPool pool(threads);
+  auto loaded = LoadModel(flags.model, &pool, /*verbose=*/true, mode);
+  if (!loaded.ok()) return UsageError(std::string(loaded.status().message()));
+  const tokenizer::Tokenizer& tok = *loaded->tokenizer;
+  const engine::ModelConfig& config = loaded->model->config();
+  const int64_t n_vocab = config.vocab_size;
+  const int64_t n_ctx = flags.ctx_size;
+  if (n_ctx > config.context_length) {
+    return UsageError(absl::StrFormat("--ctx-size %d exceeds the model's context length %d", n_ctx,
+                                      config.context_length));
+  }
+  if (tok.vocab().size() != n_vocab) {
+    return UsageError(absl::StrFormat("the tokenizer has %d tokens, the model's vocab %d",
+                                      tok.vocab().size(), n_vocab));
+  }
+
+  // Tokenize as llama.cpp does: BOS when the model asks for it, special-token
+  // text treated as plain text.
+  const auto t_tok = std::chrono::steady_clock::now();
+  std::vector<int32_t> tokens = tok.Encode(*text, /*add_special=*/true, /*parse_special=*/false);
+  const bool add_bos = tok.vocab().add_bos && tok.vocab().bos_id >= 0;
+  std::fprintf(stderr, "[perplexity] tokenized %s: %zu bytes -> %zu tokens in %.2f s\n",
+               flags.file.c_str(), text->size(), tokens.size(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_tok).count());
+  if (static_cast<int64_t>(tokens.size()) < 2 * n_ctx) {
+    return UsageError(absl::StrFormat(
+        "you need at least %d tokens to evaluate perplexity with a context of %d (the file has "
+        "%d)",
+        2 * n_ctx, n_ctx, tokens.size()));
+  }
+  const int64_t max_chunks = static_cast<int64_t>(tokens.size()) / n_ctx;
+  const int64_t n_chunks = flags.chunks > 0 ? std::min(flags.chunks, max_chunks) : max_chunks;
+  if (reader != nullptr && n_chunks != flags.chunks) {
+    return UsageError(
+        absl::StrFormat("the base has %d chunks, this text only %d", flags.chunks, max_chunks));
+  }
+  const int64_t first = n_ctx / 2;
+  const int64_t scored = n_ctx - 1 - first;  // per chunk
+  const int64_t batch = flags.batch_size > 0 ? std::min(flags.batch_size, n_ctx) : n_ctx;
+  const uint64_t tokens_hash =
+      HashTokens(absl::MakeConstSpan(tokens.data(), static_cast<size_t>(n_chunks * n_ctx)));
+  const uint64_t vocab_fp = HashVocab(tok.vocab().tokens);
+
+  std::unique_ptr<KldBaseWriter> writer;
+  int64_t top_k = 0;  // when writing
+  if (reader != nullptr) {
+    const KldBaseHeader& h = reader->header();
+    if (h.n_vocab != n_vocab || h.vocab_fingerprint != vocab_fp) {
+      return UsageError(absl::StrFormat(
+          "%s was made with a different vocabulary (%d tokens) than this model's (%d tokens)",
+          flags.kld_base, h.n_vocab, n_vocab));
+    }
+    if (h.scored_per_chunk != scored) {
+      return UsageError(absl::StrFormat("%s scores %d tokens per chunk, this run %d",
+                                        flags.kld_base, h.scored_per_chunk, scored));
+    }
+    if (h.tokens_hash != tokens_hash) {
+      return UsageError(absl::StrFormat(
+          "%s was made from a different text (the token streams differ); use the same --file",
+          flags.kld_base));
+    }
+    std::fprintf(stderr, "[perplexity] KLD base %s: model %s, %d chunks, top-%d log-probs\n",
+                 flags.kld_base.c_str(), h.model_name.c_str(), h.n_chunks, h.top_k);
+  } else if (!flags.kld_base.empty()) {
+    KldBaseHeader h;
+    h.model_fingerprint = services::ModelFingerprint(*loaded->file);
+    h.vocab_fingerprint = vocab_fp;
+    h.tokens_hash = tokens_hash;
+    h.n_vocab = static_cast<uint32_t>(n_vocab);
+    h.n_ctx = static_cast<uint32_t>(n_ctx);
+    h.n_chunks = static_cast<uint32_t>(n_chunks);
+    h.scored_per_chunk = static_cast<uint32_t>(scored);
+    h.top_k = static_cast<uint32_t>(std::min<int64_t>(flags.kl_top_k, n_vocab));
+    h.model_name = loaded->path.substr(0, kKldBaseMaxName);
+    top_k = h.top_k;
+    auto w = KldBaseWriter::Create(flags.kld_base, h);
+    if (!w.ok()) return UsageError(std::string(w.status().message()));
+    writer = std::move(w).value();
+  }
+
+  // One sequence over an identity block table: block i holds positions
+  // [i * block_size, (i + 1) * block_size).
+  engine::ExecutorOptions eopts;
+  eopts.device = *device;
+  const int64_t block_size = eopts.block_size;
+  eopts.num_blocks = (n_ctx + block_size - 1) / block_size;
+  auto executor = engine::MakeExecutor(loaded->model.get(), eopts);
+  if (!executor.ok()) return Failure(std::string(executor.status().message()));
+  std::fprintf(stderr, "[perplexity] %s\n", (*executor)->Describe().c_str());
+  std::fputs(absl::StrFormat(
+                 "[perplexity] %d chunks of %d tokens, %d scored per chunk, batch %d, kernels %s\n",
+                 n_chunks, n_ctx, scored, batch, flags.kernels)
+                 .c_str(),
+             stderr);
+  std::vector<int32_t> block_table(eopts.num_blocks);
+  for (int64_t i = 0; i < eopts.num_blocks; ++i) block_table[i] = static_cast<int32_t>(i);
+
+  std::vector<float> step_logits;  // [scored rows of one step, vocab]
+  std::vector<double> logprobs;
+  PplAccumulator ppl;
+  KldAccumulator kld;
+  KldBaseRecord record;
+  std::vector<double> chunk_ppl;
+  const bool print_running = !flags.json;
+  if (reader != nullptr && print_running) {
+    std::printf("%5s %12s %24s %16s %12s\n", "chunk", "PPL", "ln(PPL(Q)/PPL(base))",
+                "KL Divergence", "Same top p");
+  }
+  const auto t_start = std::chrono::steady_clock::now();
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const int64_t start = c * n_ctx;
+    for (int64_t b0 = 0; b0 < n_ctx; b0 += batch) {
+      const int64_t n = std::min(batch, n_ctx - b0);
+      engine::ForwardBatch fb;
+      fb.token_ids.assign(tokens.begin() + start + b0, tokens.begin() + start + b0 + n);
+      if (b0 == 0 && add_bos) fb.token_ids[0] = tok.vocab().bos_id;
+      fb.positions.resize(n);
+      fb.slot_mapping.resize(n);
+      for (int64_t k = 0; k < n; ++k) {
+        fb.positions[k] = static_cast<int32_t>(b0 + k);
+        fb.slot_mapping[k] = b0 + k;  // identity block table
+        const int64_t pos = b0 + k;
+        if (pos >= first && pos < n_ctx - 1) fb.logits_indices.push_back(static_cast<int32_t>(k));
+      }
+      fb.query_start = {0, static_cast<int32_t>(n)};
+      fb.context_lens = {static_cast<int32_t>(b0 + n)};
+      fb.block_tables = {block_table};
+      step_logits.resize(fb.logits_indices.size() * n_vocab);
+      if (absl::Status s = (*executor)->Forward(fb, step_logits.data()); !s.ok()) {
+        return Failure(absl::StrFormat("chunk %d: %s", c + 1, s.message()));
+      }
+      // Score this step's rows: position pos predicts token pos + 1.
+      for (size_t i = 0; i < fb.logits_indices.size(); ++i) {
+        const int64_t pos = b0 + fb.logits_indices[i];
+        const absl::Span<const float> row(step_logits.data() + i * n_vocab, n_vocab);
+        const int32_t target = tokens[start + pos + 1];
+        const TokenScore score = ScoreToken(row, target);
+        if (!std::isfinite(score.nll)) {
+          return Failure(absl::StrFormat("chunk %d, position %d: non-finite logits", c + 1, pos));
+        }
+        ppl.Add(score.nll);
+        if (writer == nullptr && reader == nullptr) continue;
+        LogSoftmax(row, &logprobs);
+        if (writer != nullptr) {
+          record.nll = static_cast<float>(score.nll);
+          record.top = TopK(logprobs, top_k);
+          if (absl::Status s = writer->Append(record); !s.ok()) {
+            return Failure(std::string(s.message()));
+          }
+        } else {
+          if (absl::Status s = reader->Next(&record); !s.ok()) {
+            return UsageError(std::string(s.message()));
+          }
+          kld.Add(score, record.nll, record.top[0].id, TopKKld(record.top, logprobs));
+        }
+      }
+    }
+    chunk_ppl.push_back(ppl.Ppl());
+    if (print_running) {
+      if (reader != nullptr) {
+        std::printf("%5d %12.4f %12.5f ± %9.5f %16.6f %11.3f%%\n", static_cast<int>(c + 1),
+                    ppl.Ppl(), kld.LnPplRatio().mean, kld.LnPplRatio().error, kld.MeanKld(),
+                    100 * kld.SameTopFraction());
+      } else {
+        std::printf("[%d]%.4f,", static_cast<int>(c + 1), ppl.Ppl());
+      }
+      std::fflush(stdout);
+    }
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    std::fprintf(stderr, "[perplexity] chunk %d/%d: PPL %.4f, %.2f s/chunk, ETA %.1f s\n",
+                 static_cast<int>(c + 1), static_cast<int>(n_chunks), ppl.Ppl(), elapsed / (c + 1),
+                 elapsed / (c + 1) * (n_chunks - c - 1));
+  }
+  if (writer != nullptr) {
+    if (absl::Status s = writer->Finish(); !s.ok()) return Failure(std::string(s.message()));
+    std::fprintf(stderr, "[perplexity] wrote KLD base %s (%d token records)\n",
+                 flags.kld_base.c_str(), static_cast<int>(ppl.count()));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+
+  if (flags.json) {
+    std::vector<std::string> running;
+    for (double v : chunk_ppl) running.push_back(json::Number(v));
+    std::string out = absl::StrCat(
+        "{\"model\":", json::Quote(loaded->path), ",\"file\":", json::Quote(flags.file),
+        ",\"kernels\":", json::Quote(flags.kernels), ",\"n_ctx\":", n_ctx,
+        ",\"batch_size\":", batch, ",\"n_tokens\":", tokens.size(), ",\"n_chunks\":", n_chunks,
+        ",\"scored_tokens\":", ppl.count(), ",\"chunk_ppl\":[", absl::StrJoin(running, ","),
+        "],\"ppl\":", json::Number(ppl.Ppl()), ",\"ppl_error\":", json::Number(ppl.PplError()),
+        ",\"mean_nll\":", json::Number(ppl.MeanNll()), ",\"seconds\":", json::Number(seconds));
+    if (reader != nullptr) {
+      absl::StrAppend(&out, ",\"kl_divergence\":", KldJson(kld.Summarize(), reader->header()));
+    }
+    std::printf("%s}\n", out.c_str());
+    return kExitOk;
+  }
+  if (reader != nullptr) {
+    PrintKldSummary(kld.Summarize(), stdout);
+  } else {
+    std::printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", ppl.Ppl(), ppl.PplError());
+  }
+  std::fprintf(stderr, "[perplexity] %d tokens scored in %.2f s (%.1f tokens/s evaluated)\n",
+               static_cast<int>(ppl.count()), seconds,
+               static_cast<double>(n_chunks * n_ctx) / std::max(seconds, 1e-9));
+  return kExitOk;
+}
+
+}  // namespace tandem::cli
