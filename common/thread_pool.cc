@@ -1,6 +1,7 @@
 #include "common/thread_pool.h"
 
 #include <algorithm>
+#include <thread>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -83,7 +84,17 @@ void ThreadPool::ParallelFor(int64_t n, RangeFn fn, int64_t min_range) {
   }
   work_cv_.notify_all();
   RunChunks(gen);
-  while (done_.load(std::memory_order_acquire) != chunks) TANDEM_CPU_RELAX();
+  // Another thread is finishing its last chunk. Spin briefly (it is usually
+  // microseconds away), then yield: when the cores are oversubscribed (a
+  // prefill and a decode worker on one machine) that thread may be
+  // descheduled, and spinning would only keep it off the core.
+  for (int i = 0; done_.load(std::memory_order_acquire) != chunks; ++i) {
+    if (i < kSpinPolls) {
+      TANDEM_CPU_RELAX();
+    } else {
+      std::this_thread::yield();
+    }
+  }
 }
 
 void ThreadPool::WorkerLoop() {

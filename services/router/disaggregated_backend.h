@@ -53,7 +53,7 @@ namespace tandem::router {
 
 // Below this many uncached prompt tokens a handoff costs more than it saves
 // (docs/architecture.md, "Where a prompt is prefilled").
-inline constexpr int64_t kDefaultRemotePrefillMinTokens = 32;
+inline constexpr int64_t kDefaultRemotePrefillMinTokens = 64;
 
 class DisaggregatedBackend final : public Backend {
  public:

@@ -9,6 +9,7 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "tests/util/prefill_call.h"
+#include "services/transfer/kv_push_pipe.h"
 #include "services/common/compat.h"
 #include "services/common/convert.h"
 #include "services/decode/decode_server.h"
@@ -366,6 +367,59 @@ TEST(PdWorkersRealModelTest, HandoffMatchesColocatedAndBandwidth) {
   std::printf("host KV transport loopback: %.1f MB in best %.1f MB/s\n", kv.bytes.size() / 1e6,
               best);
   EXPECT_EQ(Stats(*c.d).num_blocks_used(), 0);
+}
+
+// KvPushPipe over the host transport, as the prefill worker drives it: the
+// pieces of one handoff land as one lease with exactly their bytes; a
+// handoff cancelled between pieces, or refused at its header (compat), leaves
+// no reservation or lease behind and reports why.
+TEST_F(PdWorkersTest, StreamedPushInPiecesLandsAndCancelledOrRefusedLeavesNothing) {
+  Cluster c = StartCluster(TinyConfig(*tiny_, absl::Seconds(30)),
+                           TinyConfig(*tiny_, absl::Seconds(30)));
+  const v1::KvCompatibility compat = Stats(*c.d).compat();
+  transfer::KvSendPlan plan;
+  plan.token_ids = engine::RandomPrompt(40, 256, 3);
+  plan.bytes_per_token = c.decode->engine().kv_bytes_per_token();
+  const std::string bytes(plan.total_bytes(), '\x11');
+  transfer::HostKvTransport transport(/*chunk_bytes=*/4096);
+  const transfer::KvLeaseTable& leases = c.decode->service().leases();
+  {
+    transfer::KvPushPipe pipe(&transport, {c.decode->address(), "pieces", "r"}, compat, plan,
+                              absl::Now() + absl::Seconds(30));
+    const size_t third = bytes.size() / 3;
+    pipe.Push(bytes.substr(0, third));
+    pipe.Push(bytes.substr(third, third));
+    pipe.Push(bytes.substr(2 * third));
+    absl::StatusOr<transfer::KvSendResult> r = pipe.Finish();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->num_bytes, plan.total_bytes());
+    EXPECT_EQ(leases.Stats().num_leases, 1);
+    EXPECT_TRUE(c.decode->service().leases().Release("pieces"));
+  }
+  {
+    transfer::KvPushPipe pipe(&transport, {c.decode->address(), "cancelled", "r"}, compat, plan,
+                              absl::Now() + absl::Seconds(30));
+    pipe.Push(bytes.substr(0, 1000));
+    // The header reached the decode worker: its size is reserved.
+    EXPECT_TRUE(testing::WaitFor([&] { return leases.Stats().num_reserved == 1; }));
+    pipe.Cancel();
+  }
+  EXPECT_TRUE(testing::WaitFor([&] {
+    return leases.Stats().num_reserved == 0 && leases.Stats().num_leases == 0 &&
+           leases.Stats().num_bytes == 0;
+  }));
+  {
+    v1::KvCompatibility other = compat;
+    other.set_block_size(compat.block_size() * 2);
+    transfer::KvPushPipe pipe(&transport, {c.decode->address(), "refused", "r"}, other, plan,
+                              absl::Now() + absl::Seconds(30));
+    pipe.Push(bytes);
+    absl::StatusOr<transfer::KvSendResult> r = pipe.Finish();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+    EXPECT_TRUE(pipe.failed());
+  }
+  EXPECT_EQ(leases.Stats().num_reserved, 0);
+  EXPECT_EQ(leases.Stats().num_leases, 0);
 }
 
 }  // namespace
