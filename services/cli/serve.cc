@@ -166,9 +166,11 @@ int Fail(const std::string& message) {
 int RunServe(int argc, char** argv) {
   ServeFlags f;
   ArgParser p("serve", "Starts a router plus prefill and decode worker processes on loopback.");
-  p.AddInt("port", &f.port, 1, 65535, "router gRPC port");
-  p.AddInt("metrics-port", &f.metrics_port, 1, 65535,
-           "router /metrics port; workers take the next free ports");
+  p.AddInt("port", &f.port, 0, 65535,
+           "router gRPC port; workers take the next free ports (0 = any free port, workers too)");
+  p.AddInt("metrics-port", &f.metrics_port, 0, 65535,
+           "router /metrics port; workers take the next free ports (0 = any free port, workers "
+           "too)");
   p.AddInt("http-port", &f.http_port, -1, 65535,
            "router's OpenAI-compatible HTTP API (-1 = off, 0 = any free port)");
   p.AddInt("prefill-workers", &f.prefill_workers, 1, 64, "prefill worker processes");
@@ -273,21 +275,25 @@ int RunServe(int argc, char** argv) {
   if ((*router)->http != nullptr) {
     all[0].http_address = absl::StrFormat("127.0.0.1:%d", (*router)->http->port());
   }
-  std::vector<int> taken = {static_cast<int>(f.port), static_cast<int>(f.metrics_port)};
+  // Port 0: every process binds its own free port and the workers'
+  // addresses come from their registrations (no window in which another
+  // process can take a port chosen for a child). Else the workers take the
+  // next free ports above the router's.
+  std::vector<int> taken = {(*router)->server->port(), (*router)->server->metrics_port()};
   if ((*router)->http != nullptr) taken.push_back((*router)->http->port());
   const std::string self = SelfExe(argv[0]);
   int next_grpc = static_cast<int>(f.port) + 1;
   int next_metrics = static_cast<int>(f.metrics_port) + 1;
   for (int64_t i = 0; !f.colocated && i < f.prefill_workers + f.decode_workers; ++i) {
     const std::string role = i < f.prefill_workers ? "prefill" : "decode";
-    auto gp = FindFreePort(next_grpc, taken);
-    if (gp.ok()) taken.push_back(*gp);
-    auto mp = FindFreePort(next_metrics, taken);
+    absl::StatusOr<int> gp = f.port == 0 ? absl::StatusOr<int>(0) : FindFreePort(next_grpc, taken);
+    if (gp.ok() && *gp != 0) taken.push_back(*gp);
+    absl::StatusOr<int> mp = f.metrics_port == 0 ? absl::StatusOr<int>(0) : FindFreePort(next_metrics, taken);
     if (!gp.ok() || !mp.ok()) {
       StopChildren(children);
       return Fail("no free ports for the workers");
     }
-    taken.push_back(*mp);
+    if (*mp != 0) taken.push_back(*mp);
     next_grpc = *gp + 1;
     next_metrics = *mp + 1;
     std::vector<std::string> args = {self,
@@ -352,6 +358,19 @@ int RunServe(int argc, char** argv) {
       StopChildren(children);
       return Fail(
           absl::StrFormat("the workers were not healthy within %d s", f.ready_timeout_seconds));
+    }
+  }
+  // Children on port 0: their real addresses, from their registrations.
+  if (pool != nullptr) {
+    const std::vector<router::WorkerSnapshot> registered = pool->List();
+    for (std::vector<Child>* list : {&children, &all}) {
+      for (Child& c : *list) {
+        for (const router::WorkerSnapshot& w : registered) {
+          if (c.pid <= 0 || w.pid != c.pid) continue;
+          c.grpc_address = w.address;
+          c.metrics_address = w.metrics_address;
+        }
+      }
     }
   }
   if (!f.endpoints_file.empty()) {

@@ -1,5 +1,7 @@
 #include "services/common/worker_host.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -97,6 +99,7 @@ void WorkerHost::Loop() {
       req.set_metrics_address(runtime_->metrics_address());
       *req.mutable_compat() = runtime_->compat();
       req.set_draining(draining);
+      req.set_pid(getpid());
       tandem::v1::RegisterResponse resp;
       const grpc::Status st = registry->Register(&ctx, req, &resp);
       if (st.ok() && resp.heartbeat_seconds() > 0) {

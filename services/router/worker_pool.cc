@@ -144,6 +144,7 @@ absl::Status WorkerPool::Register(const tandem::v1::RegisterRequest& request) {
     if (w->role == role && w->address == request.address()) {
       absl::MutexLock wl(&w->mu);
       w->metrics_address = request.metrics_address();
+      w->pid = request.pid();
       if (request.draining()) {
         // Out of rotation now, not at the next poll; its streams go on.
         w->healthy = false;
@@ -158,6 +159,7 @@ absl::Status WorkerPool::Register(const tandem::v1::RegisterRequest& request) {
   }
   auto w = MakeWorker(role, request.address());
   w->metrics_address = request.metrics_address();
+  w->pid = request.pid();
   workers_.push_back(w);
   // Healthy only once a poll has seen it answer.
   return absl::OkStatus();
@@ -375,7 +377,7 @@ std::vector<WorkerSnapshot> WorkerPool::List() const {
   std::vector<WorkerSnapshot> out;
   for (const auto& w : workers_) {
     absl::MutexLock wl(&w->mu);
-    out.push_back({w->role, w->address, w->metrics_address, w->healthy, w->stats});
+    out.push_back({w->role, w->address, w->metrics_address, w->pid, w->healthy, w->stats});
   }
   return out;
 }

@@ -58,6 +58,7 @@ struct Worker {
   std::string role;  // "prefill" | "decode"
   std::string address;
   std::string metrics_address;
+  int64_t pid = 0;  // from its registration (0: static, or not told)
   bool is_static = false;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<tandem::v1::PrefillWorker::Stub> prefill;  // role == prefill
@@ -80,6 +81,7 @@ using WorkerSet = absl::flat_hash_set<const Worker*>;
 
 struct WorkerSnapshot {
   std::string role, address, metrics_address;
+  int64_t pid = 0;
   bool healthy = false;
   tandem::v1::WorkerStats stats;
 };

@@ -107,10 +107,13 @@ class ServeProcess {
     log_file_ = dir_ + "/serve.log";
     std::vector<std::string> argv = {TandemBinary(),
                                      "serve",
+                                     // Every process binds a free port itself and
+                                     // the endpoints file reports it: no race
+                                     // between picking a port and binding it.
                                      "--port",
-                                     std::to_string(FreePort()),
+                                     "0",
                                      "--metrics-port",
-                                     std::to_string(FreePort()),
+                                     "0",
                                      "--endpoints-file",
                                      endpoints_file_,
                                      "--kv-cache-memory",
