@@ -210,7 +210,24 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
       m->num_inflight_tokens,
       gauge("tandem_num_inflight_tokens",
             "Router: prompt tokens + max_tokens of the requests admitted (--max-inflight-tokens)."));
+  TANDEM_ASSIGN_OR_RETURN(
+      m->healthy_workers_family,
+      r.AddGauge("tandem_router_healthy_workers",
+                 "Router: workers in rotation (registered or static, answering their health "
+                 "polls), by role.",
+                 {"phase", "model", "role"}));
+  if (phase == "router") {
+    for (std::string_view role : {"prefill", "decode"}) {
+      TANDEM_RETURN_IF_ERROR(
+          m->healthy_workers_family->WithLabelValues({phase, model, role}).status());
+    }
+  }
   return m;
+}
+
+Gauge* TandemMetrics::HealthyWorkers(std::string_view role) {
+  absl::StatusOr<Gauge*> g = healthy_workers_family->WithLabelValues({phase, model, role});
+  return g.ok() ? *g : &gauge_sink_;
 }
 
 Counter* TandemMetrics::LabelledCounter(CounterFamily* family, std::string_view value) {

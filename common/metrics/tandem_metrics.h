@@ -93,6 +93,8 @@ struct TandemMetrics {
   Counter* Migrations(std::string_view reason);
   // Router: tandem_router_prefill_decisions_total{where="remote"|"local"}.
   Counter* PrefillDecisions(std::string_view where);
+  // Router: tandem_router_healthy_workers{role="prefill"|"decode"}; never null.
+  Gauge* HealthyWorkers(std::string_view role);
   Counter* SpecAcceptedAtPosition(int64_t position);
 
   std::string phase;
@@ -136,10 +138,12 @@ struct TandemMetrics {
   Gauge* num_kv_leases = nullptr;      // decode: KV handoffs held, not yet adopted
   Gauge* num_leased_blocks = nullptr;  // decode: blocks held by those leases
   Gauge* num_inflight_tokens = nullptr;  // router: prompt + max_tokens of admitted calls
+  GaugeFamily* healthy_workers_family = nullptr;  // router: {phase, model, role}
 
  private:
   Counter* LabelledCounter(CounterFamily* family, std::string_view value);
   Counter sink_;  // absorbs increments when a label lookup fails
+  Gauge gauge_sink_;
 };
 
 }  // namespace tandem::metrics

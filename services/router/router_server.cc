@@ -126,6 +126,12 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
     bo.migration_limit = options.migration_limit;
     bo.remote_prefill_min_tokens = options.remote_prefill_min_tokens;
     bo.metrics = r->metrics_.get();
+    WorkerPool* pool = r->pool_.get();  // outlives every scrape (Shutdown stops the server first)
+    for (const char* role : {"prefill", "decode"}) {
+      if (r->metrics_ == nullptr) break;
+      r->metrics_->HealthyWorkers(role)->SetCallback(
+          [pool, role] { return static_cast<double>(pool->NumHealthy(role)); });
+    }
     r->owned_backend_ = std::make_unique<DisaggregatedBackend>(r->pool_.get(), bo);
   }
   if (r->owned_backend_ != nullptr) r->backend_ = r->owned_backend_.get();

@@ -766,12 +766,53 @@ TEST(FaultsTest, DrainOfADecodeWorkerUnderLoadFailsNoStream) {
   EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
 }
 
+// The /metrics port a `tandem router --metrics-port 0` bound (from its
+// start-up line); 0 when it did not say within 60 s.
+int RouterMetricsPort(const Proc& router) {
+  const auto give_up = Clock::now() + std::chrono::seconds(60);
+  const std::string key = "/metrics on port ";
+  while (Clock::now() < give_up) {
+    const std::string log = router.Log();
+    const size_t at = log.find(key);
+    if (at != std::string::npos && log.find(' ', at + key.size()) != std::string::npos) {
+      return std::atoi(log.c_str() + at + key.size());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return 0;
+}
+
+// Waits until the router has `prefill` and `decode` workers in rotation
+// (tandem_router_healthy_workers), at most 60 s.
+bool WaitRouterSees(int metrics_port, int prefill, int decode) {
+  auto healthy = [&](const std::string& body, const char* role) {
+    const std::string key = std::string("role=\"") + role + "\"} ";
+    for (size_t at = body.find("tandem_router_healthy_workers{"); at != std::string::npos;
+         at = body.find("tandem_router_healthy_workers{", at + 1)) {
+      const size_t end = body.find('\n', at);
+      const std::string line = body.substr(at, end - at);
+      const size_t k = line.find(key);
+      if (k != std::string::npos) return std::atoi(line.c_str() + k + key.size());
+    }
+    return -1;
+  };
+  const auto give_up = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < give_up) {
+    const std::string body = HttpGetBody(metrics_port, "/metrics");
+    if (healthy(body, "prefill") == prefill && healthy(body, "decode") == decode) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 // Router + 2 prefill + 2 decode as separate processes; every worker is
 // SIGTERMed (drain, exit 0) and replaced, one at a time, under a steady load.
 TEST(FaultsTest, RollingRestartOfEveryWorkerLosesNoRequest) {
   const int router_port = FreePort();
   Proc router({"router", "--host", "127.0.0.1", "--port", std::to_string(router_port),
-               "--metrics-port", "-1"});
+               "--metrics-port", "0"});
+  const int router_metrics = RouterMetricsPort(router);
+  ASSERT_GT(router_metrics, 0) << router.Log();
   struct Slot {
     std::string role;
     int port;
@@ -787,7 +828,7 @@ TEST(FaultsTest, RollingRestartOfEveryWorkerLosesNoRequest) {
                      std::chrono::milliseconds(60000));
   };
   for (const Slot& s : slots) ASSERT_TRUE(ready(s)) << s.role << "\n" << s.proc->Log();
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // registered + polled healthy
+  ASSERT_TRUE(WaitRouterSees(router_metrics, 2, 2)) << router.Log();  // registered + polled
 
   std::atomic<bool> stop{false};
   std::atomic<int> done{0};
@@ -817,7 +858,8 @@ TEST(FaultsTest, RollingRestartOfEveryWorkerLosesNoRequest) {
     s.port = FreePort();
     s.proc = std::make_unique<Proc>(WorkerArgs(s.role, s.port, router_port));
     ASSERT_TRUE(ready(s)) << s.proc->Log();
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    // The replacement is in rotation before the next worker of its role leaves.
+    ASSERT_TRUE(WaitRouterSees(router_metrics, 2, 2)) << router.Log();
   }
   stop = true;
   for (auto& t : load) t.join();
@@ -833,7 +875,9 @@ TEST(FaultsTest, RouterKilledLeavesNoBlocksOnTheWorkers) {
   const int router_port = FreePort();
   auto router = std::make_unique<Proc>(std::vector<std::string>{
       "router", "--host", "127.0.0.1", "--port", std::to_string(router_port), "--metrics-port",
-      "-1"});
+      "0"});
+  const int router_metrics = RouterMetricsPort(*router);
+  ASSERT_GT(router_metrics, 0) << router->Log();
   const int pp = FreePort(), dp = FreePort();
   Proc prefill(WorkerArgs("prefill", pp, router_port));
   Proc decode(WorkerArgs("decode", dp, router_port, {"--kv-lease-seconds", "3"}));
@@ -841,7 +885,7 @@ TEST(FaultsTest, RouterKilledLeavesNoBlocksOnTheWorkers) {
                         std::chrono::milliseconds(60000)));
   ASSERT_TRUE(WaitStats("decode", Local(dp), [](const auto&) { return true; },
                         std::chrono::milliseconds(60000)));
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  ASSERT_TRUE(WaitRouterSees(router_metrics, 1, 1)) << router->Log();
   std::atomic<int> seen{0};
   std::vector<std::thread> streams;
   for (int i = 0; i < 4; ++i) {
