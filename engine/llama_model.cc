@@ -78,9 +78,10 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFil
 }
 
 absl::StatusOr<std::unique_ptr<KvCacheStorage>> LlamaModel::MakeKvCache(int64_t num_blocks,
-                                                                        int64_t block_size) const {
+                                                                        int64_t block_size,
+                                                                        KvDtype dtype) const {
   return KvCacheStorage::Create(config_.num_layers, num_blocks, block_size, config_.num_kv_heads,
-                                config_.head_dim);
+                                config_.head_dim, dtype);
 }
 
 std::string LlamaModel::Summary() const {
@@ -224,9 +225,9 @@ void LlamaModel::Attend(int64_t layer, const ForwardBatch& b,
   const kernels::RopeParams rope = RopeOf();
   kernels::RopeQK(s.q.data(), s.k.data(), b.positions.data(), T, c.num_heads, c.num_kv_heads,
                   c.head_dim, rope);
-  kernels::WriteKv(cache->layout(), s.k.data(), s.v.data(), b.slot_mapping.data(), T,
-                   cache->k(layer), cache->v(layer));
-  kernels::PagedAttention(args, s.q.data(), cache->k(layer), cache->v(layer), s.attn.data(), pool_);
+  const kernels::KvCacheView view = cache->view(layer);
+  kernels::WriteKv(cache->layout(), s.k.data(), s.v.data(), b.slot_mapping.data(), T, view);
+  kernels::PagedAttention(args, s.q.data(), view, s.attn.data(), pool_);
 }
 
 // The fast path: int8 activations x repacked weights, norms and SwiGLU fused
@@ -244,6 +245,7 @@ void LlamaModel::RunPackedLayer(int64_t layer, const ForwardBatch& b,
   // Split Q|K|V (+ bias), RoPE and the K/V cache write, per token (each
   // token's values are computed by one thread alone).
   const kernels::RopeParams rope = RopeOf();
+  const kernels::KvCacheView view = cache->view(layer);
   ThreadPool::Run(
       pool_, T,
       [&](int64_t t0, int64_t t1) {
@@ -261,10 +263,10 @@ void LlamaModel::RunPackedLayer(int64_t layer, const ForwardBatch& b,
         kernels::RopeQK(s.q.data() + t0 * qd, s.k.data() + t0 * kvd, b.positions.data() + t0,
                         t1 - t0, c.num_heads, c.num_kv_heads, c.head_dim, rope);
         kernels::WriteKv(cache->layout(), s.k.data() + t0 * kvd, s.v.data() + t0 * kvd,
-                         b.slot_mapping.data() + t0, t1 - t0, cache->k(layer), cache->v(layer));
+                         b.slot_mapping.data() + t0, t1 - t0, view);
       },
       kMinParallelTokens);
-  kernels::PagedAttention(args, s.q.data(), cache->k(layer), cache->v(layer), s.attn.data(), pool_);
+  kernels::PagedAttention(args, s.q.data(), view, s.attn.data(), pool_);
   kernels::QuantizeActs(s.attn.data(), T, qd, &s.acts, levels_.wo, pool_);
   kernels::QGemm(w.wo_p, s.acts, s.x.data(), c.hidden_size, true, pool_);
 
