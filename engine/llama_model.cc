@@ -84,6 +84,20 @@ absl::StatusOr<std::unique_ptr<KvCacheStorage>> LlamaModel::MakeKvCache(int64_t 
                                 config_.head_dim, dtype);
 }
 
+namespace {
+
+// "f32 46080, f16 23040, bf16 23040, int8 12240, fp8 12240" (--kv-cache-dtype).
+std::string KvBytesPerTokenSummary(const ModelConfig& c) {
+  std::string out;
+  for (KvDtype d : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBf16, KvDtype::kInt8, KvDtype::kFp8}) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", kernels::KvDtypeName(d), " ",
+                    kernels::KvBytesPerToken(d, c.num_layers, c.num_kv_heads, c.head_dim));
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string LlamaModel::Summary() const {
   const ModelConfig& c = config_;
   std::string types;
@@ -96,14 +110,14 @@ std::string LlamaModel::Summary() const {
       "  rope: %s, dim %d, freq base %g, freq scale %g; rms eps %g; %s LM head%s\n"
       "  parameters: %d (%.1f M)\n"
       "  tensor types: %s\n"
-      "  KV cache: %d bytes/token (f32)\n"
+      "  KV cache bytes/token: %s\n"
       "  kernels: %s",
       c.name.empty() ? "(unnamed)" : c.name, c.architecture, c.num_layers, c.hidden_size,
       c.ffn_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size, c.context_length,
       c.rope_style == kernels::RopeStyle::kNeox ? "neox" : "adjacent pairs", c.rope_dim,
       c.rope_freq_base, c.rope_freq_scale, c.rms_eps, c.tied_embeddings ? "tied" : "separate",
       c.has_qkv_bias ? ", qkv bias" : "", c.NumParameters(), c.NumParameters() / 1e6, types,
-      c.KvBytesPerToken(sizeof(float)),
+      KvBytesPerTokenSummary(c),
       mode_ == KernelMode::kReference
           ? std::string("reference (exact f32)")
           : absl::StrFormat("%s (%s, activation levels qkv/o/gu/down/head %s), %d/%d layers "

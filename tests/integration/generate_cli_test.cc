@@ -247,7 +247,9 @@ TEST(GenerateCliTest, PlainModePrintsTextAndStatsOnStderr) {
   ProcessResult r = Tandem({"generate", "--prompt", "The capital of France is", "--max-tokens", "8"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("Paris"), std::string::npos) << r.out;
-  EXPECT_NE(r.err.find("KV cache: 46080 bytes/token"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("KV cache bytes/token: f32 46080, f16 23040"), std::string::npos) << r.err;
+  // The default KV dtype on the CPU is f16 (docs/kv_cache.md).
+  EXPECT_NE(r.err.find("[engine] KV cache: f16, 23040 B/token"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("loading model"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << r.err;
 }
