@@ -46,12 +46,12 @@ uint8_t Fp32ToFp8E4m3(float f) {
     // 8 (a carry into the smallest normal) is encoded correctly as 0x08.
     return sign | static_cast<uint8_t>(std::nearbyint(a * 512.f));
   }
-  int e = 0;
-  const float fr = std::frexp(a, &e);  // a = fr * 2^e, fr in [0.5, 1)
-  // Mantissa rounded to nearest even; 8 carries into the exponent, which the
-  // bit pattern's order makes an addition.
-  const int m = static_cast<int>(std::nearbyint((2.f * fr - 1.f) * 8.f));
-  const int bits = std::min(((e - 1 + 7) << 3) + m, 0x7e);
+  // Round the f32 mantissa to 3 bits, to nearest even, on the bits: a carry
+  // out of the mantissa increments the exponent, as it should.
+  uint32_t u;
+  std::memcpy(&u, &a, 4);
+  u += 0x7ffffu + ((u >> 20) & 1u);
+  const int bits = std::min<int>(((int(u >> 23) - 127 + 7) << 3) | int((u >> 20) & 7u), 0x7e);
   return sign | static_cast<uint8_t>(bits);
 }
 
@@ -100,7 +100,31 @@ float QuantizeKvHead(KvDtype dtype, const float* x, int64_t n, void* dst) {
       }
       const float inv = 448.f / amax;
       auto* d = static_cast<uint8_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = Fp32ToFp8E4m3(x[i] * inv);
+      int64_t i = 0;
+#if TANDEM_KERNELS_AVX512
+      // Fp32ToFp8E4m3 on 16 lanes (same rounding, bit for bit).
+      const __m512 vinv = _mm512_set1_ps(inv);
+      for (; i + 16 <= n; i += 16) {
+        const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv);
+        const __m512i sign =
+            _mm512_srli_epi32(_mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32(INT32_MIN)), 24);
+        const __m512 a = _mm512_min_ps(_mm512_abs_ps(y), _mm512_set1_ps(448.f));
+        const __m512i u = _mm512_castps_si512(a);
+        const __m512i r = _mm512_add_epi32(
+            u, _mm512_add_epi32(_mm512_set1_epi32(0x7ffff),
+                                _mm512_and_si512(_mm512_srli_epi32(u, 20), _mm512_set1_epi32(1))));
+        __m512i normal = _mm512_or_si512(
+            _mm512_slli_epi32(_mm512_sub_epi32(_mm512_srli_epi32(r, 23), _mm512_set1_epi32(120)), 3),
+            _mm512_and_si512(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(7)));
+        normal = _mm512_min_epi32(normal, _mm512_set1_epi32(0x7e));
+        const __m512i sub = _mm512_cvt_roundps_epi32(
+            _mm512_mul_ps(a, _mm512_set1_ps(512.f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __mmask16 tiny = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.015625f), _CMP_LT_OQ);
+        const __m512i code = _mm512_or_si512(_mm512_mask_mov_epi32(normal, tiny, sub), sign);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm512_cvtepi32_epi8(code));
+      }
+#endif
+      for (; i < n; ++i) d[i] = Fp32ToFp8E4m3(x[i] * inv);
       return amax / 448.f;
     }
   }

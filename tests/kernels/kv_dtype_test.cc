@@ -18,6 +18,7 @@
 #include "common/thread_pool.h"
 #include "gtest/gtest.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 
 namespace tandem::kernels {
 namespace {
@@ -119,6 +120,30 @@ TEST(KvDtypeTest, QuantizeDequantizeHeadWithinBounds) {
     const float s = QuantizeKvHead(d, zero.data(), 64, q.data());
     DequantizeKvHead(d, q.data(), s, 64, y.data());
     for (float v : y) EXPECT_EQ(v, 0.f) << KvDtypeName(d);
+  }
+}
+
+// The vectorized row quantizers (AVX-512 f16 and fp8) equal the scalar
+// element coders bit for bit, subnormals, ties and the saturation included.
+TEST(KvDtypeTest, RowQuantizersEqualTheElementCoders) {
+  std::vector<float> x = RandomVec(4096, 41, -1.f, 1.f);
+  for (size_t i = 0; i < x.size(); i += 7) x[i] *= 1e-4f;  // fp8 subnormals after scaling
+  x[5] = 0.f;
+  x[6] = -0.f;
+  x[9] = -1.f;  // amax
+  for (int64_t off = 0; off + 69 <= int64_t(x.size()); off += 69) {
+    const float* h = x.data() + off;
+    std::vector<uint8_t> q8(69);
+    const float s = QuantizeKvHead(KvDtype::kFp8, h, 69, q8.data());
+    float amax = 0;
+    for (int i = 0; i < 69; ++i) amax = std::max(amax, std::fabs(h[i]));
+    for (int i = 0; i < 69; ++i) {
+      ASSERT_EQ(q8[i], Fp32ToFp8E4m3(h[i] * (448.f / amax))) << off << " " << i;
+    }
+    EXPECT_EQ(s, amax / 448.f);
+    std::vector<uint16_t> q16(69);
+    QuantizeKvHead(KvDtype::kF16, h, 69, q16.data());
+    for (int i = 0; i < 69; ++i) ASSERT_EQ(q16[i], Fp32ToFp16(h[i])) << off << " " << i;
   }
 }
 
