@@ -84,12 +84,12 @@ inline __m512 Load16(const char* row, int c) {
   } else {
     // e4m3 s.eeee.mmm -> binary16 s.0eeee.mmm0000000: same mantissa, exponent
     // bias 15 instead of 7 (also for subnormals), so the f16 value is 2^-8 x.
+    // Sign-extended to 16 bits and shifted by 7, a negative code also sets
+    // bit 14, which the mask clears.
     const __m256i b =
-        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * c)));
-    const __m256i h =
-        _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7f)), 7),
-                        _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
-    return _mm512_cvtph_ps(h);
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * c)));
+    return _mm512_cvtph_ps(
+        _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(int16_t(0xbfff))));
   }
 }
 #endif
