@@ -2,7 +2,8 @@
 // throughput -> $/token, plus a DistServe-style prefill:decode worker ratio.
 //
 // Memory (bytes):
-//   kv_bytes_per_token    = 2 (K and V) x layers x kv_heads x head_dim x kv_bytes_per_element
+//   kv_bytes_per_token    = 2 (K and V) x layers x kv_heads x (head_dim x kv_bytes_per_element
+//                           + kv_scale_bytes_per_head)
 //   kv_bytes_per_sequence = kv_bytes_per_token x context_length
 //   weights_bytes         = parameters x weight_bits / 8 (or the GGUF's stored bytes)
 //   kv_budget_bytes       = device memory - weights - reserve (activations, buffers)
