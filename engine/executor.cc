@@ -48,9 +48,9 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const LlamaModel* model,
                                                        const ExecutorOptions& options) {
   if (model == nullptr) return absl::InvalidArgumentError("null model");
   if (options.device == Device::kCpu) {
-    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuExecutor> cpu,
-                            CpuExecutor::Create(model, options.num_blocks, options.block_size,
-                                                options.kv_dtype));
+    TANDEM_ASSIGN_OR_RETURN(
+        std::unique_ptr<CpuExecutor> cpu,
+        CpuExecutor::Create(model, options.num_blocks, options.block_size, options.kv_dtype));
     return std::unique_ptr<Executor>(std::move(cpu));
   }
   TANDEM_RETURN_IF_ERROR(CheckDeviceAvailable(options.device));

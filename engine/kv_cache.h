@@ -52,12 +52,9 @@ class KvCacheStorage {
   static constexpr int64_t kDefaultBlockSize = 16;
 
   // InvalidArgument on non-positive or overflowing geometry.
-  static absl::StatusOr<std::unique_ptr<KvCacheStorage>> Create(int64_t num_layers,
-                                                                int64_t num_blocks,
-                                                                int64_t block_size,
-                                                                int64_t num_kv_heads,
-                                                                int64_t head_dim,
-                                                                KvDtype dtype = KvDtype::kF32);
+  static absl::StatusOr<std::unique_ptr<KvCacheStorage>> Create(
+      int64_t num_layers, int64_t num_blocks, int64_t block_size, int64_t num_kv_heads,
+      int64_t head_dim, KvDtype dtype = KvDtype::kF32);
 
   int64_t num_layers() const { return num_layers_; }
   int64_t num_blocks() const { return layout_.num_blocks; }

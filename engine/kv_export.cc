@@ -20,8 +20,8 @@ absl::Status KvExport::Validate() const {
     known = known || bytes_per_token == BytesPerToken(num_layers, num_kv_heads, head_dim, d);
   }
   if (!known) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bytes_per_token ", bytes_per_token, " does not match the geometry in any KV dtype"));
+    return absl::InvalidArgumentError(absl::StrCat("bytes_per_token ", bytes_per_token,
+                                                   " does not match the geometry in any KV dtype"));
   }
   if (static_cast<int64_t>(bytes.size()) != num_tokens() * bytes_per_token) {
     return absl::InvalidArgumentError(absl::StrCat("kv bytes ", bytes.size(), " != num_tokens ",
@@ -65,9 +65,9 @@ absl::Status ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvC
     return absl::InvalidArgumentError("imported KV geometry does not match the cache");
   }
   if (src.bytes_per_token != shape.bytes_per_token()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "imported KV has ", src.bytes_per_token, " bytes per token, the ",
-        kernels::KvDtypeName(shape.dtype), " KV cache ", shape.bytes_per_token()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("imported KV has ", src.bytes_per_token, " bytes per token, the ",
+                     kernels::KvDtypeName(shape.dtype), " KV cache ", shape.bytes_per_token()));
   }
   if (static_cast<int64_t>(src.bytes.size()) < end * src.bytes_per_token) {
     return absl::InvalidArgumentError("imported KV bytes shorter than its tokens");

@@ -63,8 +63,8 @@ absl::StatusOr<KvExport> ExportKv(Executor& executor, const KvCacheManager& kv, 
 
 // Writes positions [begin, end) of `src` into the slots of `seq`.
 // InvalidArgument when src's geometry or bytes_per_token (its KV dtype)
-// differs from the executor's cache or [begin, end) is not within src. REQUIRES: the block table of seq covers
-// end tokens.
+// differs from the executor's cache or [begin, end) is not within src. REQUIRES: the block table of
+// seq covers end tokens.
 absl::Status ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvCacheManager& kv,
                       SeqId seq, Executor& executor);
 

@@ -41,11 +41,14 @@ std::string KvDtypeChoices();
 // Bytes of one stored element.
 constexpr int64_t KvElementBytes(KvDtype d) {
   switch (d) {
-    case KvDtype::kF32: return 4;
+    case KvDtype::kF32:
+      return 4;
     case KvDtype::kF16:
-    case KvDtype::kBf16: return 2;
+    case KvDtype::kBf16:
+      return 2;
     case KvDtype::kInt8:
-    case KvDtype::kFp8: return 1;
+    case KvDtype::kFp8:
+      return 1;
   }
   return 4;
 }
@@ -58,7 +61,7 @@ constexpr int64_t KvRowBytes(KvDtype d, int64_t num_kv_heads, int64_t head_dim) 
 }
 // Bytes one token occupies in the whole cache: 2 (K and V) x layers x row.
 constexpr int64_t KvBytesPerToken(KvDtype d, int64_t num_layers, int64_t num_kv_heads,
-                               int64_t head_dim) {
+                                  int64_t head_dim) {
   return 2 * num_layers * KvRowBytes(d, num_kv_heads, head_dim);
 }
 

@@ -92,10 +92,9 @@ const KvDtypeSpec* FindKvDtypeSpec(const std::string& name) {
 namespace {
 
 int64_t KvBytesPerToken(const ModelShape& m, double bytes_per_element, double scale_bytes) {
-  return static_cast<int64_t>(std::llround(
-      2.0 * static_cast<double>(m.num_layers) *
-      (static_cast<double>(m.kv_dim()) * bytes_per_element +
-       static_cast<double>(m.num_kv_heads) * scale_bytes)));
+  return static_cast<int64_t>(std::llround(2.0 * static_cast<double>(m.num_layers) *
+                                           (static_cast<double>(m.kv_dim()) * bytes_per_element +
+                                            static_cast<double>(m.num_kv_heads) * scale_bytes)));
 }
 
 int64_t MaxSequences(double budget_bytes, int64_t kv_bytes_per_sequence) {

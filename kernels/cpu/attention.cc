@@ -44,10 +44,10 @@ void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,
     for (int64_t h = 0; h < layout.num_kv_heads; ++h) {
       const int64_t row = slot_mapping[t] * layout.num_kv_heads + h;
       const int64_t src = t * width + h * hd;
-      const float ks = QuantizeKvHead(cache.dtype, k + src, hd,
-                                      static_cast<char*>(cache.k) + row * hd * eb);
-      const float vs = QuantizeKvHead(cache.dtype, v + src, hd,
-                                      static_cast<char*>(cache.v) + row * hd * eb);
+      const float ks =
+          QuantizeKvHead(cache.dtype, k + src, hd, static_cast<char*>(cache.k) + row * hd * eb);
+      const float vs =
+          QuantizeKvHead(cache.dtype, v + src, hd, static_cast<char*>(cache.v) + row * hd * eb);
       if (KvHasScales(cache.dtype)) {
         cache.k_scale[row] = ks;
         cache.v_scale[row] = vs;
@@ -106,13 +106,20 @@ void ConvertRow(KvDtype dtype, const char* src, int64_t n, float* dst) {
     for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_mul_ps(load(int(i / 16)), m));
   };
   switch (dtype) {
-    case KvDtype::kF16: chunks([&](int c) { return Load16<KvDtype::kF16>(src, c); }, 1.f); break;
-    case KvDtype::kBf16: chunks([&](int c) { return Load16<KvDtype::kBf16>(src, c); }, 1.f); break;
-    case KvDtype::kInt8: chunks([&](int c) { return Load16<KvDtype::kInt8>(src, c); }, 1.f); break;
+    case KvDtype::kF16:
+      chunks([&](int c) { return Load16<KvDtype::kF16>(src, c); }, 1.f);
+      break;
+    case KvDtype::kBf16:
+      chunks([&](int c) { return Load16<KvDtype::kBf16>(src, c); }, 1.f);
+      break;
+    case KvDtype::kInt8:
+      chunks([&](int c) { return Load16<KvDtype::kInt8>(src, c); }, 1.f);
+      break;
     case KvDtype::kFp8:
       chunks([&](int c) { return Load16<KvDtype::kFp8>(src, c); }, kRawScale<KvDtype::kFp8>);
       break;
-    case KvDtype::kF32: break;
+    case KvDtype::kF32:
+      break;
   }
 #endif
   if (i < n) DequantizeKvHead(dtype, src + i * KvElementBytes(dtype), 1.f, n - i, dst + i);
@@ -280,17 +287,21 @@ void AttendGroup64(const PagedAttentionArgs& a, const int32_t* table, int64_t le
 }
 #endif
 
-
 #if TANDEM_KERNELS_AVX512
 using GroupFn = void (*)(const PagedAttentionArgs&, const int32_t*, int64_t, const float*, int,
                          int64_t, const KvCacheView&, std::vector<float>&, float*);
 GroupFn GroupFnFor(KvDtype d) {
   switch (d) {
-    case KvDtype::kF32: return AttendGroup64<KvDtype::kF32>;
-    case KvDtype::kF16: return AttendGroup64<KvDtype::kF16>;
-    case KvDtype::kBf16: return AttendGroup64<KvDtype::kBf16>;
-    case KvDtype::kInt8: return AttendGroup64<KvDtype::kInt8>;
-    case KvDtype::kFp8: return AttendGroup64<KvDtype::kFp8>;
+    case KvDtype::kF32:
+      return AttendGroup64<KvDtype::kF32>;
+    case KvDtype::kF16:
+      return AttendGroup64<KvDtype::kF16>;
+    case KvDtype::kBf16:
+      return AttendGroup64<KvDtype::kBf16>;
+    case KvDtype::kInt8:
+      return AttendGroup64<KvDtype::kInt8>;
+    case KvDtype::kFp8:
+      return AttendGroup64<KvDtype::kFp8>;
   }
   return nullptr;
 }

@@ -106,19 +106,20 @@ float QuantizeKvHead(KvDtype dtype, const float* x, int64_t n, void* dst) {
       const __m512 vinv = _mm512_set1_ps(inv);
       for (; i + 16 <= n; i += 16) {
         const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + i), vinv);
-        const __m512i sign =
-            _mm512_srli_epi32(_mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32(INT32_MIN)), 24);
+        const __m512i sign = _mm512_srli_epi32(
+            _mm512_and_si512(_mm512_castps_si512(y), _mm512_set1_epi32(INT32_MIN)), 24);
         const __m512 a = _mm512_min_ps(_mm512_abs_ps(y), _mm512_set1_ps(448.f));
         const __m512i u = _mm512_castps_si512(a);
         const __m512i r = _mm512_add_epi32(
             u, _mm512_add_epi32(_mm512_set1_epi32(0x7ffff),
                                 _mm512_and_si512(_mm512_srli_epi32(u, 20), _mm512_set1_epi32(1))));
         __m512i normal = _mm512_or_si512(
-            _mm512_slli_epi32(_mm512_sub_epi32(_mm512_srli_epi32(r, 23), _mm512_set1_epi32(120)), 3),
+            _mm512_slli_epi32(_mm512_sub_epi32(_mm512_srli_epi32(r, 23), _mm512_set1_epi32(120)),
+                              3),
             _mm512_and_si512(_mm512_srli_epi32(r, 20), _mm512_set1_epi32(7)));
         normal = _mm512_min_epi32(normal, _mm512_set1_epi32(0x7e));
-        const __m512i sub = _mm512_cvt_roundps_epi32(
-            _mm512_mul_ps(a, _mm512_set1_ps(512.f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512i sub = _mm512_cvt_roundps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(512.f)),
+                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __mmask16 tiny = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.015625f), _CMP_LT_OQ);
         const __m512i code = _mm512_or_si512(_mm512_mask_mov_epi32(normal, tiny, sub), sign);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm512_cvtepi32_epi8(code));

@@ -35,10 +35,10 @@ void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,
     for (int64_t h = 0; h < layout.num_kv_heads; ++h) {
       const int64_t row = slot_mapping[t] * layout.num_kv_heads + h;
       const int64_t src = (t * layout.num_kv_heads + h) * hd;
-      const float ks = QuantizeKvHead(cache.dtype, k + src, hd,
-                                      static_cast<char*>(cache.k) + row * hd * eb);
-      const float vs = QuantizeKvHead(cache.dtype, v + src, hd,
-                                      static_cast<char*>(cache.v) + row * hd * eb);
+      const float ks =
+          QuantizeKvHead(cache.dtype, k + src, hd, static_cast<char*>(cache.k) + row * hd * eb);
+      const float vs =
+          QuantizeKvHead(cache.dtype, v + src, hd, static_cast<char*>(cache.v) + row * hd * eb);
       if (KvHasScales(cache.dtype)) {
         cache.k_scale[row] = ks;
         cache.v_scale[row] = vs;

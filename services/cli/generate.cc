@@ -21,10 +21,10 @@
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
 #include "services/cli/kv_dtype_flag.h"
-#include "services/cli/spec_flags.h"
 #include "services/cli/model_loader.h"
 #include "services/cli/prompt_file.h"
 #include "services/cli/run_stats.h"
+#include "services/cli/spec_flags.h"
 
 namespace tandem::cli {
 namespace {

@@ -14,8 +14,8 @@ absl::StatusOr<std::optional<engine::KvDtype>> ResolveKvDtype(const std::string&
   if (flag.empty()) return std::optional<engine::KvDtype>();
   engine::KvDtype dtype;
   if (!kernels::ParseKvDtype(flag, &dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype: unknown dtype '", flag,
-                                                   "' (", kernels::KvDtypeChoices(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-dtype: unknown dtype '", flag, "' (",
+                                                   kernels::KvDtypeChoices(), ")"));
   }
   TANDEM_RETURN_IF_ERROR(engine::CheckKvDtypeSupported(device, dtype));
   return std::optional<engine::KvDtype>(dtype);

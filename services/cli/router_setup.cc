@@ -11,11 +11,11 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "services/cli/device_flag.h"
-#include "services/cli/kv_dtype_flag.h"
 #include "common/status.h"
 #include "engine/memory_size.h"
 #include "engine/model_config.h"
+#include "services/cli/device_flag.h"
+#include "services/cli/kv_dtype_flag.h"
 #include "services/common/api_key.h"
 
 namespace tandem::cli {

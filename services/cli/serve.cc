@@ -24,11 +24,11 @@
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
 #include "services/cli/kv_dtype_flag.h"
-#include "services/cli/spec_flags.h"
 #include "services/cli/router_setup.h"
 #include "services/cli/security_flags.h"
-#include "services/transfer/nccl_kv_transport.h"
+#include "services/cli/spec_flags.h"
 #include "services/common/api_key.h"
+#include "services/transfer/nccl_kv_transport.h"
 
 namespace tandem::cli {
 namespace {
@@ -53,7 +53,7 @@ struct ServeFlags {
   int64_t threads = 0;
   int64_t max_num_batched_tokens = 512;  // every engine: tokens per step
   std::string device = "cpu";        // every engine (docs/gpu.md)
-  std::string kv_cache_dtype;         // every engine; empty: the device's default
+  std::string kv_cache_dtype;        // every engine; empty: the device's default
   std::string kv_transport = "host";  // prefill -> decode (docs/nccl.md)
   SpecFlags spec;                     // decode workers / --colocated
   int64_t ready_timeout_seconds = 300;

@@ -81,8 +81,8 @@ TEST(KvDtypeGoldenTest, GreedyOutputPerDtype) {
         fp8_long += diff < 0 || diff >= 10;
       } else {
         // bf16 / int8: measured identical or first differing at >= 18.
-        EXPECT_TRUE(diff < 0 || diff >= 10) << c["name"].str << " " << kernels::KvDtypeName(d)
-                                           << " differs at " << diff;
+        EXPECT_TRUE(diff < 0 || diff >= 10)
+            << c["name"].str << " " << kernels::KvDtypeName(d) << " differs at " << diff;
       }
     }
     std::printf("%-10s %zu tokens vs f32:%s\n", c["name"].str.c_str(), n, line.c_str());

@@ -331,8 +331,8 @@ TEST(PdHandoffRealModelTest, DisaggregatedMatchesColocated) {
 // dtype doing everything, and an engine of another dtype refuses the import.
 TEST_F(PdHandoffTest, EveryKvDtypeHandsOffItsNativeBytes) {
   const ModelConfig& mc = model()->config();
-  const int64_t f32_bytes = kernels::KvBytesPerToken(KvDtype::kF32, mc.num_layers,
-                                                     mc.num_kv_heads, mc.head_dim);
+  const int64_t f32_bytes =
+      kernels::KvBytesPerToken(KvDtype::kF32, mc.num_layers, mc.num_kv_heads, mc.head_dim);
   for (KvDtype d : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBf16, KvDtype::kInt8, KvDtype::kFp8}) {
     SCOPED_TRACE(kernels::KvDtypeName(d));
     EngineConfig config = TinyEngineConfig(64);
@@ -346,8 +346,8 @@ TEST_F(PdHandoffTest, EveryKvDtypeHandsOffItsNativeBytes) {
     ASSERT_NE(h.prefill.finish->kv_export, nullptr);
     const KvExport& kv = *h.prefill.finish->kv_export;
     EXPECT_TRUE(kv.Validate().ok()) << kv.Validate();
-    EXPECT_EQ(kv.bytes_per_token, kernels::KvBytesPerToken(d, mc.num_layers, mc.num_kv_heads,
-                                                           mc.head_dim));
+    EXPECT_EQ(kv.bytes_per_token,
+              kernels::KvBytesPerToken(d, mc.num_layers, mc.num_kv_heads, mc.head_dim));
     EXPECT_EQ(kv.bytes_per_token, prefill->kv_bytes_per_token());
     EXPECT_EQ(static_cast<int64_t>(kv.bytes.size()), 41 * kv.bytes_per_token);
     if (d != KvDtype::kF32) EXPECT_LT(kv.bytes_per_token, f32_bytes);

@@ -274,8 +274,9 @@ TEST(ClusterKvDtypeTest, ServePassesTheKvDtypeToItsWorkers) {
     tandem::v1::WorkerStats stats;
     grpc::ClientContext ctx;
     const grpc::Status st =
-        e.role == "prefill" ? tandem::v1::PrefillWorker::NewStub(channel)->GetStats(&ctx, {}, &stats)
-                            : tandem::v1::DecodeWorker::NewStub(channel)->GetStats(&ctx, {}, &stats);
+        e.role == "prefill"
+            ? tandem::v1::PrefillWorker::NewStub(channel)->GetStats(&ctx, {}, &stats)
+            : tandem::v1::DecodeWorker::NewStub(channel)->GetStats(&ctx, {}, &stats);
     ASSERT_TRUE(st.ok()) << e.role << ": " << st.error_message();
     EXPECT_EQ(stats.compat().kv_dtype(), "int8") << e.role;
   }
@@ -289,10 +290,10 @@ TEST(ClusterKvDtypeTest, ServePassesTheKvDtypeToItsWorkers) {
       f << "{\"prompt\": \"" << sp.prompt << "\", \"seed\": " << sp.seed << "}\n";
     }
   }
-  ProcessResult gen = RunProcess({TandemBinary(), "generate", "--prompts-file", prompts, "--json",
-                                  "--temperature", "0.8", "--max-tokens",
-                                  std::to_string(kMaxTokens), "--concurrency", "32",
-                                  "--kv-cache-dtype", "int8"});
+  ProcessResult gen =
+      RunProcess({TandemBinary(), "generate", "--prompts-file", prompts, "--json", "--temperature",
+                  "0.8", "--max-tokens", std::to_string(kMaxTokens), "--concurrency", "32",
+                  "--kv-cache-dtype", "int8"});
   ASSERT_EQ(gen.exit_code, 0) << gen.err;
   std::stringstream lines(gen.out);
   int i = 0;

@@ -258,8 +258,8 @@ TEST(GenerateCliTest, PlainModePrintsTextAndStatsOnStderr) {
 // per token; an unknown dtype is one line and exit 2, on every command that
 // builds an engine.
 TEST(GenerateCliTest, KvCacheDtypeFlag) {
-  ProcessResult r = Tandem({"generate", "--prompt", "The capital of France is", "--max-tokens",
-                            "4", "--kv-cache-dtype", "int8"});
+  ProcessResult r = Tandem({"generate", "--prompt", "The capital of France is", "--max-tokens", "4",
+                            "--kv-cache-dtype", "int8"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("[engine] KV cache: int8, 12240 B/token"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("KV cache int8 in host memory"), std::string::npos) << r.err;

@@ -84,14 +84,14 @@ TEST(PlanCliTest, SmolLm2GgufOnCpu) {
   }
   EXPECT_EQ(j["kv_dtypes"][1]["max_concurrent_sequences"].number,
             j["max_concurrent_sequences"].number);
-  ProcessResult i8 = Plan({"--json", "--model", DefaultModelPath(), "--device", "cpu",
-                           "--device-memory-gb", "16", "--device-bandwidth-gbs", "50",
-                           "--device-tflops", "1", "--kv-cache-dtype", "int8"});
+  ProcessResult i8 =
+      Plan({"--json", "--model", DefaultModelPath(), "--device", "cpu", "--device-memory-gb", "16",
+            "--device-bandwidth-gbs", "50", "--device-tflops", "1", "--kv-cache-dtype", "int8"});
   ASSERT_EQ(i8.exit_code, 0) << i8.err;
   EXPECT_EQ(Json::Parse(i8.out)["kv_bytes_per_token"].number, 12240);
-  ProcessResult table = Plan({"--model", DefaultModelPath(), "--device", "cpu",
-                              "--device-memory-gb", "16", "--device-bandwidth-gbs", "50",
-                              "--device-tflops", "1", "--kv-cache-dtype", "fp8"});
+  ProcessResult table =
+      Plan({"--model", DefaultModelPath(), "--device", "cpu", "--device-memory-gb", "16",
+            "--device-bandwidth-gbs", "50", "--device-tflops", "1", "--kv-cache-dtype", "fp8"});
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("with --kv-cache-dtype int8"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("12,240 B/token"), std::string::npos) << table.out;

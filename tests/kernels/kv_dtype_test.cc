@@ -8,8 +8,8 @@
 #include "kernels/kv_dtype.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -67,10 +67,10 @@ TEST(KvDtypeTest, Fp8E4m3CodesRoundTripAndRound) {
   EXPECT_EQ(Fp32ToFp8E4m3(-1e9f), 0xfe);
   EXPECT_EQ(Fp32ToFp8E4m3(464.f), 0x7e);
   EXPECT_EQ(Fp32ToFp8E4m3(NAN), 0);
-  EXPECT_EQ(Fp32ToFp8E4m3(1.0625f), 0x38);  // tie between 1 and 1.125: even
-  EXPECT_EQ(Fp32ToFp8E4m3(1.1875f), 0x3a);  // tie between 1.125 and 1.25: even
-  EXPECT_EQ(Fp32ToFp8E4m3(std::ldexp(1.f, -10)), 0x00);        // tie 0 / 2^-9: even
-  EXPECT_EQ(Fp32ToFp8E4m3(std::ldexp(1.5f, -9)), 0x02);        // tie 1 / 2 steps: even
+  EXPECT_EQ(Fp32ToFp8E4m3(1.0625f), 0x38);                      // tie between 1 and 1.125: even
+  EXPECT_EQ(Fp32ToFp8E4m3(1.1875f), 0x3a);                      // tie between 1.125 and 1.25: even
+  EXPECT_EQ(Fp32ToFp8E4m3(std::ldexp(1.f, -10)), 0x00);         // tie 0 / 2^-9: even
+  EXPECT_EQ(Fp32ToFp8E4m3(std::ldexp(1.5f, -9)), 0x02);         // tie 1 / 2 steps: even
   EXPECT_EQ(Fp32ToFp8E4m3(std::ldexp(1.f, -6) * 0.99f), 0x08);  // rounds up into normals
   // Every f32 in range lands on the nearest code.
   const std::vector<float> xs = RandomVec(20000, 3, -500.f, 500.f);
@@ -99,10 +99,18 @@ TEST(KvDtypeTest, QuantizeDequantizeHeadWithinBounds) {
           const float ax = std::fabs(x[i]);
           float bound = 0;
           switch (d) {
-            case KvDtype::kF32: bound = 0; break;
-            case KvDtype::kF16: bound = ax * std::ldexp(1.f, -11); break;
-            case KvDtype::kBf16: bound = ax * std::ldexp(1.f, -8); break;
-            case KvDtype::kInt8: bound = amax / 127.f * 0.5f * 1.0001f; break;
+            case KvDtype::kF32:
+              bound = 0;
+              break;
+            case KvDtype::kF16:
+              bound = ax * std::ldexp(1.f, -11);
+              break;
+            case KvDtype::kBf16:
+              bound = ax * std::ldexp(1.f, -8);
+              break;
+            case KvDtype::kInt8:
+              bound = amax / 127.f * 0.5f * 1.0001f;
+              break;
             case KvDtype::kFp8:
               bound = std::max(ax * 0.0625f, amax / 448.f * std::ldexp(1.f, -10)) * 1.0001f;
               break;
@@ -179,7 +187,7 @@ double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(KvDtypeAttentionTest, EachDtypeMatchesTheReferences) {
-  const AttnCase cases[] = {{64, 3, 3, 16}, {64, 2, 1, 32}, {64, 1, 8, 16},
+  const AttnCase cases[] = {{64, 3, 3, 16},  {64, 2, 1, 32},  {64, 1, 8, 16},
                             {128, 2, 4, 16}, {128, 1, 3, 32}, {80, 2, 2, 16}};
   ThreadPool pool(3);
   for (const AttnCase& c : cases) {
@@ -202,9 +210,9 @@ TEST(KvDtypeAttentionTest, EachDtypeMatchesTheReferences) {
     positions.push_back(0);
     const std::vector<int32_t> context_lens = {len0, len1, 1};
     const int64_t max_blocks = 4;
-    const std::vector<int32_t> tables = {17, 3, 9, 0,  //
-                                         5, 22, 1, 12,  //
-                                         8, 0, 0, 0};
+    const std::vector<int32_t> tables = {17, 3,  9, 0,   //
+                                         5,  22, 1, 12,  //
+                                         8,  0,  0, 0};
     const int64_t num_heads = c.num_kv_heads * c.group;
     PagedAttentionArgs args{L,
                             num_heads,
@@ -220,9 +228,9 @@ TEST(KvDtypeAttentionTest, EachDtypeMatchesTheReferences) {
     std::vector<float> exact(T * qw);
     ref::PagedAttention(args, q.data(), kf.data(), vf.data(), exact.data());
     for (KvDtype d : kAll) {
-      SCOPED_TRACE(testing::Message() << KvDtypeName(d) << " hd " << c.head_dim << " kvh "
-                                      << c.num_kv_heads << " group " << c.group << " bs "
-                                      << c.block_size);
+      SCOPED_TRACE(testing::Message()
+                   << KvDtypeName(d) << " hd " << c.head_dim << " kvh " << c.num_kv_heads
+                   << " group " << c.group << " bs " << c.block_size);
       DtypeCache fast(d, L), slow(d, L);
       WriteKv(L, kf.data(), vf.data(), all.data(), slots, fast.view());
       ref::WriteKv(L, kf.data(), vf.data(), all.data(), slots, slow.view());

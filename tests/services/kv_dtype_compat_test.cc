@@ -21,20 +21,20 @@ TEST(KvDtypeCompatTest, MismatchedDtypesAreRefused) {
   const auto compat = [&](KvDtype d) {
     return services::MakeCompat(*tiny.file, *tiny.model, "tiny", 16, d);
   };
-  for (KvDtype ours : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBf16, KvDtype::kInt8,
-                       KvDtype::kFp8}) {
+  for (KvDtype ours :
+       {KvDtype::kF32, KvDtype::kF16, KvDtype::kBf16, KvDtype::kInt8, KvDtype::kFp8}) {
     EXPECT_EQ(compat(ours).kv_dtype(), kernels::KvDtypeName(ours));
-    for (KvDtype theirs : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBf16, KvDtype::kInt8,
-                           KvDtype::kFp8}) {
+    for (KvDtype theirs :
+         {KvDtype::kF32, KvDtype::kF16, KvDtype::kBf16, KvDtype::kInt8, KvDtype::kFp8}) {
       const absl::Status st = services::CheckCompat(compat(ours), compat(theirs));
       if (ours == theirs) {
         EXPECT_TRUE(st.ok()) << st;
         continue;
       }
       EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-      EXPECT_NE(st.message().find(std::string("compat.kv_dtype is ") +
-                                  kernels::KvDtypeName(theirs)),
-                std::string::npos)
+      EXPECT_NE(
+          st.message().find(std::string("compat.kv_dtype is ") + kernels::KvDtypeName(theirs)),
+          std::string::npos)
           << st;
     }
   }
@@ -55,8 +55,8 @@ TEST(KvDtypeCompatTest, DecodeWorkerRefusesAnotherDtypesHandoff) {
   ASSERT_TRUE(decode.ok()) << decode.status();
   const int64_t bpt = (*decode)->engine().kv_bytes_per_token();
   const engine::ModelConfig& mc = tiny.model->config();
-  EXPECT_EQ(bpt, kernels::KvBytesPerToken(KvDtype::kInt8, mc.num_layers, mc.num_kv_heads,
-                                          mc.head_dim));
+  EXPECT_EQ(bpt,
+            kernels::KvBytesPerToken(KvDtype::kInt8, mc.num_layers, mc.num_kv_heads, mc.head_dim));
   const v1::KvCompatibility& ours = (*decode)->compat();
   EXPECT_EQ(ours.kv_dtype(), "int8");
   v1::KvTransferHeader h;
