@@ -1,6 +1,5 @@
 #include "engine/cpu_executor.h"
 
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -10,17 +9,19 @@ namespace tandem::engine {
 
 absl::StatusOr<std::unique_ptr<CpuExecutor>> CpuExecutor::Create(const LlamaModel* model,
                                                                  int64_t num_blocks,
-                                                                 int64_t block_size) {
+                                                                 int64_t block_size,
+                                                                 KvDtype kv_dtype) {
   if (model == nullptr) return absl::InvalidArgumentError("null model");
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvCacheStorage> cache,
-                          model->MakeKvCache(num_blocks, block_size));
+                          model->MakeKvCache(num_blocks, block_size, kv_dtype));
   return std::unique_ptr<CpuExecutor>(new CpuExecutor(model, std::move(cache)));
 }
 
 std::string CpuExecutor::Describe() const {
   const int threads = model_->pool() != nullptr ? model_->pool()->num_threads() : 1;
-  return absl::StrFormat("cpu: %d thread%s, KV cache f32 in host memory (%.1f MiB)", threads,
-                         threads == 1 ? "" : "s", cache_->total_bytes() / 1048576.0);
+  return absl::StrFormat("cpu: %d thread%s, KV cache %s in host memory (%.1f MiB)", threads,
+                         threads == 1 ? "" : "s", kernels::KvDtypeName(cache_->dtype()),
+                         cache_->total_bytes() / 1048576.0);
 }
 
 absl::Status CpuExecutor::CopyBlocks(absl::Span<const BlockCopy> copies) {
@@ -35,30 +36,20 @@ absl::Status CpuExecutor::Forward(const ForwardBatch& batch, float* logits) {
 
 absl::Status CpuExecutor::ReadKv(absl::Span<const int64_t> slots, char* dst) {
   TANDEM_RETURN_IF_ERROR(ValidateSlots(shape_, slots));
-  const int64_t row = shape_.row_floats();
-  const size_t row_bytes = row * sizeof(float);
+  const int64_t bpt = shape_.bytes_per_token();
   for (int64_t slot : slots) {
-    for (int64_t l = 0; l < shape_.num_layers; ++l) {
-      std::memcpy(dst, cache_->k(l) + slot * row, row_bytes);
-      dst += row_bytes;
-      std::memcpy(dst, cache_->v(l) + slot * row, row_bytes);
-      dst += row_bytes;
-    }
+    cache_->ReadSlot(slot, dst);
+    dst += bpt;
   }
   return absl::OkStatus();
 }
 
 absl::Status CpuExecutor::WriteKv(absl::Span<const int64_t> slots, const char* src) {
   TANDEM_RETURN_IF_ERROR(ValidateSlots(shape_, slots));
-  const int64_t row = shape_.row_floats();
-  const size_t row_bytes = row * sizeof(float);
+  const int64_t bpt = shape_.bytes_per_token();
   for (int64_t slot : slots) {
-    for (int64_t l = 0; l < shape_.num_layers; ++l) {
-      std::memcpy(cache_->k(l) + slot * row, src, row_bytes);
-      src += row_bytes;
-      std::memcpy(cache_->v(l) + slot * row, src, row_bytes);
-      src += row_bytes;
-    }
+    cache_->WriteSlot(slot, src);
+    src += bpt;
   }
   return absl::OkStatus();
 }

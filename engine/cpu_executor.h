@@ -17,8 +17,8 @@ class CpuExecutor final : public Executor {
  public:
   // A cache of num_blocks x block_size tokens shaped for `model` (not owned).
   static absl::StatusOr<std::unique_ptr<CpuExecutor>> Create(const LlamaModel* model,
-                                                             int64_t num_blocks,
-                                                             int64_t block_size);
+                                                             int64_t num_blocks, int64_t block_size,
+                                                             KvDtype kv_dtype = KvDtype::kF32);
 
   Device device() const override { return Device::kCpu; }
   std::string Describe() const override;

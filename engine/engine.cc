@@ -54,6 +54,10 @@ FinishReason ToSchedulerReason(RequestFinishReason reason) {
 
 }  // namespace
 
+KvDtype DefaultKvDtype(Device device) {
+  return device == Device::kCuda ? KvDtype::kF32 : KvDtype::kF16;
+}
+
 absl::Status EngineConfig::Validate() const {
   if (block_size < 1) return absl::InvalidArgumentError("block_size must be >= 1");
   if (num_kv_blocks < 0) return absl::InvalidArgumentError("num_kv_blocks must be >= 0");
@@ -125,8 +129,9 @@ absl::Status Engine::Init() {
       eos_token_ids_.push_back(eos);
     }
   }
-  kv_bytes_per_token_ = KvBytesPerToken(mc.num_layers, mc.num_kv_heads, mc.head_dim,
-                                        static_cast<int64_t>(sizeof(float)));
+  const KvDtype kv_dtype = config_.kv_dtype();
+  kv_bytes_per_token_ =
+      kernels::KvBytesPerToken(kv_dtype, mc.num_layers, mc.num_kv_heads, mc.head_dim);
   KvCacheConfig kv_config;
   kv_config.block_size = config_.block_size;
   kv_config.num_blocks = config_.num_kv_blocks;
@@ -135,11 +140,12 @@ absl::Status Engine::Init() {
   TANDEM_ASSIGN_OR_RETURN(const int64_t num_blocks, NumBlocksFor(kv_config, kv_bytes_per_token_));
   if (num_blocks > INT32_MAX) return absl::InvalidArgumentError("too many KV blocks");
   kv_description_ = DescribeKvCapacity(kv_bytes_per_token_, num_blocks, config_.block_size,
-                                       config_.enable_prefix_caching);
+                                       config_.enable_prefix_caching, kv_dtype);
   ExecutorOptions executor_options;
   executor_options.device = config_.device;
   executor_options.num_blocks = num_blocks;
   executor_options.block_size = config_.block_size;
+  executor_options.kv_dtype = kv_dtype;
   TANDEM_ASSIGN_OR_RETURN(executor_, MakeExecutor(model_, executor_options));
   executor_description_ = executor_->Describe();
   kv_ = std::make_unique<KvCacheManager>(static_cast<int32_t>(num_blocks), config_.block_size,
@@ -189,6 +195,11 @@ absl::Status Engine::ValidateRequest(const EngineRequest& request) const {
   if (request.import_kv != nullptr) {
     const KvExport& kv = *request.import_kv;
     TANDEM_RETURN_IF_ERROR(kv.Validate());
+    if (kv.bytes_per_token != kv_bytes_per_token_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "import_kv: ", kv.bytes_per_token, " bytes per token, this engine's ",
+          kernels::KvDtypeName(config_.kv_dtype()), " KV cache has ", kv_bytes_per_token_));
+    }
     if (kv.num_layers != mc.num_layers || kv.num_kv_heads != mc.num_kv_heads ||
         kv.head_dim != mc.head_dim) {
       return absl::InvalidArgumentError("import_kv: geometry does not match the model");

@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,8 +40,8 @@
 #include "common/gguf/gguf.h"
 #include "common/thread_pool.h"
 #include "common/tokenizer/tokenizer.h"
-#include "engine/kv_cache.h"
 #include "engine/executor.h"
+#include "engine/kv_cache.h"
 #include "engine/kv_cache_manager.h"
 #include "engine/llama_model.h"
 #include "engine/model_runner.h"
@@ -64,16 +65,24 @@ struct SpecDecodeConfig {
   Scheduler::Proposer proposer;
 };
 
+// The KV dtype when none is asked for: f16 on the CPU (same greedy output as
+// f32 on the goldens, half the bytes; docs/kv_cache.md), f32 on CUDA (the
+// only dtype the CUDA executor holds).
+KvDtype DefaultKvDtype(Device device);
+
 // "off" / "ngram"; false on anything else.
 bool ParseSpecMethod(const std::string& s, SpecDecodeConfig::Method* method);
 
 struct EngineConfig {
   std::string model_path;  // GGUF file; used by Create(config) only
   // KV cache size: num_kv_blocks when > 0, else as many blocks as fit in
-  // kv_cache_memory_bytes (f32 K and V).
+  // kv_cache_memory_bytes at the KV dtype's bytes per token.
   int64_t kv_cache_memory_bytes = kDefaultKvCacheMemoryBytes;
   int64_t num_kv_blocks = 0;
   int32_t block_size = 16;
+  // Element type of the KV cache (kernels/kv_dtype.h); unset: the device's
+  // default, DefaultKvDtype(device).
+  std::optional<KvDtype> kv_cache_dtype;
   // Where steps run (engine/executor.h); the KV cache lives there.
   Device device = Device::kCpu;
   bool enable_prefix_caching = true;
@@ -87,6 +96,8 @@ struct EngineConfig {
 
   // InvalidArgument naming the field.
   absl::Status Validate() const;
+  // kv_cache_dtype, or DefaultKvDtype(device) when unset.
+  KvDtype kv_dtype() const { return kv_cache_dtype.value_or(DefaultKvDtype(device)); }
 };
 
 struct EngineStats {

@@ -34,15 +34,27 @@ absl::Status CheckDeviceAvailable(Device device) {
 #endif
 }
 
+absl::Status CheckKvDtypeSupported(Device device, KvDtype dtype) {
+  if (device == Device::kCuda && dtype != KvDtype::kF32) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--kv-cache-dtype ", kernels::KvDtypeName(dtype),
+                     ": the CUDA executor holds an f32 KV cache only (use --kv-cache-dtype f32 "
+                     "with --device cuda)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const LlamaModel* model,
                                                        const ExecutorOptions& options) {
   if (model == nullptr) return absl::InvalidArgumentError("null model");
   if (options.device == Device::kCpu) {
-    TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<CpuExecutor> cpu,
-                            CpuExecutor::Create(model, options.num_blocks, options.block_size));
+    TANDEM_ASSIGN_OR_RETURN(
+        std::unique_ptr<CpuExecutor> cpu,
+        CpuExecutor::Create(model, options.num_blocks, options.block_size, options.kv_dtype));
     return std::unique_ptr<Executor>(std::move(cpu));
   }
   TANDEM_RETURN_IF_ERROR(CheckDeviceAvailable(options.device));
+  TANDEM_RETURN_IF_ERROR(CheckKvDtypeSupported(options.device, options.kv_dtype));
 #if defined(TANDEM_HAVE_CUDA_EXECUTOR)
   return cuda::MakeCudaExecutor(model, options);
 #else

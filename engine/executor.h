@@ -9,8 +9,9 @@
 //   - CopyBlocks: the scheduler's copy-on-write block copies, in order;
 //   - Forward: one ForwardBatch -> f32 logits of the logits_indices rows,
 //     on the host (sampling stays in engine/sampler.cc for every backend);
-//   - ReadKv / WriteKv: K/V of a list of slots in the f32 interchange layout
-//     of engine/kv_export.h (the prefill -> decode handoff, migration).
+//   - ReadKv / WriteKv: K/V of a list of slots in the interchange layout of
+//     engine/kv_export.h, the cache's native bytes (the prefill -> decode
+//     handoff, migration).
 // No CUDA type appears here or in any engine header: the CUDA executor is
 // reached through MakeExecutor and lives in engine/cuda/ (built only when
 // nvcc is found).
@@ -63,8 +64,9 @@ class Executor {
   virtual absl::Status Forward(const ForwardBatch& batch, float* logits) = 0;
 
   // K/V of `slots` (one per token, in order) to / from host bytes in the
-  // interchange layout [token][layer][K|V][kv_heads * head_dim] f32:
-  // slots.size() * kv_shape().interchange_bytes_per_token() bytes.
+  // interchange layout [token][layer][K|V][row: kv_heads * head_dim elements
+  // of kv_shape().dtype, then kv_heads f32 scales for int8/fp8]:
+  // slots.size() * kv_shape().bytes_per_token() bytes.
   // InvalidArgument on a slot out of range.
   virtual absl::Status ReadKv(absl::Span<const int64_t> slots, char* dst) = 0;
   virtual absl::Status WriteKv(absl::Span<const int64_t> slots, const char* src) = 0;
@@ -75,6 +77,9 @@ struct ExecutorOptions {
   int device_index = 0;  // CUDA device ordinal
   int64_t num_blocks = 0;
   int64_t block_size = KvCacheStorage::kDefaultBlockSize;
+  // Element type of the KV cache (kernels/kv_dtype.h). The CUDA executor
+  // holds f32 only and refuses the others (FailedPrecondition).
+  KvDtype kv_dtype = KvDtype::kF32;
 };
 
 // The executor for options.device over `model` (not owned; must outlive it).
@@ -88,6 +93,10 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const LlamaModel* model,
 // "--device cuda: no CUDA device is visible (cudaGetDeviceCount: no CUDA-capable
 // device is detected)"). CLIs call this before loading a model.
 absl::Status CheckDeviceAvailable(Device device);
+
+// OK when `device`'s executor can hold a KV cache of `dtype`: every dtype on
+// the CPU, f32 only on CUDA (FailedPrecondition naming --kv-cache-dtype).
+absl::Status CheckKvDtypeSupported(Device device, KvDtype dtype);
 
 // Validates a slot list against a cache shape (ReadKv / WriteKv helpers).
 absl::Status ValidateSlots(const KvCacheShape& shape, absl::Span<const int64_t> slots);

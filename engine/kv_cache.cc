@@ -1,41 +1,96 @@
 #include "engine/kv_cache.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace tandem::engine {
 
-absl::StatusOr<std::unique_ptr<KvCacheStorage>> KvCacheStorage::Create(int64_t num_layers,
-                                                                       int64_t num_blocks,
-                                                                       int64_t block_size,
-                                                                       int64_t num_kv_heads,
-                                                                       int64_t head_dim) {
+absl::StatusOr<std::unique_ptr<KvCacheStorage>> KvCacheStorage::Create(
+    int64_t num_layers, int64_t num_blocks, int64_t block_size, int64_t num_kv_heads,
+    int64_t head_dim, KvDtype dtype) {
   if (num_layers < 1 || num_blocks < 1 || block_size < 1 || num_kv_heads < 1 || head_dim < 1) {
     return absl::InvalidArgumentError("KV cache geometry must be positive");
   }
-  constexpr int64_t kMaxFloats = int64_t{1} << 40;
-  const double floats = 2.0 * num_layers * num_blocks * block_size * num_kv_heads * head_dim;
-  if (floats > double(kMaxFloats)) {
-    return absl::InvalidArgumentError(absl::StrCat("KV cache of ", floats, " floats is too large"));
+  constexpr int64_t kMaxBytes = int64_t{1} << 42;
+  const double bytes = 2.0 * num_layers * num_blocks * block_size *
+                       double(kernels::KvRowBytes(dtype, num_kv_heads, head_dim));
+  if (bytes > double(kMaxBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("KV cache of ", bytes, " bytes is too large"));
   }
   kernels::PagedKvLayout layout{num_blocks, block_size, num_kv_heads, head_dim};
-  return std::unique_ptr<KvCacheStorage>(new KvCacheStorage(num_layers, layout));
+  return std::unique_ptr<KvCacheStorage>(new KvCacheStorage(num_layers, layout, dtype));
 }
 
-KvCacheStorage::KvCacheStorage(int64_t num_layers, const kernels::PagedKvLayout& layout)
+KvCacheStorage::KvCacheStorage(int64_t num_layers, const kernels::PagedKvLayout& layout,
+                               KvDtype dtype)
     : num_layers_(num_layers),
       layout_(layout),
-      layer_floats_(layout.num_blocks * layout.block_size * layout.num_kv_heads * layout.head_dim),
-      data_(2 * num_layers * layer_floats_, 0.f) {}
+      dtype_(dtype),
+      layer_bytes_(layout.num_blocks * layout.block_size * layout.num_kv_heads * layout.head_dim *
+                   kernels::KvElementBytes(dtype)),
+      layer_scales_(kernels::KvHasScales(dtype)
+                        ? layout.num_blocks * layout.block_size * layout.num_kv_heads
+                        : 0),
+      data_(2 * num_layers * layer_bytes_, 0),
+      scales_(2 * num_layers * layer_scales_, 0.f) {}
+
+float* KvCacheStorage::k_scales(int64_t layer) {
+  return layer_scales_ > 0 ? scales_.data() + (2 * layer) * layer_scales_ : nullptr;
+}
+float* KvCacheStorage::v_scales(int64_t layer) {
+  return layer_scales_ > 0 ? scales_.data() + (2 * layer + 1) * layer_scales_ : nullptr;
+}
+
+kernels::KvCacheView KvCacheStorage::view(int64_t layer) {
+  kernels::KvCacheView v;
+  v.dtype = dtype_;
+  v.k = k_bytes(layer);
+  v.v = v_bytes(layer);
+  v.k_scale = k_scales(layer);
+  v.v_scale = v_scales(layer);
+  return v;
+}
 
 void KvCacheStorage::CopyBlock(int64_t src, int64_t dst) {
   if (src == dst) return;
-  const int64_t n = block_floats();
-  for (int64_t layer = 0; layer < num_layers_; ++layer) {
-    std::copy_n(k(layer) + src * n, n, k(layer) + dst * n);
-    std::copy_n(v(layer) + src * n, n, v(layer) + dst * n);
+  const int64_t nb = block_floats() * kernels::KvElementBytes(dtype_);
+  const int64_t ns = layer_scales_ > 0 ? layout_.block_size * layout_.num_kv_heads : 0;
+  for (int64_t half = 0; half < 2 * num_layers_; ++half) {
+    char* d = data_.data() + half * layer_bytes_;
+    std::copy_n(d + src * nb, nb, d + dst * nb);
+    if (ns > 0) {
+      float* s = scales_.data() + half * layer_scales_;
+      std::copy_n(s + src * ns, ns, s + dst * ns);
+    }
+  }
+}
+
+void KvCacheStorage::ReadSlot(int64_t slot, char* dst) const {
+  const int64_t eb = layout_.num_kv_heads * layout_.head_dim * kernels::KvElementBytes(dtype_);
+  const int64_t ns = layer_scales_ > 0 ? layout_.num_kv_heads : 0;
+  for (int64_t half = 0; half < 2 * num_layers_; ++half) {
+    std::memcpy(dst, data_.data() + half * layer_bytes_ + slot * eb, eb);
+    dst += eb;
+    if (ns > 0) {
+      std::memcpy(dst, scales_.data() + half * layer_scales_ + slot * ns, ns * sizeof(float));
+      dst += ns * sizeof(float);
+    }
+  }
+}
+
+void KvCacheStorage::WriteSlot(int64_t slot, const char* src) {
+  const int64_t eb = layout_.num_kv_heads * layout_.head_dim * kernels::KvElementBytes(dtype_);
+  const int64_t ns = layer_scales_ > 0 ? layout_.num_kv_heads : 0;
+  for (int64_t half = 0; half < 2 * num_layers_; ++half) {
+    std::memcpy(data_.data() + half * layer_bytes_ + slot * eb, src, eb);
+    src += eb;
+    if (ns > 0) {
+      std::memcpy(scales_.data() + half * layer_scales_ + slot * ns, src, ns * sizeof(float));
+      src += ns * sizeof(float);
+    }
   }
 }
 

@@ -38,12 +38,12 @@ absl::StatusOr<int64_t> NumBlocksFor(const KvCacheConfig& config, int64_t bytes_
 }
 
 std::string DescribeKvCapacity(int64_t bytes_per_token, int64_t num_blocks, int32_t block_size,
-                               bool enable_prefix_caching) {
+                               bool enable_prefix_caching, kernels::KvDtype dtype) {
   const int64_t tokens = num_blocks * block_size;
   return absl::StrFormat(
-      "KV cache: %d B/token, %d blocks x %d tokens = %d tokens (%.1f MB), "
+      "KV cache: %s, %d B/token, %d blocks x %d tokens = %d tokens (%.1f MB), "
       "prefix caching %s",
-      bytes_per_token, num_blocks, block_size, tokens,
+      kernels::KvDtypeName(dtype), bytes_per_token, num_blocks, block_size, tokens,
       static_cast<double>(tokens) * static_cast<double>(bytes_per_token) / 1e6,
       enable_prefix_caching ? "on" : "off");
 }

@@ -28,6 +28,7 @@
 #include "absl/types/span.h"
 #include "engine/block_hash.h"
 #include "engine/block_pool.h"
+#include "kernels/kv_dtype.h"
 
 namespace tandem::engine {
 
@@ -52,10 +53,11 @@ int64_t KvBytesPerToken(int64_t num_layers, int64_t num_kv_heads, int64_t head_d
 // InvalidArgument when the config is invalid or the budget holds no block.
 absl::StatusOr<int64_t> NumBlocksFor(const KvCacheConfig& config, int64_t bytes_per_token);
 
-// The start-up log line: "KV cache: 46080 B/token, 1000 blocks x 16 tokens =
-// 16000 tokens (737.3 MB), prefix caching on".
+// The start-up log line: "KV cache: f16, 23040 B/token, 1000 blocks x 16
+// tokens = 16000 tokens (368.6 MB), prefix caching on".
 std::string DescribeKvCapacity(int64_t bytes_per_token, int64_t num_blocks, int32_t block_size,
-                               bool enable_prefix_caching);
+                               bool enable_prefix_caching,
+                               kernels::KvDtype dtype = kernels::KvDtype::kF32);
 
 // Copy block src's KV to block dst (all layers, K and V).
 struct BlockCopy {

@@ -11,9 +11,17 @@ absl::Status KvExport::Validate() const {
   if (num_layers < 1) return absl::InvalidArgumentError("num_layers must be >= 1");
   if (num_kv_heads < 1) return absl::InvalidArgumentError("num_kv_heads must be >= 1");
   if (head_dim < 1) return absl::InvalidArgumentError("head_dim must be >= 1");
-  if (bytes_per_token != BytesPerToken(num_layers, num_kv_heads, head_dim)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bytes_per_token ", bytes_per_token, " does not match the geometry"));
+  if (num_layers > (int64_t{1} << 20) || num_kv_heads > (int64_t{1} << 20) ||
+      head_dim > (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError("KV geometry is too large");
+  }
+  bool known = false;
+  for (KvDtype d : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBf16, KvDtype::kInt8, KvDtype::kFp8}) {
+    known = known || bytes_per_token == BytesPerToken(num_layers, num_kv_heads, head_dim, d);
+  }
+  if (!known) {
+    return absl::InvalidArgumentError(absl::StrCat("bytes_per_token ", bytes_per_token,
+                                                   " does not match the geometry in any KV dtype"));
   }
   if (static_cast<int64_t>(bytes.size()) != num_tokens() * bytes_per_token) {
     return absl::InvalidArgumentError(absl::StrCat("kv bytes ", bytes.size(), " != num_tokens ",
@@ -42,7 +50,7 @@ absl::StatusOr<KvExport> ExportKv(Executor& executor, const KvCacheManager& kv, 
   out.num_layers = shape.num_layers;
   out.num_kv_heads = shape.layout.num_kv_heads;
   out.head_dim = shape.layout.head_dim;
-  out.bytes_per_token = KvExport::BytesPerToken(out.num_layers, out.num_kv_heads, out.head_dim);
+  out.bytes_per_token = shape.bytes_per_token();
   TANDEM_RETURN_IF_ERROR(ReadKvRange(executor, kv, seq, 0, out.num_tokens(), &out.bytes));
   return out;
 }
@@ -50,9 +58,7 @@ absl::StatusOr<KvExport> ExportKv(Executor& executor, const KvCacheManager& kv, 
 absl::Status ReadKvRange(Executor& executor, const KvCacheManager& kv, SeqId seq, int64_t begin,
                          int64_t end, std::string* bytes) {
   const KvCacheShape& shape = executor.kv_shape();
-  bytes->resize((end - begin) * KvExport::BytesPerToken(shape.num_layers,
-                                                        shape.layout.num_kv_heads,
-                                                        shape.layout.head_dim));
+  bytes->resize((end - begin) * shape.bytes_per_token());
   return executor.ReadKv(SlotsOf(kv, seq, begin, end), bytes->data());
 }
 
@@ -62,6 +68,14 @@ absl::Status ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvC
   if (src.num_layers != shape.num_layers || src.num_kv_heads != shape.layout.num_kv_heads ||
       src.head_dim != shape.layout.head_dim) {
     return absl::InvalidArgumentError("imported KV geometry does not match the cache");
+  }
+  if (src.bytes_per_token != shape.bytes_per_token()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("imported KV has ", src.bytes_per_token, " bytes per token, the ",
+                     kernels::KvDtypeName(shape.dtype), " KV cache ", shape.bytes_per_token()));
+  }
+  if (static_cast<int64_t>(src.bytes.size()) < end * src.bytes_per_token) {
+    return absl::InvalidArgumentError("imported KV bytes shorter than its tokens");
   }
   if (!(0 <= begin && begin <= end && end <= src.num_tokens())) {
     return absl::InvalidArgumentError(absl::StrCat("imported KV range [", begin, ", ", end,

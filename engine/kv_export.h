@@ -2,13 +2,21 @@
 // buffer: what a prefill worker hands to a decode worker (and, later, what a
 // migration replays).
 //
-// Layout of `bytes` (f32, little-endian host order), token-major so that a
-// receiver can write each token's row straight into its cache slot:
-//   [num_tokens][num_layers][K|V][num_kv_heads * head_dim]
-// i.e. token t, layer l, K at float offset
-//   ((t * num_layers + l) * 2 + 0) * row_floats, V at (... + 1) * row_floats,
-// with row_floats = num_kv_heads * head_dim, and
-// bytes_per_token = 2 * num_layers * row_floats * 4.
+// Layout of `bytes` (the cache's native bytes, little-endian host order),
+// token-major so that a receiver can write each token's row straight into its
+// cache slot:
+//   [num_tokens][num_layers][K|V][row]
+//   row = [num_kv_heads * head_dim elements of the KV dtype]
+//         [num_kv_heads f32 scales]  (int8 / fp8 only; kernels/kv_dtype.h)
+// i.e. token t, layer l, K at byte offset ((t * num_layers + l) * 2 + 0) *
+// row_bytes, V at (... + 1) * row_bytes, with row_bytes =
+// kernels::KvRowBytes(dtype, num_kv_heads, head_dim) and bytes_per_token =
+// 2 * num_layers * row_bytes (KvCacheShape::bytes_per_token()). f32 is the
+// layout before KV dtypes existed.
+//
+// The dtype itself is not carried here: sender and receiver agree on it
+// through their KvCompatibility (services/common/compat.h, kv_dtype), and
+// ImportKv refuses bytes whose size per token is not the cache's.
 //
 // Thread safety: an immutable value once built; shared as shared_ptr<const>.
 #ifndef TANDEM_ENGINE_KV_EXPORT_H_
@@ -31,16 +39,19 @@ struct KvExport {
   int64_t num_layers = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
-  int64_t bytes_per_token = 0;  // 2 * num_layers * num_kv_heads * head_dim * 4
+  int64_t bytes_per_token = 0;  // BytesPerToken(geometry, the cache's dtype)
   std::string bytes;            // [num_tokens * bytes_per_token], layout above
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
-  // bytes_per_token for the geometry (f32).
-  static int64_t BytesPerToken(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim) {
-    return 2 * num_layers * num_kv_heads * head_dim * static_cast<int64_t>(sizeof(float));
+  // bytes_per_token for the geometry and KV dtype.
+  static int64_t BytesPerToken(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
+                               KvDtype dtype = KvDtype::kF32) {
+    return kernels::KvBytesPerToken(dtype, num_layers, num_kv_heads, head_dim);
   }
   // InvalidArgument naming the field when the geometry, bytes_per_token or
-  // the buffer size disagree with each other.
+  // the buffer size disagree with each other. bytes_per_token must be that
+  // of one of the KV dtypes for the geometry (which one is the cache's
+  // business: ImportKv checks it against its cache).
   absl::Status Validate() const;
 };
 
@@ -58,9 +69,9 @@ absl::Status ReadKvRange(Executor& executor, const KvCacheManager& kv, SeqId seq
                          int64_t end, std::string* bytes);
 
 // Writes positions [begin, end) of `src` into the slots of `seq`.
-// InvalidArgument when src's geometry differs from the executor's cache or
-// [begin, end) is not within src. REQUIRES: the block table of seq covers
-// end tokens.
+// InvalidArgument when src's geometry or bytes_per_token (its KV dtype)
+// differs from the executor's cache or [begin, end) is not within src. REQUIRES: the block table of
+// seq covers end tokens.
 absl::Status ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvCacheManager& kv,
                       SeqId seq, Executor& executor);
 

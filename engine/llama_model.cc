@@ -78,10 +78,25 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const gguf::GgufFil
 }
 
 absl::StatusOr<std::unique_ptr<KvCacheStorage>> LlamaModel::MakeKvCache(int64_t num_blocks,
-                                                                        int64_t block_size) const {
+                                                                        int64_t block_size,
+                                                                        KvDtype dtype) const {
   return KvCacheStorage::Create(config_.num_layers, num_blocks, block_size, config_.num_kv_heads,
-                                config_.head_dim);
+                                config_.head_dim, dtype);
 }
+
+namespace {
+
+// "f32 46080, f16 23040, bf16 23040, int8 12240, fp8 12240" (--kv-cache-dtype).
+std::string KvBytesPerTokenSummary(const ModelConfig& c) {
+  std::string out;
+  for (KvDtype d : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBf16, KvDtype::kInt8, KvDtype::kFp8}) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", kernels::KvDtypeName(d), " ",
+                    kernels::KvBytesPerToken(d, c.num_layers, c.num_kv_heads, c.head_dim));
+  }
+  return out;
+}
+
+}  // namespace
 
 std::string LlamaModel::Summary() const {
   const ModelConfig& c = config_;
@@ -95,14 +110,14 @@ std::string LlamaModel::Summary() const {
       "  rope: %s, dim %d, freq base %g, freq scale %g; rms eps %g; %s LM head%s\n"
       "  parameters: %d (%.1f M)\n"
       "  tensor types: %s\n"
-      "  KV cache: %d bytes/token (f32)\n"
+      "  KV cache bytes/token: %s\n"
       "  kernels: %s",
       c.name.empty() ? "(unnamed)" : c.name, c.architecture, c.num_layers, c.hidden_size,
       c.ffn_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size, c.context_length,
       c.rope_style == kernels::RopeStyle::kNeox ? "neox" : "adjacent pairs", c.rope_dim,
       c.rope_freq_base, c.rope_freq_scale, c.rms_eps, c.tied_embeddings ? "tied" : "separate",
       c.has_qkv_bias ? ", qkv bias" : "", c.NumParameters(), c.NumParameters() / 1e6, types,
-      c.KvBytesPerToken(sizeof(float)),
+      KvBytesPerTokenSummary(c),
       mode_ == KernelMode::kReference
           ? std::string("reference (exact f32)")
           : absl::StrFormat("%s (%s, activation levels qkv/o/gu/down/head %s), %d/%d layers "
@@ -224,9 +239,9 @@ void LlamaModel::Attend(int64_t layer, const ForwardBatch& b,
   const kernels::RopeParams rope = RopeOf();
   kernels::RopeQK(s.q.data(), s.k.data(), b.positions.data(), T, c.num_heads, c.num_kv_heads,
                   c.head_dim, rope);
-  kernels::WriteKv(cache->layout(), s.k.data(), s.v.data(), b.slot_mapping.data(), T,
-                   cache->k(layer), cache->v(layer));
-  kernels::PagedAttention(args, s.q.data(), cache->k(layer), cache->v(layer), s.attn.data(), pool_);
+  const kernels::KvCacheView view = cache->view(layer);
+  kernels::WriteKv(cache->layout(), s.k.data(), s.v.data(), b.slot_mapping.data(), T, view);
+  kernels::PagedAttention(args, s.q.data(), view, s.attn.data(), pool_);
 }
 
 // The fast path: int8 activations x repacked weights, norms and SwiGLU fused
@@ -244,6 +259,7 @@ void LlamaModel::RunPackedLayer(int64_t layer, const ForwardBatch& b,
   // Split Q|K|V (+ bias), RoPE and the K/V cache write, per token (each
   // token's values are computed by one thread alone).
   const kernels::RopeParams rope = RopeOf();
+  const kernels::KvCacheView view = cache->view(layer);
   ThreadPool::Run(
       pool_, T,
       [&](int64_t t0, int64_t t1) {
@@ -261,10 +277,10 @@ void LlamaModel::RunPackedLayer(int64_t layer, const ForwardBatch& b,
         kernels::RopeQK(s.q.data() + t0 * qd, s.k.data() + t0 * kvd, b.positions.data() + t0,
                         t1 - t0, c.num_heads, c.num_kv_heads, c.head_dim, rope);
         kernels::WriteKv(cache->layout(), s.k.data() + t0 * kvd, s.v.data() + t0 * kvd,
-                         b.slot_mapping.data() + t0, t1 - t0, cache->k(layer), cache->v(layer));
+                         b.slot_mapping.data() + t0, t1 - t0, view);
       },
       kMinParallelTokens);
-  kernels::PagedAttention(args, s.q.data(), cache->k(layer), cache->v(layer), s.attn.data(), pool_);
+  kernels::PagedAttention(args, s.q.data(), view, s.attn.data(), pool_);
   kernels::QuantizeActs(s.attn.data(), T, qd, &s.acts, levels_.wo, pool_);
   kernels::QGemm(w.wo_p, s.acts, s.x.data(), c.hidden_size, true, pool_);
 

@@ -99,7 +99,8 @@ class LlamaModel {
 
   // A cache shaped for this model.
   absl::StatusOr<std::unique_ptr<KvCacheStorage>> MakeKvCache(
-      int64_t num_blocks, int64_t block_size = KvCacheStorage::kDefaultBlockSize) const;
+      int64_t num_blocks, int64_t block_size = KvCacheStorage::kDefaultBlockSize,
+      KvDtype dtype = KvDtype::kF32) const;
 
  private:
   LlamaModel(ModelConfig config, ModelWeights weights, ThreadPool* pool, KernelMode mode,

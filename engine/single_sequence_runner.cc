@@ -10,7 +10,7 @@
 namespace tandem::engine {
 
 absl::StatusOr<std::unique_ptr<SingleSequenceRunner>> SingleSequenceRunner::Create(
-    const LlamaModel* model, int64_t max_tokens, int64_t prefill_chunk) {
+    const LlamaModel* model, int64_t max_tokens, int64_t prefill_chunk, KvDtype kv_dtype) {
   if (model == nullptr) return absl::InvalidArgumentError("null model");
   if (max_tokens < 1 || prefill_chunk < 1) {
     return absl::InvalidArgumentError("max_tokens and prefill_chunk must be positive");
@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<SingleSequenceRunner>> SingleSequenceRunner::Crea
   const int64_t capacity = std::min(max_tokens, model->config().context_length);
   const int64_t bs = KvCacheStorage::kDefaultBlockSize;
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvCacheStorage> cache,
-                          model->MakeKvCache((capacity + bs - 1) / bs, bs));
+                          model->MakeKvCache((capacity + bs - 1) / bs, bs, kv_dtype));
   return std::unique_ptr<SingleSequenceRunner>(
       new SingleSequenceRunner(model, std::move(cache), capacity, prefill_chunk));
 }

@@ -22,9 +22,10 @@ class SingleSequenceRunner {
  public:
   // max_tokens: prompt + generated tokens the cache holds (capped at the
   // model's context length). prefill_chunk: tokens per Forward during Prefill.
-  static absl::StatusOr<std::unique_ptr<SingleSequenceRunner>> Create(const LlamaModel* model,
-                                                                      int64_t max_tokens,
-                                                                      int64_t prefill_chunk = 256);
+  // kv_dtype: element type of its KV cache.
+  static absl::StatusOr<std::unique_ptr<SingleSequenceRunner>> Create(
+      const LlamaModel* model, int64_t max_tokens, int64_t prefill_chunk = 256,
+      KvDtype kv_dtype = KvDtype::kF32);
 
   // Appends `tokens` to the sequence (in chunks) and returns the logits
   // [vocab_size] of the last one. InvalidArgument if empty, out of vocab or

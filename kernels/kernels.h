@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "common/gguf/types.h"
+#include "kernels/kv_dtype.h"
 
 namespace tandem {
 class ThreadPool;
@@ -105,8 +106,27 @@ struct PagedKvLayout {
   int64_t head_dim = 0;
 };
 
+// One layer's K and V cache in any KvDtype (kernels/kv_dtype.h). Elements:
+// [num_blocks, block_size, num_kv_heads, head_dim] of dtype; scales (int8 /
+// fp8 only, else null): [num_blocks, block_size, num_kv_heads] f32, the value
+// of element i of a head being element[i] * scale.
+struct KvCacheView {
+  KvDtype dtype = KvDtype::kF32;
+  void* k = nullptr;
+  void* v = nullptr;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
+};
+
 // Stores the K and V of each token at cache slot slot_mapping[t]
-// (slot = block_id * block_size + offset). REQUIRES: slots in range.
+// (slot = block_id * block_size + offset), quantized to cache.dtype per
+// (token, KV head) (QuantizeKvHead). REQUIRES: slots in range.
+void WriteKv(const PagedKvLayout& layout,
+             const float* k,               // [n, num_kv_heads, head_dim]
+             const float* v,               // [n, num_kv_heads, head_dim]
+             const int64_t* slot_mapping,  // [n]
+             int64_t n, const KvCacheView& cache);
+// The f32 cache form of the same.
 void WriteKv(const PagedKvLayout& layout,
              const float* k,               // [n, num_kv_heads, head_dim]
              const float* v,               // [n, num_kv_heads, head_dim]
@@ -137,6 +157,11 @@ void PagedAttention(const PagedAttentionArgs& args,
                     const float* v_cache,  // same
                     float* out,            // [num_tokens, num_heads, head_dim]
                     ThreadPool* pool);
+// The same over a cache of any dtype, read directly (each K/V row converted
+// inside the dot products and weighted sums; int8/fp8 scales applied to the
+// score and to the softmax weight). Bit-identical to the f32 form for kF32.
+void PagedAttention(const PagedAttentionArgs& args, const float* q, const KvCacheView& cache,
+                    float* out, ThreadPool* pool);
 
 // Scalar references with the same contracts (single-threaded, no SIMD).
 namespace ref {
@@ -154,6 +179,11 @@ void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,
              const int64_t* slot_mapping, int64_t n, float* k_cache, float* v_cache);
 void PagedAttention(const PagedAttentionArgs& args, const float* q, const float* k_cache,
                     const float* v_cache, float* out);
+// Dequantizes each head (DequantizeKvHead) and attends in double.
+void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,
+             const int64_t* slot_mapping, int64_t n, const KvCacheView& cache);
+void PagedAttention(const PagedAttentionArgs& args, const float* q, const KvCacheView& cache,
+                    float* out);
 }  // namespace ref
 
 }  // namespace tandem::kernels

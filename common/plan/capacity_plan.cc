@@ -33,6 +33,7 @@ absl::Status PlanInputs::Validate() const {
   const Check checks[] = {
       {"weight bits", weight_bits, 1, 32},
       {"kv bytes per element", kv_bytes_per_element, 0.125, 8},
+      {"kv scale bytes per head", kv_scale_bytes_per_head, 0, 8},
       {"context length", static_cast<double>(context_length), 1, kMaxContext},
       {"batch", static_cast<double>(batch), 0, 1 << 20},
       {"decode context", static_cast<double>(decode_context), 0, kMaxContext},
@@ -75,14 +76,42 @@ double DecodeStepSeconds(const PlanInputs& in, double weights_bytes, int64_t kv_
   return std::max(memory_s, compute_s);
 }
 
+const std::vector<KvDtypeSpec>& KvDtypeSpecs() {
+  static const std::vector<KvDtypeSpec> specs = {
+      {"f32", 4, 0}, {"f16", 2, 0}, {"bf16", 2, 0}, {"int8", 1, 4}, {"fp8", 1, 4}};
+  return specs;
+}
+
+const KvDtypeSpec* FindKvDtypeSpec(const std::string& name) {
+  for (const KvDtypeSpec& s : KvDtypeSpecs()) {
+    if (name == s.name) return &s;
+  }
+  return nullptr;
+}
+
+namespace {
+
+int64_t KvBytesPerToken(const ModelShape& m, double bytes_per_element, double scale_bytes) {
+  return static_cast<int64_t>(std::llround(2.0 * static_cast<double>(m.num_layers) *
+                                           (static_cast<double>(m.kv_dim()) * bytes_per_element +
+                                            static_cast<double>(m.num_kv_heads) * scale_bytes)));
+}
+
+int64_t MaxSequences(double budget_bytes, int64_t kv_bytes_per_sequence) {
+  return budget_bytes > 0 ? static_cast<int64_t>(std::floor(
+                                budget_bytes / static_cast<double>(kv_bytes_per_sequence)))
+                          : 0;
+}
+
+}  // namespace
+
 absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
   if (absl::Status s = in.Validate(); !s.ok()) return s;
   const ModelShape& m = in.model;
   Plan p;
   p.num_parameters = m.NumParameters();
-  // Memory: the seed's formula, exactly.
-  p.kv_bytes_per_token = static_cast<int64_t>(
-      std::llround(2.0 * static_cast<double>(m.num_layers * m.kv_dim()) * in.kv_bytes_per_element));
+  // Memory: the seed's formula, exactly (+ int8/fp8 scales).
+  p.kv_bytes_per_token = KvBytesPerToken(m, in.kv_bytes_per_element, in.kv_scale_bytes_per_head);
   p.kv_bytes_per_sequence = p.kv_bytes_per_token * in.context_length;
   if (in.use_file_weight_bytes) {
     p.weights_bytes = m.file_weight_bytes;
@@ -94,10 +123,12 @@ absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
       8.0 * static_cast<double>(p.weights_bytes) / static_cast<double>(p.num_parameters);
   const double weights = static_cast<double>(p.weights_bytes);
   p.kv_budget_bytes = in.device.memory_bytes - weights - in.reserve_bytes;
-  p.max_concurrent_sequences =
-      p.kv_budget_bytes > 0 ? static_cast<int64_t>(std::floor(
-                                  p.kv_budget_bytes / static_cast<double>(p.kv_bytes_per_sequence)))
-                            : 0;
+  p.max_concurrent_sequences = MaxSequences(p.kv_budget_bytes, p.kv_bytes_per_sequence);
+  for (const KvDtypeSpec& s : KvDtypeSpecs()) {
+    const int64_t bpt = KvBytesPerToken(m, s.bytes_per_element, s.scale_bytes_per_head);
+    p.kv_dtype_capacity.push_back(
+        {s.name, bpt, MaxSequences(p.kv_budget_bytes, bpt * in.context_length)});
+  }
   p.batch = in.batch > 0 ? in.batch : std::max<int64_t>(p.max_concurrent_sequences, 1);
   p.batch_fits = p.batch <= p.max_concurrent_sequences;
   p.kv_bytes_for_batch =

@@ -2,7 +2,8 @@
 // throughput -> $/token, plus a DistServe-style prefill:decode worker ratio.
 //
 // Memory (bytes):
-//   kv_bytes_per_token    = 2 (K and V) x layers x kv_heads x head_dim x kv_bytes_per_element
+//   kv_bytes_per_token    = 2 (K and V) x layers x kv_heads x (head_dim x kv_bytes_per_element
+//                           + kv_scale_bytes_per_head)
 //   kv_bytes_per_sequence = kv_bytes_per_token x context_length
 //   weights_bytes         = parameters x weight_bits / 8 (or the GGUF's stored bytes)
 //   kv_budget_bytes       = device memory - weights - reserve (activations, buffers)
@@ -45,12 +46,28 @@ struct Workload {
   double tpot_target_ms = 50;   // mean time per output token
 };
 
+// Tandem's --kv-cache-dtype choices, as in kernels/kv_dtype.h (common/ sits
+// below kernels/ and cannot include it; tests/integration/plan_cli_test.cc
+// checks the bytes against the engine's): bytes per element and the f32
+// scale per (token, layer, K|V, KV head) of int8 / fp8.
+struct KvDtypeSpec {
+  const char* name;
+  double bytes_per_element;
+  double scale_bytes_per_head;
+};
+// f32, f16, bf16, int8, fp8.
+const std::vector<KvDtypeSpec>& KvDtypeSpecs();
+// nullptr for an unknown name.
+const KvDtypeSpec* FindKvDtypeSpec(const std::string& name);
+
 struct PlanInputs {
   ModelShape model;
   DeviceSpec device;
   double weight_bits = 16;             // ignored when use_file_weight_bytes
   bool use_file_weight_bytes = false;  // weights = model.file_weight_bytes (a GGUF as stored)
   double kv_bytes_per_element = 2;
+  double kv_scale_bytes_per_head = 0;  // per (token, layer, K|V, KV head): int8/fp8 scales
+  std::string kv_dtype;                // the --kv-cache-dtype it came from; empty: --kv-bytes
   int64_t context_length = 2048;  // KV reserved per sequence, in tokens
   int64_t batch = 0;              // running sequences per decode step; 0: max that fit
   int64_t decode_context = 0;     // cached tokens per sequence read each step; 0: seed's rule
@@ -90,6 +107,13 @@ struct Plan {
   double weight_bits = 0;      // effective bits per weight
   double kv_budget_bytes = 0;  // may be negative: the weights do not fit
   int64_t max_concurrent_sequences = 0;
+  // The same memory for every Tandem KV dtype (same budget and context).
+  struct KvDtypeCapacity {
+    std::string dtype;
+    int64_t kv_bytes_per_token = 0;
+    int64_t max_concurrent_sequences = 0;
+  };
+  std::vector<KvDtypeCapacity> kv_dtype_capacity;  // in KvDtypeSpecs() order
   int64_t batch = 0;        // the batch the throughput is computed for
   bool batch_fits = false;  // batch <= max_concurrent_sequences
   double kv_bytes_for_batch = 0;

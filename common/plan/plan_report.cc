@@ -62,11 +62,11 @@ class JsonObject {
     Raw(key, arr + "]");
   }
   std::string Finish() const { return "{" + body_ + "}"; }
-
- private:
   void Raw(const std::string& key, const std::string& value) {
     absl::StrAppend(&body_, body_.empty() ? "" : ",", json::Quote(key), ":", value);
   }
+
+ private:
   std::string body_;
 };
 
@@ -140,13 +140,22 @@ std::string FormatPlanTable(const PlanInputs& in, const Plan& p,
   Row(&out, "weights", Gb(static_cast<double>(p.weights_bytes)),
       absl::StrFormat("%.3g bits/weight", p.weight_bits));
   Row(&out, "KV per token", WithCommas(p.kv_bytes_per_token) + " B",
-      absl::StrFormat("2 x %d layers x %d KV heads x %d head dim x %g B", m.num_layers,
-                      m.num_kv_heads, m.head_dim, in.kv_bytes_per_element));
+      absl::StrFormat("2 x %d layers x %d KV heads x (%d head dim x %g B%s)%s", m.num_layers,
+                      m.num_kv_heads, m.head_dim, in.kv_bytes_per_element,
+                      in.kv_scale_bytes_per_head > 0
+                          ? absl::StrFormat(" + %g B scale", in.kv_scale_bytes_per_head)
+                          : "",
+                      in.kv_dtype.empty() ? "" : ", KV " + in.kv_dtype));
   Row(&out, "KV per sequence", Gb(static_cast<double>(p.kv_bytes_per_sequence)),
       absl::StrFormat("%d tokens", in.context_length));
   Row(&out, "free for KV", Gb(p.kv_budget_bytes),
       absl::StrFormat("%s - weights - %s reserve", Gb(d.memory_bytes), Gb(in.reserve_bytes)));
   Row(&out, "max concurrent sequences", absl::StrCat(p.max_concurrent_sequences));
+  for (const Plan::KvDtypeCapacity& k : p.kv_dtype_capacity) {
+    Row(&out, absl::StrCat("  with --kv-cache-dtype ", k.dtype),
+        absl::StrCat(p.kv_budget_bytes > 0 ? k.max_concurrent_sequences : 0, " sequences"),
+        WithCommas(k.kv_bytes_per_token) + " B/token");
+  }
   Row(&out, absl::StrCat("KV for batch ", p.batch), Gb(p.kv_bytes_for_batch),
       p.batch_fits ? "fits" : "DOES NOT FIT");
   out +=
@@ -196,6 +205,8 @@ std::string FormatPlanJson(const PlanInputs& in, const Plan& p,
   o.Int("num_parameters", p.num_parameters);
   o.Num("weight_bits", p.weight_bits);
   o.Num("kv_bytes_per_element", in.kv_bytes_per_element);
+  o.Num("kv_scale_bytes_per_head", in.kv_scale_bytes_per_head);
+  if (!in.kv_dtype.empty()) o.Str("kv_dtype", in.kv_dtype);
   o.Int("context_length", in.context_length);
   o.Num("usd_per_hour", in.usd_per_hour);
   o.Bytes("reserve_bytes", in.reserve_bytes);
@@ -206,6 +217,18 @@ std::string FormatPlanJson(const PlanInputs& in, const Plan& p,
   o.Int("weights_bytes", p.weights_bytes);
   o.Bytes("kv_budget_bytes", p.kv_budget_bytes);
   o.Int("max_concurrent_sequences", p.max_concurrent_sequences);
+  {
+    std::string arr = "[";
+    for (size_t i = 0; i < p.kv_dtype_capacity.size(); ++i) {
+      const Plan::KvDtypeCapacity& k = p.kv_dtype_capacity[i];
+      JsonObject e;
+      e.Str("dtype", k.dtype);
+      e.Int("kv_bytes_per_token", k.kv_bytes_per_token);
+      e.Int("max_concurrent_sequences", k.max_concurrent_sequences);
+      absl::StrAppend(&arr, i ? "," : "", e.Finish());
+    }
+    o.Raw("kv_dtypes", arr + "]");
+  }
   o.Int("batch", p.batch);
   o.Bool("batch_fits", p.batch_fits);
   o.Bytes("kv_bytes_for_batch", p.kv_bytes_for_batch);

@@ -107,6 +107,9 @@ absl::StatusOr<std::unique_ptr<Executor>> CudaExecutor::Create(const ModelConfig
                                                    options.num_blocks, " blocks of ",
                                                    options.block_size));
   }
+  // The device kernels (rope_kv.cu, attention.cu, kv_ops.cu) read and write
+  // f32 rows only.
+  TANDEM_RETURN_IF_ERROR(CheckKvDtypeSupported(Device::kCuda, options.kv_dtype));
   std::unique_ptr<CudaExecutor> ex(new CudaExecutor(config));
   ex->device_index_ = options.device_index;
   TANDEM_RETURN_IF_ERROR(kc::SetDevice(options.device_index));

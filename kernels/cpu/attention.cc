@@ -8,6 +8,13 @@
 // (DotF32 order), max, exp (Exp16) and a sum whose order depends only on the
 // context length, then V accumulated in position order. Nothing depends on
 // other items, so outputs are bit-identical for any batch or thread count.
+//
+// KV dtypes (kernels/kv_dtype.h) are read in place: each K/V row is
+// converted to f32 in registers (AVX-512 head_dim 64) or into one row of
+// scratch (other shapes) right where it is used; int8/fp8 scales multiply the
+// score of their key and the softmax weight of their value, so no
+// dequantized copy of the cache is ever made. f32 runs exactly the code it
+// ran before dtypes existed.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -20,27 +27,127 @@
 namespace tandem::kernels {
 
 void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,
-             const int64_t* slot_mapping, int64_t n, float* k_cache, float* v_cache) {
+             const int64_t* slot_mapping, int64_t n, const KvCacheView& cache) {
   const int64_t width = layout.num_kv_heads * layout.head_dim;
-  for (int64_t t = 0; t < n; ++t) {
-    std::memcpy(k_cache + slot_mapping[t] * width, k + t * width, width * sizeof(float));
-    std::memcpy(v_cache + slot_mapping[t] * width, v + t * width, width * sizeof(float));
+  if (cache.dtype == KvDtype::kF32) {
+    auto* kc = static_cast<float*>(cache.k);
+    auto* vc = static_cast<float*>(cache.v);
+    for (int64_t t = 0; t < n; ++t) {
+      std::memcpy(kc + slot_mapping[t] * width, k + t * width, width * sizeof(float));
+      std::memcpy(vc + slot_mapping[t] * width, v + t * width, width * sizeof(float));
+    }
+    return;
   }
+  const int64_t hd = layout.head_dim;
+  const int64_t eb = KvElementBytes(cache.dtype);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < layout.num_kv_heads; ++h) {
+      const int64_t row = slot_mapping[t] * layout.num_kv_heads + h;
+      const int64_t src = t * width + h * hd;
+      const float ks =
+          QuantizeKvHead(cache.dtype, k + src, hd, static_cast<char*>(cache.k) + row * hd * eb);
+      const float vs =
+          QuantizeKvHead(cache.dtype, v + src, hd, static_cast<char*>(cache.v) + row * hd * eb);
+      if (KvHasScales(cache.dtype)) {
+        cache.k_scale[row] = ks;
+        cache.v_scale[row] = vs;
+      }
+    }
+  }
+}
+
+void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,
+             const int64_t* slot_mapping, int64_t n, float* k_cache, float* v_cache) {
+  KvCacheView view;
+  view.k = k_cache;
+  view.v = v_cache;
+  WriteKv(layout, k, v, slot_mapping, n, view);
 }
 
 namespace {
 
+#if TANDEM_KERNELS_AVX512
+// Elements 16c .. 16c+15 of a head stored as D, as f32. fp8 comes out as
+// value * 2^-8 (its bits placed in a binary16; kRawScale restores it).
+template <KvDtype D>
+inline __m512 Load16(const char* row, int c) {
+  if constexpr (D == KvDtype::kF32) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + 16 * c);
+  } else if constexpr (D == KvDtype::kF16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * c)));
+  } else if constexpr (D == KvDtype::kBf16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * c));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else if constexpr (D == KvDtype::kInt8) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * c));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+  } else {
+    // e4m3 s.eeee.mmm -> binary16 s.0eeee.mmm0000000: same mantissa, exponent
+    // bias 15 instead of 7 (also for subnormals), so the f16 value is 2^-8 x.
+    // Sign-extended to 16 bits and shifted by 7, a negative code also sets
+    // bit 14, which the mask clears.
+    const __m256i b =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * c)));
+    return _mm512_cvtph_ps(
+        _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(int16_t(0xbfff))));
+  }
+}
+#endif
+
+template <KvDtype D>
+constexpr float kRawScale = D == KvDtype::kFp8 ? 256.f : 1.f;
+
+// n elements of a head stored as `dtype` (no scale) into dst.
+void ConvertRow(KvDtype dtype, const char* src, int64_t n, float* dst) {
+  int64_t i = 0;
+#if TANDEM_KERNELS_AVX512
+  const auto chunks = [&](auto load, float mul) {
+    const __m512 m = _mm512_set1_ps(mul);
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_mul_ps(load(int(i / 16)), m));
+  };
+  switch (dtype) {
+    case KvDtype::kF16:
+      chunks([&](int c) { return Load16<KvDtype::kF16>(src, c); }, 1.f);
+      break;
+    case KvDtype::kBf16:
+      chunks([&](int c) { return Load16<KvDtype::kBf16>(src, c); }, 1.f);
+      break;
+    case KvDtype::kInt8:
+      chunks([&](int c) { return Load16<KvDtype::kInt8>(src, c); }, 1.f);
+      break;
+    case KvDtype::kFp8:
+      chunks([&](int c) { return Load16<KvDtype::kFp8>(src, c); }, kRawScale<KvDtype::kFp8>);
+      break;
+    case KvDtype::kF32:
+      break;
+  }
+#endif
+  if (i < n) DequantizeKvHead(dtype, src + i * KvElementBytes(dtype), 1.f, n - i, dst + i);
+}
+
 void AttendOne(const PagedAttentionArgs& a, const int32_t* table, int64_t len, const float* qh,
-               int64_t kvh, const float* k_cache, const float* v_cache, std::vector<float>& p,
-               float* out) {
+               int64_t kvh, const KvCacheView& cache, std::vector<float>& p,
+               std::vector<float>& row, float* out) {
   const PagedKvLayout& L = a.layout;
   const int64_t hd = L.head_dim;
-  const int64_t width = L.num_kv_heads * hd;
+  const int64_t eb = KvElementBytes(cache.dtype);
+  const bool f32 = cache.dtype == KvDtype::kF32;
+  const bool scaled = KvHasScales(cache.dtype);
+  row.resize(hd);
+  // Row r's elements as f32: in place for f32, else converted into `row`.
+  const auto load = [&](const void* data, int64_t r) -> const float* {
+    const char* src = static_cast<const char*>(data) + r * hd * eb;
+    if (f32) return reinterpret_cast<const float*>(src);
+    ConvertRow(cache.dtype, src, hd, row.data());
+    return row.data();
+  };
   p.resize(len);
   float mx = -INFINITY;
   for (int64_t j = 0; j < len; ++j) {
     const int64_t slot = int64_t(table[j / L.block_size]) * L.block_size + j % L.block_size;
-    p[j] = cpu::DotF32(qh, k_cache + slot * width + kvh * hd, hd) * a.scale;
+    const int64_t r = slot * L.num_kv_heads + kvh;
+    p[j] = cpu::DotF32(qh, load(cache.k, r), hd) * a.scale;
+    if (scaled) p[j] *= cache.k_scale[r];
     mx = std::fmax(mx, p[j]);
   }
   float sum = 0.f;
@@ -49,7 +156,9 @@ void AttendOne(const PagedAttentionArgs& a, const int32_t* table, int64_t len, c
   std::memset(out, 0, hd * sizeof(float));
   for (int64_t j = 0; j < len; ++j) {
     const int64_t slot = int64_t(table[j / L.block_size]) * L.block_size + j % L.block_size;
-    cpu::AxpyF32(p[j] * inv, v_cache + slot * width + kvh * hd, hd, out);
+    const int64_t r = slot * L.num_kv_heads + kvh;
+    const float w = scaled ? p[j] * inv * cache.v_scale[r] : p[j] * inv;
+    cpu::AxpyF32(w, load(cache.v, r), hd, out);
   }
 }
 
@@ -82,12 +191,17 @@ inline __m512 TransposeSum16(const __m512* v) {
                        _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// All `group` heads of one KV head, head_dim 64. p: [group, len] scratch.
+// All `group` heads of one KV head, head_dim 64, cache of dtype D. p:
+// [group, len] scratch.
+template <KvDtype D>
 void AttendGroup64(const PagedAttentionArgs& a, const int32_t* table, int64_t len, const float* q,
-                   int group, int64_t kvh, const float* k_cache, const float* v_cache,
-                   std::vector<float>& p, float* out) {
+                   int group, int64_t kvh, const KvCacheView& cache, std::vector<float>& p,
+                   float* out) {
+  constexpr bool kScaled = KvHasScales(D);
+  constexpr int64_t kRowBytes = kFastHeadDim * KvElementBytes(D);
   const PagedKvLayout& L = a.layout;
-  const int64_t width = L.num_kv_heads * kFastHeadDim;
+  const char* k_cache = static_cast<const char*>(cache.k);
+  const char* v_cache = static_cast<const char*>(cache.v);
   const int64_t stride = (len + 15) / 16 * 16;
   p.resize(group * stride);
   __m512 qv[kMaxGroup][4];
@@ -101,25 +215,29 @@ void AttendGroup64(const PagedAttentionArgs& a, const int32_t* table, int64_t le
   const __m512 scale = _mm512_set1_ps(a.scale);
   for (int64_t j0 = 0; j0 < len; j0 += 16) {
     const int64_t nk = std::min<int64_t>(16, len - j0);
-    const float* kr[16];
+    const char* kr[16];
+    [[maybe_unused]] alignas(64) float ks[16];
     for (int64_t i = 0; i < 16; ++i) {
       const int64_t j = j0 + std::min(i, nk - 1);  // pad with the last key (masked off)
       const int64_t slot = int64_t(table[j / L.block_size]) * L.block_size + j % L.block_size;
-      kr[i] = k_cache + slot * width + kvh * kFastHeadDim;
+      const int64_t r = slot * L.num_kv_heads + kvh;
+      kr[i] = k_cache + r * kRowBytes;
+      if constexpr (kScaled) ks[i] = cache.k_scale[r] * kRawScale<D>;
     }
     const __mmask16 m = nk == 16 ? __mmask16(0xffff) : cpu::TailMask(nk);
     for (int g = 0; g < group; ++g) {
       __m512 part[16];
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) {
-        __m512 e = _mm512_mul_ps(qv[g][0], _mm512_loadu_ps(kr[i]));
-        __m512 o = _mm512_mul_ps(qv[g][1], _mm512_loadu_ps(kr[i] + 16));
-        e = _mm512_fmadd_ps(qv[g][2], _mm512_loadu_ps(kr[i] + 32), e);
-        o = _mm512_fmadd_ps(qv[g][3], _mm512_loadu_ps(kr[i] + 48), o);
+        __m512 e = _mm512_mul_ps(qv[g][0], Load16<D>(kr[i], 0));
+        __m512 o = _mm512_mul_ps(qv[g][1], Load16<D>(kr[i], 1));
+        e = _mm512_fmadd_ps(qv[g][2], Load16<D>(kr[i], 2), e);
+        o = _mm512_fmadd_ps(qv[g][3], Load16<D>(kr[i], 3), o);
         part[i] = _mm512_add_ps(e, o);
       }
-      _mm512_mask_storeu_ps(p.data() + g * stride + j0, m,
-                            _mm512_mul_ps(TransposeSum16(part), scale));
+      __m512 sc = _mm512_mul_ps(TransposeSum16(part), scale);
+      if constexpr (kScaled) sc = _mm512_mul_ps(sc, _mm512_load_ps(ks));
+      _mm512_mask_storeu_ps(p.data() + g * stride + j0, m, sc);
     }
   }
   float inv[kMaxGroup];
@@ -147,11 +265,16 @@ void AttendGroup64(const PagedAttentionArgs& a, const int32_t* table, int64_t le
   }
   for (int64_t j = 0; j < len; ++j) {
     const int64_t slot = int64_t(table[j / L.block_size]) * L.block_size + j % L.block_size;
-    const float* vr = v_cache + slot * width + kvh * kFastHeadDim;
-    const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16);
-    const __m512 v2 = _mm512_loadu_ps(vr + 32), v3 = _mm512_loadu_ps(vr + 48);
+    const int64_t r = slot * L.num_kv_heads + kvh;
+    const char* vr = v_cache + r * kRowBytes;
+    const __m512 v0 = Load16<D>(vr, 0), v1 = Load16<D>(vr, 1);
+    const __m512 v2 = Load16<D>(vr, 2), v3 = Load16<D>(vr, 3);
+    [[maybe_unused]] float vs = 1.f;
+    if constexpr (kScaled) vs = cache.v_scale[r] * kRawScale<D>;
     for (int g = 0; g < group; ++g) {
-      const __m512 w = _mm512_set1_ps(p[g * stride + j] * inv[g]);
+      float pw = p[g * stride + j] * inv[g];
+      if constexpr (kScaled) pw *= vs;
+      const __m512 w = _mm512_set1_ps(pw);
       acc[g][0] = _mm512_fmadd_ps(w, v0, acc[g][0]);
       acc[g][1] = _mm512_fmadd_ps(w, v1, acc[g][1]);
       acc[g][2] = _mm512_fmadd_ps(w, v2, acc[g][2]);
@@ -164,10 +287,30 @@ void AttendGroup64(const PagedAttentionArgs& a, const int32_t* table, int64_t le
 }
 #endif
 
+#if TANDEM_KERNELS_AVX512
+using GroupFn = void (*)(const PagedAttentionArgs&, const int32_t*, int64_t, const float*, int,
+                         int64_t, const KvCacheView&, std::vector<float>&, float*);
+GroupFn GroupFnFor(KvDtype d) {
+  switch (d) {
+    case KvDtype::kF32:
+      return AttendGroup64<KvDtype::kF32>;
+    case KvDtype::kF16:
+      return AttendGroup64<KvDtype::kF16>;
+    case KvDtype::kBf16:
+      return AttendGroup64<KvDtype::kBf16>;
+    case KvDtype::kInt8:
+      return AttendGroup64<KvDtype::kInt8>;
+    case KvDtype::kFp8:
+      return AttendGroup64<KvDtype::kFp8>;
+  }
+  return nullptr;
+}
+#endif
+
 }  // namespace
 
-void PagedAttention(const PagedAttentionArgs& a, const float* q, const float* k_cache,
-                    const float* v_cache, float* out, ThreadPool* pool) {
+void PagedAttention(const PagedAttentionArgs& a, const float* q, const KvCacheView& cache,
+                    float* out, ThreadPool* pool) {
   const int64_t num_tokens = a.num_seqs > 0 ? a.query_start[a.num_seqs] : 0;
   if (num_tokens <= 0) return;
   std::vector<int32_t> seq_of(num_tokens);
@@ -179,28 +322,36 @@ void PagedAttention(const PagedAttentionArgs& a, const float* q, const float* k_
 #if TANDEM_KERNELS_AVX512
   if (hd == kFastHeadDim && group <= kMaxGroup) {
     const int64_t kvh = a.layout.num_kv_heads;
+    const GroupFn fn = GroupFnFor(cache.dtype);
     ThreadPool::Run(pool, num_tokens * kvh, [&](int64_t begin, int64_t end) {
       std::vector<float> p;
       for (int64_t item = begin; item < end; ++item) {
         const int64_t t = item / kvh, h = item % kvh;
         const int32_t* table = a.block_tables + seq_of[t] * a.max_blocks_per_seq;
         const int64_t off = (t * a.num_heads + h * group) * hd;
-        AttendGroup64(a, table, int64_t(a.positions[t]) + 1, q + off, int(group), h, k_cache,
-                      v_cache, p, out + off);
+        fn(a, table, int64_t(a.positions[t]) + 1, q + off, int(group), h, cache, p, out + off);
       }
     });
     return;
   }
 #endif
   ThreadPool::Run(pool, num_tokens * a.num_heads, [&](int64_t begin, int64_t end) {
-    std::vector<float> p;
+    std::vector<float> p, row;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / a.num_heads, h = item % a.num_heads;
       const int32_t* table = a.block_tables + seq_of[t] * a.max_blocks_per_seq;
-      AttendOne(a, table, int64_t(a.positions[t]) + 1, q + item * hd, h / group, k_cache, v_cache,
-                p, out + item * hd);
+      AttendOne(a, table, int64_t(a.positions[t]) + 1, q + item * hd, h / group, cache, p, row,
+                out + item * hd);
     }
   });
+}
+
+void PagedAttention(const PagedAttentionArgs& a, const float* q, const float* k_cache,
+                    const float* v_cache, float* out, ThreadPool* pool) {
+  KvCacheView view;
+  view.k = const_cast<float*>(k_cache);
+  view.v = const_cast<float*>(v_cache);
+  PagedAttention(a, q, view, out, pool);
 }
 
 }  // namespace tandem::kernels

@@ -7,23 +7,57 @@
 
 namespace tandem::kernels::ref {
 
+namespace {
+
+KvCacheView F32View(const float* k_cache, const float* v_cache) {
+  KvCacheView view;
+  view.k = const_cast<float*>(k_cache);
+  view.v = const_cast<float*>(v_cache);
+  return view;
+}
+
+// Head `kvh` of slot `slot` as f32.
+void LoadHead(const PagedKvLayout& L, KvDtype dtype, const void* data, const float* scales,
+              int64_t slot, int64_t kvh, float* out) {
+  const int64_t hd = L.head_dim;
+  const int64_t row = slot * L.num_kv_heads + kvh;
+  const auto* src = static_cast<const char*>(data) + row * hd * KvElementBytes(dtype);
+  DequantizeKvHead(dtype, src, KvHasScales(dtype) ? scales[row] : 1.f, hd, out);
+}
+
+}  // namespace
+
 void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,
-             const int64_t* slot_mapping, int64_t n, float* k_cache, float* v_cache) {
-  const int64_t width = layout.num_kv_heads * layout.head_dim;
+             const int64_t* slot_mapping, int64_t n, const KvCacheView& cache) {
+  const int64_t hd = layout.head_dim;
+  const int64_t eb = KvElementBytes(cache.dtype);
   for (int64_t t = 0; t < n; ++t) {
-    for (int64_t i = 0; i < width; ++i) {
-      k_cache[slot_mapping[t] * width + i] = k[t * width + i];
-      v_cache[slot_mapping[t] * width + i] = v[t * width + i];
+    for (int64_t h = 0; h < layout.num_kv_heads; ++h) {
+      const int64_t row = slot_mapping[t] * layout.num_kv_heads + h;
+      const int64_t src = (t * layout.num_kv_heads + h) * hd;
+      const float ks =
+          QuantizeKvHead(cache.dtype, k + src, hd, static_cast<char*>(cache.k) + row * hd * eb);
+      const float vs =
+          QuantizeKvHead(cache.dtype, v + src, hd, static_cast<char*>(cache.v) + row * hd * eb);
+      if (KvHasScales(cache.dtype)) {
+        cache.k_scale[row] = ks;
+        cache.v_scale[row] = vs;
+      }
     }
   }
 }
 
-void PagedAttention(const PagedAttentionArgs& a, const float* q, const float* k_cache,
-                    const float* v_cache, float* out) {
+void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,
+             const int64_t* slot_mapping, int64_t n, float* k_cache, float* v_cache) {
+  ref::WriteKv(layout, k, v, slot_mapping, n, F32View(k_cache, v_cache));
+}
+
+void PagedAttention(const PagedAttentionArgs& a, const float* q, const KvCacheView& cache,
+                    float* out) {
   const PagedKvLayout& L = a.layout;
   const int64_t hd = L.head_dim;
-  const int64_t width = L.num_kv_heads * hd;
   const int64_t group = a.num_heads / L.num_kv_heads;
+  std::vector<float> row(hd);
   for (int64_t s = 0; s < a.num_seqs; ++s) {
     const int32_t* table = a.block_tables + s * a.max_blocks_per_seq;
     for (int64_t t = a.query_start[s]; t < a.query_start[s + 1]; ++t) {
@@ -35,9 +69,9 @@ void PagedAttention(const PagedAttentionArgs& a, const float* q, const float* k_
         double mx = -INFINITY;
         for (int64_t j = 0; j < len; ++j) {
           const int64_t slot = int64_t(table[j / L.block_size]) * L.block_size + j % L.block_size;
-          const float* kj = k_cache + slot * width + kvh * hd;
+          LoadHead(L, cache.dtype, cache.k, cache.k_scale, slot, kvh, row.data());
           double dot = 0;
-          for (int64_t d = 0; d < hd; ++d) dot += double(qh[d]) * kj[d];
+          for (int64_t d = 0; d < hd; ++d) dot += double(qh[d]) * row[d];
           p[j] = dot * a.scale;
           mx = std::fmax(mx, p[j]);
         }
@@ -46,13 +80,18 @@ void PagedAttention(const PagedAttentionArgs& a, const float* q, const float* k_
         std::vector<double> acc(hd, 0.0);
         for (int64_t j = 0; j < len; ++j) {
           const int64_t slot = int64_t(table[j / L.block_size]) * L.block_size + j % L.block_size;
-          const float* vj = v_cache + slot * width + kvh * hd;
-          for (int64_t d = 0; d < hd; ++d) acc[d] += p[j] / sum * vj[d];
+          LoadHead(L, cache.dtype, cache.v, cache.v_scale, slot, kvh, row.data());
+          for (int64_t d = 0; d < hd; ++d) acc[d] += p[j] / sum * row[d];
         }
         for (int64_t d = 0; d < hd; ++d) out[(t * a.num_heads + h) * hd + d] = float(acc[d]);
       }
     }
   }
+}
+
+void PagedAttention(const PagedAttentionArgs& a, const float* q, const float* k_cache,
+                    const float* v_cache, float* out) {
+  ref::PagedAttention(a, q, F32View(k_cache, v_cache), out);
 }
 
 }  // namespace tandem::kernels::ref

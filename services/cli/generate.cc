@@ -20,10 +20,11 @@
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
-#include "services/cli/spec_flags.h"
+#include "services/cli/kv_dtype_flag.h"
 #include "services/cli/model_loader.h"
 #include "services/cli/prompt_file.h"
 #include "services/cli/run_stats.h"
+#include "services/cli/spec_flags.h"
 
 namespace tandem::cli {
 namespace {
@@ -41,6 +42,7 @@ struct GenerateFlags {
   int64_t seed = 0;
   int64_t threads = 0;
   std::string device = "cpu";
+  std::string kv_cache_dtype;  // empty: the device's default
   SpecFlags spec;
   int64_t concurrency = 8;
   std::string kv_cache_memory = "1GiB";
@@ -76,6 +78,7 @@ void AddFlags(ArgParser& p, GenerateFlags& f) {
             "keep generating past end-of-generation tokens until --max-tokens");
   p.AddInt("threads", &f.threads, 0, 1024, "compute threads, 0 = all cores");
   AddDeviceFlag(p, &f.device);
+  AddKvDtypeFlag(p, &f.kv_cache_dtype);
   AddSpecFlags(p, &f.spec);
   p.AddString("kv-cache-memory", &f.kv_cache_memory,
               "KV cache budget: bytes (2GiB, 512MiB) or a fraction of free RAM (0.25)");
@@ -180,6 +183,8 @@ int RunGenerate(int argc, char** argv) {
     return UsageError("--kv-cache-memory: " + std::string(kv_bytes.status().message()));
   auto device = ResolveDevice(flags.device);
   if (!device.ok()) return UsageError(std::string(device.status().message()));
+  auto kv_dtype = ResolveKvDtype(flags.kv_cache_dtype, *device);
+  if (!kv_dtype.ok()) return UsageError(std::string(kv_dtype.status().message()));
   auto spec = ResolveSpec(flags.spec);
   if (!spec.ok()) return UsageError(std::string(spec.status().message()));
 
@@ -210,6 +215,7 @@ int RunGenerate(int argc, char** argv) {
 
   engine::EngineConfig config;
   config.device = *device;
+  config.kv_cache_dtype = *kv_dtype;
   config.spec = *spec;
   config.kv_cache_memory_bytes = *kv_bytes;
   config.scheduler.max_num_seqs = flags.max_num_seqs;

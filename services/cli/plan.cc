@@ -21,6 +21,7 @@ struct PlanFlags {
   std::string device = "A100-80GB";
   double device_memory_gb = 0, device_bandwidth_gbs = 0, device_tflops = 0;
   double weight_bits = 16, kv_bytes = 2;
+  std::string kv_cache_dtype;
   int64_t context = 2048, batch = 0, decode_context = 0;
   double usd_per_hour = 2, reserve_gb = 4;
   double bandwidth_efficiency = 0.75, compute_efficiency = 0.5;
@@ -44,7 +45,11 @@ void AddFlags(ArgParser& p, PlanFlags& f) {
   p.AddDouble("weight-bits", &f.weight_bits, 1, 32,
               "bits per weight: 16, 8, 4 (default: 16; a GGUF's size as stored)");
   p.AddDouble("kv-bytes", &f.kv_bytes, 0.125, 8,
-              "bytes per KV element: 2 fp16/bf16, 1 fp8/int8 (default 4 on cpu: Tandem keeps f32)");
+              "bytes per KV element: 2 fp16/bf16, 1 fp8/int8, no scales (default 2; on cpu "
+              "Tandem's default --kv-cache-dtype f16)");
+  p.AddString("kv-cache-dtype", &f.kv_cache_dtype,
+              "Tandem's KV dtype instead of --kv-bytes: f32, f16, bf16, int8 or fp8 (int8/fp8 "
+              "add a 4 B scale per token, layer, K|V and KV head)");
   p.AddInt("context", &f.context, 1, plan::kMaxContext, "tokens of KV reserved per sequence");
   p.AddInt("batch", &f.batch, 0, 1 << 20, "running sequences per decode step (0: as many as fit)");
   p.AddInt("decode-context", &f.decode_context, 0, plan::kMaxContext,
@@ -90,7 +95,22 @@ absl::StatusOr<plan::PlanInputs> BuildInputs(const ArgParser& p, const PlanFlags
   } else {
     in.weight_bits = in.model.default_weight_bits;
   }
-  in.kv_bytes_per_element = p.WasSet("kv-bytes") || !in.device.is_cpu ? f.kv_bytes : 4;
+  if (p.WasSet("kv-cache-dtype")) {
+    if (p.WasSet("kv-bytes")) {
+      return absl::InvalidArgumentError("--kv-cache-dtype and --kv-bytes: give one of them");
+    }
+    const plan::KvDtypeSpec* spec = plan::FindKvDtypeSpec(f.kv_cache_dtype);
+    if (spec == nullptr) {
+      return absl::InvalidArgumentError("--kv-cache-dtype: unknown dtype '" + f.kv_cache_dtype +
+                                        "' (f32|f16|bf16|int8|fp8)");
+    }
+    in.kv_bytes_per_element = spec->bytes_per_element;
+    in.kv_scale_bytes_per_head = spec->scale_bytes_per_head;
+    in.kv_dtype = spec->name;
+  } else {
+    in.kv_bytes_per_element = f.kv_bytes;
+    if (in.device.is_cpu && !p.WasSet("kv-bytes")) in.kv_dtype = "f16";  // the CPU default
+  }
   in.context_length = f.context;
   in.batch = f.batch;
   in.decode_context = f.decode_context;

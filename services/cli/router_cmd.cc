@@ -6,6 +6,7 @@
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
+#include "services/cli/kv_dtype_flag.h"
 #include "services/cli/router_setup.h"
 #include "services/cli/security_flags.h"
 
@@ -44,6 +45,7 @@ void AddRouterFlags(ArgParser& p, RouterFlags& f) {
            "--colocated: prompt tokens of the waiting requests at most");
   p.AddInt("threads", &f.threads, 0, 1024, "--colocated: compute threads, 0 = all cores");
   p.AddString("device", &f.device, std::string("--colocated: ") + kDeviceHelp);
+  p.AddString("kv-cache-dtype", &f.kv_cache_dtype, std::string("--colocated: ") + kKvDtypeHelp);
   AddSpecFlags(p, &f.spec);
   AddServerTlsFlags(p, f.tls);
   p.AddString("api-key-file", &f.api_key_file,
@@ -65,6 +67,9 @@ int RunRouter(int argc, char** argv) {
   }
   if (auto device = ResolveDevice(f.device); !device.ok()) {
     std::fprintf(stderr, "tandem router: %s\n", std::string(device.status().message()).c_str());
+    return kExitUsage;
+  } else if (auto kv_dtype = ResolveKvDtype(f.kv_cache_dtype, *device); !kv_dtype.ok()) {
+    std::fprintf(stderr, "tandem router: %s\n", std::string(kv_dtype.status().message()).c_str());
     return kExitUsage;
   }
   if (auto spec = ResolveSpec(f.spec); !spec.ok()) {

@@ -11,10 +11,11 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "services/cli/device_flag.h"
 #include "common/status.h"
 #include "engine/memory_size.h"
 #include "engine/model_config.h"
+#include "services/cli/device_flag.h"
+#include "services/cli/kv_dtype_flag.h"
 #include "services/common/api_key.h"
 
 namespace tandem::cli {
@@ -57,6 +58,8 @@ absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& fl
     }
     engine::EngineConfig config;
     TANDEM_ASSIGN_OR_RETURN(config.device, ResolveDevice(flags.device));
+    TANDEM_ASSIGN_OR_RETURN(config.kv_cache_dtype,
+                            ResolveKvDtype(flags.kv_cache_dtype, config.device));
     TANDEM_ASSIGN_OR_RETURN(config.spec, ResolveSpec(flags.spec));
     config.kv_cache_memory_bytes = *kv_bytes;
     config.scheduler.max_num_seqs = flags.max_num_seqs;
@@ -85,7 +88,16 @@ absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& fl
   o.limits.vocab_size = static_cast<int32_t>(config.vocab_size);
   o.limits.max_tokens_limit = static_cast<int32_t>(config.context_length - 1);
   o.model_shape = {config.num_layers, config.num_kv_heads, config.head_dim};
-  if (o.kv_bytes_per_token == 0) o.kv_bytes_per_token = config.KvBytesPerToken(4);
+  if (o.kv_bytes_per_token == 0) {
+    // Without an engine: the dtype the flags give the workers (tandem serve
+    // passes its own), else the CPU default.
+    engine::KvDtype dtype = engine::DefaultKvDtype(engine::Device::kCpu);
+    engine::Device device;
+    if (engine::ParseDevice(flags.device, &device)) dtype = engine::DefaultKvDtype(device);
+    (void)kernels::ParseKvDtype(flags.kv_cache_dtype, &dtype);
+    o.kv_bytes_per_token =
+        kernels::KvBytesPerToken(dtype, config.num_layers, config.num_kv_heads, config.head_dim);
+  }
   o.model_name = config.name.empty() ? path.substr(path.find_last_of('/') + 1) : config.name;
   o.architecture = config.architecture;
   o.max_inflight = static_cast<int>(flags.max_inflight);

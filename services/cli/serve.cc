@@ -23,11 +23,12 @@
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
-#include "services/cli/spec_flags.h"
+#include "services/cli/kv_dtype_flag.h"
 #include "services/cli/router_setup.h"
 #include "services/cli/security_flags.h"
-#include "services/transfer/nccl_kv_transport.h"
+#include "services/cli/spec_flags.h"
 #include "services/common/api_key.h"
+#include "services/transfer/nccl_kv_transport.h"
 
 namespace tandem::cli {
 namespace {
@@ -53,6 +54,7 @@ struct ServeFlags {
   int64_t threads = 0;
   int64_t max_num_batched_tokens = 512;  // every engine: tokens per step
   std::string device = "cpu";        // every engine (docs/gpu.md)
+  std::string kv_cache_dtype;        // every engine; empty: the device's default
   std::string kv_transport = "host";  // prefill -> decode (docs/nccl.md)
   SpecFlags spec;                     // decode workers / --colocated
   int64_t ready_timeout_seconds = 300;
@@ -200,6 +202,7 @@ int RunServe(int argc, char** argv) {
            "tokens in one engine step at most, per engine (chunked prefill splits longer "
            "prompts)");
   AddDeviceFlag(p, &f.device);
+  AddKvDtypeFlag(p, &f.kv_cache_dtype);
   p.AddString("kv-transport", &f.kv_transport,
               "KV handoff prefill -> decode: host (gRPC) or nccl (GPUs, docs/nccl.md)");
   AddSpecFlags(p, &f.spec);
@@ -218,6 +221,9 @@ int RunServe(int argc, char** argv) {
   }
   if (auto device = ResolveDevice(f.device); !device.ok()) {
     std::fprintf(stderr, "tandem serve: %s\n", std::string(device.status().message()).c_str());
+    return kExitUsage;
+  } else if (auto kv_dtype = ResolveKvDtype(f.kv_cache_dtype, *device); !kv_dtype.ok()) {
+    std::fprintf(stderr, "tandem serve: %s\n", std::string(kv_dtype.status().message()).c_str());
     return kExitUsage;
   }
   if (absl::Status s = transfer::CheckKvTransportKind(f.kv_transport); !s.ok()) {
@@ -262,6 +268,7 @@ int RunServe(int argc, char** argv) {
   rf.threads = f.threads;
   rf.max_num_batched_tokens = f.max_num_batched_tokens;
   rf.device = f.device;
+  rf.kv_cache_dtype = f.kv_cache_dtype;
   rf.spec = f.spec;
   rf.tls = f.tls;
   rf.api_key_file = f.api_key_file;
@@ -322,6 +329,10 @@ int RunServe(int argc, char** argv) {
          {std::string("--max-waiting-requests"), std::to_string(f.max_waiting_requests),
           std::string("--max-waiting-tokens"), std::to_string(f.max_waiting_tokens)}) {
       args.push_back(a);
+    }
+    if (!f.kv_cache_dtype.empty()) {
+      args.push_back("--kv-cache-dtype");
+      args.push_back(f.kv_cache_dtype);
     }
     for (const std::string& a : TlsArgs(f.tls)) args.push_back(a);
     args.push_back("--drain-seconds");

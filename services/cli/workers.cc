@@ -12,9 +12,10 @@
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
-#include "services/cli/spec_flags.h"
+#include "services/cli/kv_dtype_flag.h"
 #include "services/cli/router_setup.h"
 #include "services/cli/security_flags.h"
+#include "services/cli/spec_flags.h"
 #include "services/decode/decode_server.h"
 #include "services/prefill/prefill_server.h"
 #include "services/transfer/nccl_kv_transport.h"
@@ -40,6 +41,7 @@ struct WorkerFlags {
   services::TlsOptions tls;              // docs/security.md
   std::string kv_transport = "host";     // docs/nccl.md
   std::string device = "cpu";            // docs/gpu.md
+  std::string kv_cache_dtype;            // docs/kv_cache.md; both roles must agree
   SpecFlags spec;                        // decode: docs/speculative.md
 };
 
@@ -67,6 +69,7 @@ int RunWorker(const char* role, int argc, char** argv) {
            "tokens of the waiting requests at most (prompt, + output so far for decode)");
   AddServerTlsFlags(p, f.tls);
   AddDeviceFlag(p, &f.device);
+  AddKvDtypeFlag(p, &f.kv_cache_dtype);
   if (std::string_view(role) == "decode") AddSpecFlags(p, &f.spec);
   p.AddString("kv-transport", &f.kv_transport,
               "KV handoff prefill -> decode: host (gRPC) or nccl (GPUs, docs/nccl.md); "
@@ -88,6 +91,8 @@ int RunWorker(const char* role, int argc, char** argv) {
   }
   auto device = ResolveDevice(f.device);
   if (!device.ok()) return usage(std::string(device.status().message()));
+  auto kv_dtype = ResolveKvDtype(f.kv_cache_dtype, *device);
+  if (!kv_dtype.ok()) return usage(std::string(kv_dtype.status().message()));
   auto spec = ResolveSpec(f.spec);
   if (!spec.ok()) return usage(std::string(spec.status().message()));
   auto path = ResolveModelPath(f.model);
@@ -106,6 +111,7 @@ int RunWorker(const char* role, int argc, char** argv) {
   config.engine.kv_cache_memory_bytes = *kv_bytes;
   config.engine.num_threads = static_cast<int>(f.threads);
   config.engine.device = *device;
+  config.engine.kv_cache_dtype = *kv_dtype;
   config.engine.spec = *spec;
   config.engine.scheduler.max_num_seqs = f.max_num_seqs;
   config.engine.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;

@@ -73,11 +73,12 @@ uint64_t CompatHash(const tandem::v1::KvCompatibility& c) {
 }
 
 tandem::v1::KvCompatibility MakeCompat(const gguf::GgufFile& file, const engine::LlamaModel& model,
-                                       const std::string& model_name, int32_t block_size) {
+                                       const std::string& model_name, int32_t block_size,
+                                       engine::KvDtype kv_dtype) {
   tandem::v1::KvCompatibility c;
   c.set_model_name(model_name);
   c.set_model_fingerprint(ModelFingerprint(file));
-  c.set_kv_dtype("f32");
+  c.set_kv_dtype(kernels::KvDtypeName(kv_dtype));
   c.set_block_size(block_size);
   c.set_num_layers(static_cast<int32_t>(model.config().num_layers));
   c.set_num_kv_heads(static_cast<int32_t>(model.config().num_kv_heads));

@@ -21,9 +21,12 @@ uint64_t ModelFingerprint(const gguf::GgufFile& file);
 // Hash of fields 1-7 of compat (FNV-1a 64, stable).
 uint64_t CompatHash(const tandem::v1::KvCompatibility& compat);
 
-// Fills every field, hash included; kv_dtype "f32".
+// Fills every field, hash included; kv_dtype is the KV cache's element type
+// ("f32", "f16", "bf16", "int8", "fp8": kernels::KvDtypeName), so a prefill
+// and a decode worker with different --kv-cache-dtype refuse each other.
 tandem::v1::KvCompatibility MakeCompat(const gguf::GgufFile& file, const engine::LlamaModel& model,
-                                       const std::string& model_name, int32_t block_size);
+                                       const std::string& model_name, int32_t block_size,
+                                       engine::KvDtype kv_dtype = engine::KvDtype::kF32);
 
 // OK when `theirs` matches `ours`; else FailedPrecondition naming the first
 // differing field (every field is compared, then the hash, then the hash of

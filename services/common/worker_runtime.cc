@@ -62,7 +62,8 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
     rt->model_name_ = p.empty() ? "model" : p;
   }
   TANDEM_ASSIGN_OR_RETURN(rt->engine_, engine::Engine::Create(config.engine, model, tok));
-  rt->compat_ = MakeCompat(*file, *model, rt->model_name_, config.engine.block_size);
+  rt->compat_ = MakeCompat(*file, *model, rt->model_name_, config.engine.block_size,
+                           config.engine.kv_dtype());
 
   rt->registry_ = std::make_unique<metrics::MetricsRegistry>();
   TANDEM_ASSIGN_OR_RETURN(

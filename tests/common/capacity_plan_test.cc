@@ -171,7 +171,7 @@ TEST(CapacityPlanTest, SmolLm2GgufFromTheRealFile) {
   in.device.memory_bytes = 16e9;
   in.device.bandwidth_bytes_per_second = 50e9;
   in.device.flops_per_second = 1e12;
-  in.kv_bytes_per_element = 4;  // Tandem's CPU engine keeps the cache in f32
+  in.kv_bytes_per_element = 4;  // an f32 cache (--kv-cache-dtype f32)
   in.use_file_weight_bytes = true;
   in.reserve_bytes = 1e9;
   Plan p = ComputePlan(in).value();
@@ -179,6 +179,23 @@ TEST(CapacityPlanTest, SmolLm2GgufFromTheRealFile) {
   EXPECT_EQ(p.weights_bytes, m->file_weight_bytes);
   EXPECT_GT(p.weight_bits, 4.0);  // Q4_1 blocks plus F32 norms and a Q8_0 embedding
   EXPECT_LT(p.weight_bits, 8.0);
+  // Every Tandem KV dtype at the same budget: bytes/token (int8/fp8 with
+  // their 4 B scale per token, layer, K|V and KV head) and sequences.
+  ASSERT_EQ(p.kv_dtype_capacity.size(), 5u);
+  const int64_t want_bpt[] = {46080, 23040, 23040, 12240, 12240};
+  for (size_t i = 0; i < 5; ++i) {
+    const Plan::KvDtypeCapacity& k = p.kv_dtype_capacity[i];
+    EXPECT_EQ(k.kv_bytes_per_token, want_bpt[i]) << k.dtype;
+    EXPECT_EQ(k.max_concurrent_sequences,
+              static_cast<int64_t>(p.kv_budget_bytes / (want_bpt[i] * in.context_length)))
+        << k.dtype;
+  }
+  EXPECT_EQ(p.kv_dtype_capacity[0].max_concurrent_sequences, p.max_concurrent_sequences);
+  EXPECT_GT(p.kv_dtype_capacity[3].max_concurrent_sequences,
+            3 * p.kv_dtype_capacity[0].max_concurrent_sequences);
+  in.kv_bytes_per_element = 1;
+  in.kv_scale_bytes_per_head = 4;  // --kv-cache-dtype int8
+  EXPECT_EQ(ComputePlan(in).value().kv_bytes_per_token, 12240);
 }
 
 TEST(CapacityPlanTest, JsonHasEveryNamedField) {

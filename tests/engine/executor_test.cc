@@ -3,11 +3,15 @@
 // in the interchange layout, and bad slots / copies as errors.
 #include "engine/executor.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <string>
 
 #include "engine/cpu_executor.h"
+#include "engine/engine.h"
 #include "engine/kv_export.h"
 #include "tests/engine/engine_test_util.h"
 
@@ -140,6 +144,84 @@ TEST_F(CpuExecutorTest, ImportOfForeignGeometryIsAnError) {
   KvCacheManager kv(8, 16, false);
   const absl::Status st = ImportKv(e, 0, 2, kv, 1, *executor_);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Every KV dtype: the interchange carries the native bytes (scales
+// included), so read -> write elsewhere -> read is identical and a block
+// copy copies scales too; logits stay close to the f32 cache's.
+TEST_F(CpuExecutorTest, EveryKvDtypeRoundTripsNativeBytes) {
+  const ForwardBatch b = Prompt(20, {3, 6});
+  const int64_t vocab = tiny_.model->config().vocab_size;
+  std::vector<float> f32_logits(vocab);
+  ASSERT_TRUE(executor_->Forward(b, f32_logits.data()).ok());
+  for (KvDtype d : {KvDtype::kF16, KvDtype::kBf16, KvDtype::kInt8, KvDtype::kFp8}) {
+    SCOPED_TRACE(kernels::KvDtypeName(d));
+    ExecutorOptions options;
+    options.num_blocks = 8;
+    options.kv_dtype = d;
+    auto ex = MakeExecutor(tiny_.model.get(), options);
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    const KvCacheShape& shape = (*ex)->kv_shape();
+    EXPECT_EQ(shape.dtype, d);
+    EXPECT_NE((*ex)->Describe().find(kernels::KvDtypeName(d)), std::string::npos);
+    const int64_t bpt = shape.bytes_per_token();
+    EXPECT_EQ(bpt, kernels::KvBytesPerToken(d, shape.num_layers, shape.layout.num_kv_heads,
+                                            shape.layout.head_dim));
+    EXPECT_EQ((*ex)->kv_cache_bytes(), 8 * 16 * bpt);
+    std::vector<float> logits(vocab);
+    ASSERT_TRUE((*ex)->Forward(b, logits.data()).ok());
+    double max_diff = 0, max_abs = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      max_diff = std::max(max_diff, double(std::fabs(logits[i] - f32_logits[i])));
+      max_abs = std::max(max_abs, double(std::fabs(f32_logits[i])));
+    }
+    EXPECT_GT(max_diff, 0.0);  // the cache really is another dtype
+    std::printf("%s: max logit diff vs f32 %.3g (max logit %.3g)\n", kernels::KvDtypeName(d),
+                max_diff, max_abs);
+    EXPECT_LT(max_diff, (d == KvDtype::kFp8 ? 0.1 : 0.02) * max_abs);
+    std::string bytes(20 * bpt, '\0');
+    ASSERT_TRUE((*ex)->ReadKv(b.slot_mapping, bytes.data()).ok());
+    std::vector<int64_t> other(20);
+    std::iota(other.begin(), other.end(), 0);
+    ASSERT_TRUE((*ex)->WriteKv(other, bytes.data()).ok());
+    std::string back(bytes.size(), '\0');
+    ASSERT_TRUE((*ex)->ReadKv(other, back.data()).ok());
+    EXPECT_EQ(back, bytes);
+    const BlockCopy copy{3, 7};
+    ASSERT_TRUE((*ex)->CopyBlocks({&copy, 1}).ok());
+    std::vector<int64_t> b7(16);
+    std::iota(b7.begin(), b7.end(), 7 * 16);
+    std::string seven(16 * bpt, '\0');
+    ASSERT_TRUE((*ex)->ReadKv(b7, seven.data()).ok());
+    EXPECT_EQ(seven, bytes.substr(0, 16 * bpt));
+    // The same K/V read after a copy runs the same attention: identical logits.
+    std::vector<float> again(vocab);
+    ForwardBatch decode;
+    decode.token_ids = {7};
+    decode.positions = {20};
+    decode.slot_mapping = {6 * 16 + 4};
+    decode.query_start = {0, 1};
+    decode.context_lens = {21};
+    decode.block_tables = {{3, 6}};
+    decode.logits_indices = {0};
+    ForwardBatch copied = decode;
+    copied.slot_mapping = {1 * 16 + 4};
+    copied.block_tables = {{7, 1}};
+    // Block 1 holds tokens 16..19 after the WriteKv into slots 0..19.
+    ASSERT_TRUE((*ex)->Forward(decode, logits.data()).ok());
+    ASSERT_TRUE((*ex)->Forward(copied, again.data()).ok());
+    EXPECT_EQ(std::memcmp(logits.data(), again.data(), vocab * sizeof(float)), 0);
+  }
+}
+
+TEST(KvDtypeDeviceTest, CudaHoldsF32Only) {
+  EXPECT_TRUE(CheckKvDtypeSupported(Device::kCpu, KvDtype::kFp8).ok());
+  EXPECT_TRUE(CheckKvDtypeSupported(Device::kCuda, KvDtype::kF32).ok());
+  const absl::Status st = CheckKvDtypeSupported(Device::kCuda, KvDtype::kF16);
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(st.message().rfind("--kv-cache-dtype f16: ", 0), 0u) << st.message();
+  EXPECT_EQ(DefaultKvDtype(Device::kCuda), KvDtype::kF32);
+  EXPECT_EQ(DefaultKvDtype(Device::kCpu), KvDtype::kF16);
 }
 
 }  // namespace

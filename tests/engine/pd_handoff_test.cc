@@ -415,5 +415,50 @@ TEST_F(PdHandoffTest, StreamedExportStopsWhenTheFirstTokenFinishes) {
   ExpectAllFree(*engine);
 }
 
+// Every KV dtype hands off its native bytes (scales included): the export
+// shrinks with the dtype, disaggregated output equals one engine of the same
+// dtype doing everything, and an engine of another dtype refuses the import.
+TEST_F(PdHandoffTest, EveryKvDtypeHandsOffItsNativeBytes) {
+  const ModelConfig& mc = model()->config();
+  const int64_t f32_bytes =
+      kernels::KvBytesPerToken(KvDtype::kF32, mc.num_layers, mc.num_kv_heads, mc.head_dim);
+  for (KvDtype d : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBf16, KvDtype::kInt8, KvDtype::kFp8}) {
+    SCOPED_TRACE(kernels::KvDtypeName(d));
+    EngineConfig config = TinyEngineConfig(64);
+    config.kv_cache_dtype = d;
+    const EngineRequest r = MakeRequest(RandomPrompt(41, 256, 90), 12);
+    auto alone = MakeEngine(config, model());
+    const CollectedOutput colocated = Collect(**alone->Submit(r));
+    auto prefill = MakeEngine(config, model());
+    auto decode = MakeEngine(config, model());
+    const Handoff h = RunDisaggregated(*prefill, *decode, r);
+    ASSERT_NE(h.prefill.finish->kv_export, nullptr);
+    const KvExport& kv = *h.prefill.finish->kv_export;
+    EXPECT_TRUE(kv.Validate().ok()) << kv.Validate();
+    EXPECT_EQ(kv.bytes_per_token,
+              kernels::KvBytesPerToken(d, mc.num_layers, mc.num_kv_heads, mc.head_dim));
+    EXPECT_EQ(kv.bytes_per_token, prefill->kv_bytes_per_token());
+    EXPECT_EQ(static_cast<int64_t>(kv.bytes.size()), 41 * kv.bytes_per_token);
+    if (d != KvDtype::kF32) EXPECT_LT(kv.bytes_per_token, f32_bytes);
+    ExpectSameOutput(Concat(h), colocated, kernels::KvDtypeName(d));
+    // Another dtype's engine refuses these bytes.
+    EngineConfig other = config;
+    other.kv_cache_dtype = kernels::KvHasScales(d) ? KvDtype::kF32 : KvDtype::kInt8;
+    auto foreign = MakeEngine(other, model());
+    EngineRequest imp = r;
+    imp.import_kv = h.prefill.finish->kv_export;
+    imp.prefix_output_token_ids = h.prefill.token_ids;
+    auto refused = foreign->Submit(imp);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("bytes per token"), std::string::npos)
+        << refused.status();
+    ExpectAllFree(*alone);
+    ExpectAllFree(*prefill);
+    ExpectAllFree(*decode);
+    ExpectAllFree(*foreign);
+  }
+}
+
 }  // namespace
 }  // namespace tandem::engine

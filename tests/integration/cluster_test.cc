@@ -260,5 +260,52 @@ TEST_F(ClusterTest, DeadlineMidGenerationFinishesWithReasonDeadline) {
   ExpectNoKvInUse(*cluster_);
 }
 
+// `tandem serve --kv-cache-dtype int8` passes the dtype to its workers: both
+// advertise it in their KV compatibility, the handoff carries int8 bytes, and
+// the streams equal `tandem generate --kv-cache-dtype int8`.
+TEST(ClusterKvDtypeTest, ServePassesTheKvDtypeToItsWorkers) {
+  ServeProcess cluster;
+  const std::string err = cluster.Start(
+      {"--prefill-workers", "1", "--decode-workers", "1", "--kv-cache-dtype", "int8"});
+  ASSERT_EQ(err, "") << err;
+  for (const Endpoint& e : cluster.endpoints()) {
+    if (e.role == "router") continue;
+    auto channel = grpc::CreateChannel(e.grpc_address, grpc::InsecureChannelCredentials());
+    tandem::v1::WorkerStats stats;
+    grpc::ClientContext ctx;
+    const grpc::Status st =
+        e.role == "prefill"
+            ? tandem::v1::PrefillWorker::NewStub(channel)->GetStats(&ctx, {}, &stats)
+            : tandem::v1::DecodeWorker::NewStub(channel)->GetStats(&ctx, {}, &stats);
+    ASSERT_TRUE(st.ok()) << e.role << ": " << st.error_message();
+    EXPECT_EQ(stats.compat().kv_dtype(), "int8") << e.role;
+  }
+  std::vector<Result> disagg = RunConcurrently(cluster.Address("router"));
+  ExpectNoKvInUse(cluster);
+  EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
+  const std::string prompts = cluster.dir() + "/prompts.jsonl";
+  {
+    std::ofstream f(prompts);
+    for (const Spec& sp : Specs()) {
+      f << "{\"prompt\": \"" << sp.prompt << "\", \"seed\": " << sp.seed << "}\n";
+    }
+  }
+  ProcessResult gen =
+      RunProcess({TandemBinary(), "generate", "--prompts-file", prompts, "--json", "--temperature",
+                  "0.8", "--max-tokens", std::to_string(kMaxTokens), "--concurrency", "32",
+                  "--kv-cache-dtype", "int8"});
+  ASSERT_EQ(gen.exit_code, 0) << gen.err;
+  std::stringstream lines(gen.out);
+  int i = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty()) continue;
+    ASSERT_LT(i, kNumRequests);
+    ASSERT_TRUE(disagg[i].status.ok()) << disagg[i].status.error_message();
+    EXPECT_EQ(disagg[i].tokens, Json::Parse(line)["token_ids"].ints()) << "request " << i;
+    ++i;
+  }
+  EXPECT_EQ(i, kNumRequests);
+}
+
 }  // namespace
 }  // namespace tandem::testing

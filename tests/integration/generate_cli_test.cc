@@ -247,9 +247,34 @@ TEST(GenerateCliTest, PlainModePrintsTextAndStatsOnStderr) {
   ProcessResult r = Tandem({"generate", "--prompt", "The capital of France is", "--max-tokens", "8"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("Paris"), std::string::npos) << r.out;
-  EXPECT_NE(r.err.find("KV cache: 46080 bytes/token"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("KV cache bytes/token: f32 46080, f16 23040"), std::string::npos) << r.err;
+  // The default KV dtype on the CPU is f16 (docs/kv_cache.md).
+  EXPECT_NE(r.err.find("[engine] KV cache: f16, 23040 B/token"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("loading model"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("tokens/s"), std::string::npos) << r.err;
+}
+
+// --kv-cache-dtype: the engine's start-up line names the dtype and its bytes
+// per token; an unknown dtype is one line and exit 2, on every command that
+// builds an engine.
+TEST(GenerateCliTest, KvCacheDtypeFlag) {
+  ProcessResult r = Tandem({"generate", "--prompt", "The capital of France is", "--max-tokens", "4",
+                            "--kv-cache-dtype", "int8"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("[engine] KV cache: int8, 12240 B/token"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("KV cache int8 in host memory"), std::string::npos) << r.err;
+  const std::vector<std::vector<std::string>> commands = {
+      {"generate", "--prompt", "x"}, {"serve"}, {"prefill"}, {"decode"}, {"router", "--colocated"}};
+  for (std::vector<std::string> args : commands) {
+    const std::string cmd = args[0];
+    args.push_back("--kv-cache-dtype");
+    args.push_back("int4");
+    ProcessResult bad = Tandem(args);
+    EXPECT_EQ(bad.exit_code, 2) << cmd << ": " << bad.err;
+    EXPECT_NE(bad.err.find("--kv-cache-dtype: unknown dtype 'int4' (f32|f16|bf16|int8|fp8)"),
+              std::string::npos)
+        << cmd << ": " << bad.err;
+  }
 }
 
 }  // namespace

@@ -69,9 +69,35 @@ TEST(PlanCliTest, SmolLm2GgufOnCpu) {
                           "--device-tflops", "1", "--reserve-gb", "1", "--usd-per-hour", "0.1"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   Json j = Json::Parse(r.out);
-  EXPECT_EQ(j["kv_bytes_per_token"].number, 46080);  // f32 KV on the CPU by default
+  EXPECT_EQ(j["kv_bytes_per_token"].number, 23040);  // f16 KV on the CPU by default
+  EXPECT_EQ(j["kv_dtype"].str, "f16");
   EXPECT_EQ(j["num_layers"].number, 30);
   EXPECT_GT(j["max_concurrent_sequences"].number, 0);
+  // Per dtype: the engine's bytes per token (tandem generate prints the same
+  // in its model summary) and the sequences they leave room for.
+  ASSERT_EQ(j["kv_dtypes"].array.size(), 5u);
+  const char* names[] = {"f32", "f16", "bf16", "int8", "fp8"};
+  const double bpt[] = {46080, 23040, 23040, 12240, 12240};
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(j["kv_dtypes"][i]["dtype"].str, names[i]);
+    EXPECT_EQ(j["kv_dtypes"][i]["kv_bytes_per_token"].number, bpt[i]);
+  }
+  EXPECT_EQ(j["kv_dtypes"][1]["max_concurrent_sequences"].number,
+            j["max_concurrent_sequences"].number);
+  ProcessResult i8 =
+      Plan({"--json", "--model", DefaultModelPath(), "--device", "cpu", "--device-memory-gb", "16",
+            "--device-bandwidth-gbs", "50", "--device-tflops", "1", "--kv-cache-dtype", "int8"});
+  ASSERT_EQ(i8.exit_code, 0) << i8.err;
+  EXPECT_EQ(Json::Parse(i8.out)["kv_bytes_per_token"].number, 12240);
+  ProcessResult table =
+      Plan({"--model", DefaultModelPath(), "--device", "cpu", "--device-memory-gb", "16",
+            "--device-bandwidth-gbs", "50", "--device-tflops", "1", "--kv-cache-dtype", "fp8"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("with --kv-cache-dtype int8"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("12,240 B/token"), std::string::npos) << table.out;
+  ProcessResult bad = Plan({"--model", DefaultModelPath(), "--kv-cache-dtype", "int4"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--kv-cache-dtype"), std::string::npos) << bad.err;
 }
 
 TEST(PlanCliTest, MeasuredReportsFractionOfBandwidthLimit) {

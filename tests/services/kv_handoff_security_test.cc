@@ -138,8 +138,8 @@ TEST_F(KvHandoffSecurityTest, CompatMismatchesAreRefusedNamingTheField) {
       "block size", [](v1::KvCompatibility* c) { c->set_block_size(32); }, true,
       "compat.block_size is 32");
   with_compat(
-      "dtype", [](v1::KvCompatibility* c) { c->set_kv_dtype("f16"); }, true,
-      "compat.kv_dtype is f16");
+      "dtype", [](v1::KvCompatibility* c) { c->set_kv_dtype("bf16"); }, true,
+      "compat.kv_dtype is bf16");
   with_compat(
       "layers", [](v1::KvCompatibility* c) { c->set_num_layers(7); }, true, "compat.num_layers");
   with_compat(
