@@ -30,7 +30,9 @@
 #include "engine/forward_batch.h"
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
+#include "engine/engine.h"
 #include "services/cli/device_flag.h"
+#include "services/cli/kv_dtype_flag.h"
 #include "services/cli/kld_base.h"
 #include "services/cli/model_loader.h"
 #include "services/cli/perplexity_stats.h"
@@ -50,6 +52,7 @@ struct PerplexityFlags {
   int64_t batch_size = 0;
   std::string kernels = "fast";
   std::string device = "cpu";
+  std::string kv_cache_dtype;  // empty: the device's default (f16 on cpu)
   std::string kld_base;
   bool kl_divergence = false;
   int64_t kl_top_k = 1024;
@@ -83,6 +86,7 @@ void AddFlags(ArgParser& p, PerplexityFlags& f) {
               "CPU kernel mode: fast, fast-int8 (llama.cpp's int8 activation precision) or "
               "reference (exact f32)");
   AddDeviceFlag(p, &f.device);
+  AddKvDtypeFlag(p, &f.kv_cache_dtype);
   p.AddString("kl-divergence-base", &f.kld_base,
               "alone: write this run's top-K log-probs to FILE; with --kl-divergence: read "
               "FILE and compare this run with it");
@@ -207,6 +211,8 @@ int RunPerplexity(int argc, char** argv) {
   }
   auto device = ResolveDevice(flags.device);
   if (!device.ok()) return UsageError(std::string(device.status().message()));
+  auto kv_dtype = ResolveKvDtype(flags.kv_cache_dtype, *device);
+  if (!kv_dtype.ok()) return UsageError(std::string(kv_dtype.status().message()));
   auto text = ReadText(flags.file);
   if (!text.ok()) return UsageError(std::string(text.status().message()));
 
@@ -316,14 +322,16 @@ int RunPerplexity(int argc, char** argv) {
   // [i * block_size, (i + 1) * block_size).
   engine::ExecutorOptions eopts;
   eopts.device = *device;
+  eopts.kv_dtype = kv_dtype->value_or(engine::DefaultKvDtype(*device));
   const int64_t block_size = eopts.block_size;
   eopts.num_blocks = (n_ctx + block_size - 1) / block_size;
   auto executor = engine::MakeExecutor(loaded->model.get(), eopts);
   if (!executor.ok()) return Failure(std::string(executor.status().message()));
   std::fprintf(stderr, "[perplexity] %s\n", (*executor)->Describe().c_str());
   std::fputs(absl::StrFormat(
-                 "[perplexity] %d chunks of %d tokens, %d scored per chunk, batch %d, kernels %s\n",
-                 n_chunks, n_ctx, scored, batch, flags.kernels)
+                 "[perplexity] %d chunks of %d tokens, %d scored per chunk, batch %d, kernels %s, "
+                 "KV cache %s\n",
+                 n_chunks, n_ctx, scored, batch, flags.kernels, kernels::KvDtypeName(eopts.kv_dtype))
                  .c_str(),
              stderr);
   std::vector<int32_t> block_table(eopts.num_blocks);
@@ -419,7 +427,8 @@ int RunPerplexity(int argc, char** argv) {
     for (double v : chunk_ppl) running.push_back(json::Number(v));
     std::string out = absl::StrCat(
         "{\"model\":", json::Quote(loaded->path), ",\"file\":", json::Quote(flags.file),
-        ",\"kernels\":", json::Quote(flags.kernels), ",\"n_ctx\":", n_ctx,
+        ",\"kernels\":", json::Quote(flags.kernels),
+        ",\"kv_cache_dtype\":", json::Quote(kernels::KvDtypeName(eopts.kv_dtype)), ",\"n_ctx\":", n_ctx,
         ",\"batch_size\":", batch, ",\"n_tokens\":", tokens.size(), ",\"n_chunks\":", n_chunks,
         ",\"scored_tokens\":", ppl.count(), ",\"chunk_ppl\":[", absl::StrJoin(running, ","),
         "],\"ppl\":", json::Number(ppl.Ppl()), ",\"ppl_error\":", json::Number(ppl.PplError()),
