@@ -79,19 +79,25 @@ std::string SelfExe(const char* argv0) {
 }
 
 pid_t Spawn(const std::vector<std::string>& argv) {
+  // Everything the child needs is built before fork: the router's threads
+  // (gRPC, the pool's polls, HTTP) may hold the allocator's lock at the
+  // fork, and a child that allocates before exec can then block forever
+  // (seen under ASan: one worker of three never started). Between fork and
+  // exec the child makes async-signal-safe calls only.
+  std::vector<char*> args;
+  args.reserve(argv.size() + 1);
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  sigset_t unblocked;
+  sigemptyset(&unblocked);
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid != 0) return pid;
   // Child: signals were blocked for sigtimedwait in the parent; exec keeps
   // the mask, so unblock them. Die with the parent.
-  sigset_t set;
-  sigemptyset(&set);
-  sigprocmask(SIG_SETMASK, &set, nullptr);
+  sigprocmask(SIG_SETMASK, &unblocked, nullptr);
   prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (getppid() != parent) _exit(1);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
   execv(args[0], args.data());
   _exit(127);
 }

@@ -5,6 +5,7 @@
 #ifndef TANDEM_TESTS_INTEGRATION_CLUSTER_UTIL_H_
 #define TANDEM_TESTS_INTEGRATION_CLUSTER_UTIL_H_
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -42,18 +43,25 @@ inline int FreePort() {
 
 // Forks and execs argv (argv[0] a path) with stdout and stderr going to
 // `log_file`; returns the child's pid.
+// Everything is prepared before fork: the test's other threads may hold the
+// allocator's lock at the fork, so the child makes async-signal-safe calls
+// only (an allocation there can hang it forever, as seen under ASan).
 inline pid_t SpawnLogged(const std::vector<std::string>& argv, const std::string& log_file) {
+  std::vector<char*> args;
+  args.reserve(argv.size() + 1);
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const int log = open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   const pid_t pid = fork();
   if (pid == 0) {
-    FILE* log = std::fopen(log_file.c_str(), "w");
-    dup2(fileno(log), STDOUT_FILENO);
-    dup2(fileno(log), STDERR_FILENO);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
+    if (log >= 0) {
+      dup2(log, STDOUT_FILENO);
+      dup2(log, STDERR_FILENO);
+    }
     execv(args[0], args.data());
     _exit(127);
   }
+  if (log >= 0) close(log);
   return pid;
 }
 
