@@ -28,10 +28,11 @@ bash deploy/check.sh
 
 # Every fuzz target (tests/fuzz/*_fuzz.cc) for a bounded time on its seed
 # corpus: the GGUF reader, the JSON parser, the tokenizer and detokenizer,
-# the prompt-file reader, request validation and the KV handoff stream.
+# the prompt-file reader, request validation, the KV handoff stream and the
+# KLD base file of `tandem perplexity`.
 # TANDEM_FUZZ_SECONDS is the total, split evenly (gguf gets a double share).
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
-  targets=(gguf json tokenizer prompt_file validate kv_push)
+  targets=(gguf json tokenizer prompt_file validate kv_push kld_base)
   per=$(( FUZZ_SECONDS / (${#targets[@]} + 1) ))
   [ "$per" -lt 5 ] && per=5
   echo "[test] fuzzing ${#targets[@]} targets, ${per}s each (gguf $((2 * per))s)" >&2
