@@ -30,6 +30,21 @@ std::vector<uint64_t> BlockHashes(const std::vector<int32_t>& prompt, uint64_t c
   return out;
 }
 
+// Leading blocks of a prompt (its chained hashes) the router has sent to `w`.
+int64_t LeadingSeenBlocks(const Worker& w, const std::vector<uint64_t>& hashes)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(w.mu) {
+  int64_t n = 0;
+  while (n < static_cast<int64_t>(hashes.size()) && w.seen_blocks.contains(hashes[n])) ++n;
+  return n;
+}
+
+// Records that these blocks went to `w` (the set starts over when full).
+void RememberBlocks(Worker& w, const std::vector<uint64_t>& hashes, size_t max_seen)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(w.mu) {
+  if (w.seen_blocks.size() + hashes.size() > max_seen) w.seen_blocks.clear();
+  w.seen_blocks.insert(hashes.begin(), hashes.end());
+}
+
 // grpc.health.v1.Health/Check for the whole server (service ""), without
 // the health protos: the request is empty and SERVING is `08 01`. OK(true)
 // when SERVING, OK(false) otherwise; a worker without the health service
@@ -268,11 +283,7 @@ std::shared_ptr<Worker> WorkerPool::PickPrefill(const std::vector<int32_t>& prom
     const int bs =
         w->stats.compat().block_size() > 0 ? w->stats.compat().block_size() : kDefaultBlockSize;
     if (hashes.empty()) hashes = BlockHashes(prompt, cache_key, bs);
-    int64_t cached_blocks = 0;
-    while (cached_blocks < static_cast<int64_t>(hashes.size()) &&
-           w->seen_blocks.contains(hashes[cached_blocks])) {
-      ++cached_blocks;
-    }
+    const int64_t cached_blocks = LeadingSeenBlocks(*w, hashes);
     const int64_t cost = static_cast<int64_t>(prompt.size()) - cached_blocks * bs +
                          w->stats.num_waiting_tokens() + w->inflight_tokens;
     if (cost < best_cost || (best_excluded && !excluded)) {
@@ -284,9 +295,7 @@ std::shared_ptr<Worker> WorkerPool::PickPrefill(const std::vector<int32_t>& prom
   if (best == nullptr) return nullptr;
   absl::MutexLock lock(&best->mu);
   best->inflight_tokens += static_cast<int64_t>(prompt.size());
-  if (best->seen_blocks.size() + hashes.size() > options_.max_seen_blocks)
-    best->seen_blocks.clear();
-  best->seen_blocks.insert(hashes.begin(), hashes.end());
+  RememberBlocks(*best, hashes, options_.max_seen_blocks);
   return best;
 }
 
@@ -337,19 +346,12 @@ int64_t WorkerPool::CachedPromptTokens(Worker& w, const std::vector<int32_t>& pr
                                        uint64_t cache_key) {
   absl::MutexLock lock(&w.mu);
   const int bs = BlockSizeOf(w);
-  const std::vector<uint64_t> hashes = BlockHashes(prompt, cache_key, bs);
-  int64_t cached = 0;
-  while (cached < static_cast<int64_t>(hashes.size()) && w.seen_blocks.contains(hashes[cached])) {
-    ++cached;
-  }
-  return cached * bs;
+  return LeadingSeenBlocks(w, BlockHashes(prompt, cache_key, bs)) * bs;
 }
 
 void WorkerPool::NotePrompt(Worker& w, const std::vector<int32_t>& prompt, uint64_t cache_key) {
   absl::MutexLock lock(&w.mu);
-  const std::vector<uint64_t> hashes = BlockHashes(prompt, cache_key, BlockSizeOf(w));
-  if (w.seen_blocks.size() + hashes.size() > options_.max_seen_blocks) w.seen_blocks.clear();
-  w.seen_blocks.insert(hashes.begin(), hashes.end());
+  RememberBlocks(w, BlockHashes(prompt, cache_key, BlockSizeOf(w)), options_.max_seen_blocks);
 }
 
 void WorkerPool::DonePrefill(Worker& w, int64_t num_tokens) {

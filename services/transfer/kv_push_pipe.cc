@@ -19,10 +19,7 @@ KvPushPipe::~KvPushPipe() {
 
 void KvPushPipe::Push(std::string bytes) {
   if (failed_.load()) return;
-  if (!thread_.joinable()) {
-    first_push_ = absl::Now();
-    thread_ = std::thread([this] { Run(); });
-  }
+  if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
   absl::MutexLock lock(&mu_);
   pieces_.push_back(std::move(bytes));
 }

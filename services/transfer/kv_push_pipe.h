@@ -52,10 +52,7 @@ class KvPushPipe {
   // Ends the handoff (idempotent): the receiver drops it.
   void Cancel();
 
-  bool started() const { return thread_.joinable(); }
   bool failed() const { return failed_.load(); }
-  // When the first piece was handed over (nullopt before).
-  std::optional<absl::Time> first_push() const { return first_push_; }
 
  private:
   void Run();
@@ -66,7 +63,6 @@ class KvPushPipe {
   const KvSendPlan plan_;
   const absl::Time deadline_;
   std::thread thread_;
-  std::optional<absl::Time> first_push_;  // producer thread only
   bool finished_ = false;                 // producer thread only
   std::atomic<bool> failed_{false};
 
