@@ -1,72 +1,94 @@
 #include "common/json.h"
 
 #include <cmath>
+#include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/utf8.h"
 
 namespace tandem::json {
+namespace {
 
-std::string Quote(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 2);
-  out.push_back('"');
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    const size_t len = utf8::ValidUtf8Len(s, i);
-    if (len == 0) {
-      out += "\\ufffd";
-      ++i;
+// True when every number in `j` is finite (nlohmann stores 1e999 as inf).
+bool AllFinite(const Json& root) {
+  std::vector<const Json*> stack = {&root};
+  while (!stack.empty()) {
+    const Json* j = stack.back();
+    stack.pop_back();
+    if (j->is_number_float() && !std::isfinite(j->get<double>())) return false;
+    if (j->is_structured()) {
+      for (const Json& e : *j) stack.push_back(&e);
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int NestingDepth(std::string_view text, int limit) {
+  int depth = 0, max_depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
       continue;
     }
-    if (len > 1) {
-      out.append(s.substr(i, len));
-      i += len;
-      continue;
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      max_depth = std::max(max_depth, ++depth);
+      if (max_depth > limit) return max_depth;
+    } else if (c == ']' || c == '}') {
+      --depth;
     }
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20 || c == 0x7F) {
-          absl::StrAppendFormat(&out, "\\u%04x", c);
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
-    ++i;
   }
-  out.push_back('"');
-  return out;
+  return max_depth;
 }
 
-std::string IntArray(absl::Span<const int32_t> values) {
-  std::string out = "[";
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (i) out.push_back(',');
-    absl::StrAppend(&out, values[i]);
+absl::StatusOr<Json> Parse(std::string_view text, const ParseLimits& limits) {
+  if (text.size() > limits.max_bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "json: input of %d bytes exceeds the limit of %d", text.size(), limits.max_bytes));
   }
-  out.push_back(']');
-  return out;
+  // The depth bound is checked before parsing: nlohmann's parser is
+  // iterative, but a deep value costs memory and recursion to destroy.
+  if (NestingDepth(text, limits.max_depth) > limits.max_depth) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("json: nesting too deep (more than %d levels)", limits.max_depth));
+  }
+  Json j;
+  try {
+    j = Json::parse(text.begin(), text.end(), /*cb=*/nullptr, /*allow_exceptions=*/true,
+                    /*ignore_comments=*/false);
+  } catch (const Json::parse_error& e) {
+    // e.byte is 1-based: the byte after the last one read.
+    const size_t at = e.byte > 0 ? e.byte - 1 : 0;
+    std::string what = e.what();
+    // "[json.exception.parse_error.101] parse error at line 1, column 2: <reason>"
+    if (size_t colon = what.rfind(": "); colon != std::string::npos) what = what.substr(colon + 2);
+    return absl::InvalidArgumentError(absl::StrFormat("json: %s at byte %d", what, at));
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrFormat("json: %s at byte 0", e.what()));
+  }
+  if (!AllFinite(j)) {
+    return absl::InvalidArgumentError("json: number out of range at byte 0");
+  }
+  return j;
 }
 
-std::string Number(double v) {
-  if (!std::isfinite(v)) return "null";
-  return absl::StrFormat("%.10g", v);
+std::string Dump(const Json& j) {
+  return j.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);
 }
+
+std::string Dump(const OrderedJson& j) {
+  return j.dump(-1, ' ', /*ensure_ascii=*/false, OrderedJson::error_handler_t::replace);
+}
+
+std::string Quote(std::string_view s) { return Dump(Json(std::string(s))); }
 
 }  // namespace tandem::json

@@ -1,55 +1,48 @@
-// Minimal JSON: output helpers, and a parser for untrusted input (prompt
-// files). The parser bounds nesting depth and size, accepts exactly RFC 8259
-// (no comments, no trailing commas, no NaN), and reports the byte offset of the
-// first error; it never crashes or recurses without bound.
+// JSON for the whole tree is nlohmann-json (Debian nlohmann-json3-dev). This
+// header adds what untrusted input needs on top of it: a parser with bounds on
+// nesting depth and size that turns every malformed input into one
+// InvalidArgument naming the byte offset, never an exception or a crash, and
+// a dump that always produces valid UTF-8.
 #ifndef TANDEM_COMMON_JSON_H_
 #define TANDEM_COMMON_JSON_H_
 
-#include <cstdint>
-#include <map>
+#include <cstddef>
 #include <string>
 #include <string_view>
-#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
-#include "absl/types/span.h"
 
 namespace tandem::json {
 
-// A JSON string literal (with quotes) for `s`. Control characters are escaped;
-// bytes that are not valid UTF-8 become U+FFFD, so the output is always valid
-// JSON and valid UTF-8.
-std::string Quote(std::string_view s);
-
-// "[1,2,3]"
-std::string IntArray(absl::Span<const int32_t> values);
-
-// A finite double printed with up to 10 significant digits; NaN/inf -> null.
-std::string Number(double v);
-
-// A parsed JSON value. Numbers are doubles; object keys keep the last
-// duplicate (as most parsers do).
-struct Value {
-  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
-  Kind kind = Kind::kNull;
-  bool boolean = false;
-  double number = 0;
-  std::string string;
-  std::vector<Value> array;
-  std::map<std::string, Value> object;
-
-  bool is_object() const { return kind == Kind::kObject; }
-  // nullptr when this is not an object or the key is absent.
-  const Value* Find(const std::string& key) const;
-};
+using Json = nlohmann::json;
+// For output: keys stay in the order they were added.
+using OrderedJson = nlohmann::ordered_json;
 
 struct ParseLimits {
   int max_depth = 32;
   size_t max_bytes = 16 << 20;
 };
 
-// InvalidArgument "json: <what> at byte N" on malformed input.
-absl::StatusOr<Value> Parse(std::string_view text, const ParseLimits& limits = {});
+// Strict RFC 8259 (no comments, trailing commas, NaN or numbers that overflow
+// a double; strings must be valid UTF-8, lone surrogates are rejected).
+// Object keys keep the last duplicate. Errors: InvalidArgument
+// "json: <what> at byte N" (or "... nesting too deep" / "... exceeds the
+// limit") for malformed input.
+absl::StatusOr<Json> Parse(std::string_view text, const ParseLimits& limits = {});
+
+// Deepest [ / { nesting outside string literals; stops counting once the
+// depth passes `limit` (so a hostile input costs at most one pass).
+int NestingDepth(std::string_view text, int limit);
+
+// Compact text of `j`; bytes that are not valid UTF-8 become U+FFFD, so the
+// output is always valid JSON and valid UTF-8; NaN / inf print as null.
+std::string Dump(const Json& j);
+std::string Dump(const OrderedJson& j);
+
+// Dump of one JSON string value (with quotes).
+std::string Quote(std::string_view s);
 
 }  // namespace tandem::json
 

@@ -17,28 +17,30 @@ absl::Status BadField(const std::string& key, absl::string_view what) {
 }
 
 // A finite number in [lo, hi]; absent -> nullopt (or an error when required).
-absl::StatusOr<std::optional<double>> Number(const json::Value& obj, const std::string& key,
+absl::StatusOr<std::optional<double>> Number(const json::Json& obj, const std::string& key,
                                              double lo, double hi, bool required) {
-  const json::Value* v = obj.Find(key);
-  if (v == nullptr) {
+  auto it = obj.find(key);
+  if (it == obj.end()) {
     if (required) return BadField(key, "is missing");
     return std::nullopt;
   }
-  if (v->kind != json::Value::Kind::kNumber || !std::isfinite(v->number)) {
+  if (!it->is_number() || !std::isfinite(it->get<double>())) {
     return BadField(key, "must be a number");
   }
-  if (v->number < lo || v->number > hi) {
-    return BadField(key, absl::StrFormat("= %g is out of range [%g, %g]", v->number, lo, hi));
+  const double v = it->get<double>();
+  if (v < lo || v > hi) {
+    return BadField(key, absl::StrFormat("= %g is out of range [%g, %g]", v, lo, hi));
   }
-  return v->number;
+  return v;
 }
 
-absl::StatusOr<std::string> String(const json::Value& obj, const std::string& key) {
-  const json::Value* v = obj.Find(key);
-  if (v == nullptr) return std::string();
-  if (v->kind != json::Value::Kind::kString) return BadField(key, "must be a string");
-  if (v->string.size() > 256) return BadField(key, "is longer than 256 bytes");
-  return v->string;
+absl::StatusOr<std::string> String(const json::Json& obj, const std::string& key) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return std::string();
+  if (!it->is_string()) return BadField(key, "must be a string");
+  const std::string& s = it->get_ref<const std::string&>();
+  if (s.size() > 256) return BadField(key, "is longer than 256 bytes");
+  return s;
 }
 
 }  // namespace
@@ -46,12 +48,12 @@ absl::StatusOr<std::string> String(const json::Value& obj, const std::string& ke
 absl::StatusOr<BenchResult> ParseBenchResult(std::string_view text) {
   json::ParseLimits limits;
   limits.max_bytes = kMaxBenchBytes;
-  absl::StatusOr<json::Value> root = json::Parse(text, limits);
+  absl::StatusOr<json::Json> root = json::Parse(text, limits);
   if (!root.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("bench.json: ", root.status().message()));
   }
   if (!root->is_object()) return absl::InvalidArgumentError("bench.json: not a JSON object");
-  const json::Value& o = *root;
+  const json::Json& o = *root;
   TANDEM_ASSIGN_OR_RETURN(std::string schema, String(o, "schema"));
   if (!schema.empty() && schema != kBenchSchema) {
     return BadField("schema", absl::StrCat("'", schema, "' is not ", kBenchSchema));

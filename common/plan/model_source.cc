@@ -30,21 +30,22 @@ absl::StatusOr<int64_t> GgufInt(const gguf::GgufFile& f, const std::string& key,
 
 // An integer-valued JSON number within [lo, hi]; `def` when absent (or
 // required when def is nullptr).
-absl::StatusOr<int64_t> JsonInt(const json::Value& obj, const std::string& key, int64_t lo,
+absl::StatusOr<int64_t> JsonInt(const json::Json& obj, const std::string& key, int64_t lo,
                                 int64_t hi, const int64_t* def = nullptr) {
-  const json::Value* v = obj.Find(key);
-  if (v == nullptr || v->kind == json::Value::Kind::kNull) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) {
     if (def != nullptr) return *def;
     return FieldError("config.json", key, "is missing");
   }
-  if (v->kind != json::Value::Kind::kNumber || v->number != std::floor(v->number)) {
+  if (!it->is_number() || it->get<double>() != std::floor(it->get<double>())) {
     return FieldError("config.json", key, "must be an integer");
   }
-  if (v->number < static_cast<double>(lo) || v->number > static_cast<double>(hi)) {
+  const double v = it->get<double>();
+  if (v < static_cast<double>(lo) || v > static_cast<double>(hi)) {
     return FieldError("config.json", key,
-                      absl::StrCat("= ", v->number, " is out of range [", lo, ", ", hi, "]"));
+                      absl::StrCat("= ", v, " is out of range [", lo, ", ", hi, "]"));
   }
-  return static_cast<int64_t>(v->number);
+  return static_cast<int64_t>(v);
 }
 
 absl::StatusOr<std::string> ReadBounded(const std::string& path, size_t max_bytes) {
@@ -107,16 +108,16 @@ absl::StatusOr<ModelShape> ModelShapeFromHfConfig(std::string_view json_text,
                                                   const std::string& name) {
   json::ParseLimits limits;
   limits.max_bytes = kMaxConfigBytes;
-  absl::StatusOr<json::Value> root = json::Parse(json_text, limits);
+  absl::StatusOr<json::Json> root = json::Parse(json_text, limits);
   if (!root.ok())
     return absl::InvalidArgumentError(absl::StrCat("config.json: ", root.status().message()));
   if (!root->is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");
-  const json::Value& c = *root;
+  const json::Json& c = *root;
   ModelShape m;
   m.name = name;
-  if (const json::Value* v = c.Find("_name_or_path");
-      v != nullptr && v->kind == json::Value::Kind::kString && !v->string.empty()) {
-    m.name = v->string;
+  if (auto v = c.find("_name_or_path");
+      v != c.end() && v->is_string() && !v->get_ref<const std::string&>().empty()) {
+    m.name = v->get<std::string>();
   }
   TANDEM_ASSIGN_OR_RETURN(m.num_layers, JsonInt(c, "num_hidden_layers", 1, kMaxLayers));
   TANDEM_ASSIGN_OR_RETURN(m.hidden_size, JsonInt(c, "hidden_size", 1, kMaxDim));
@@ -130,15 +131,14 @@ absl::StatusOr<ModelShape> ModelShapeFromHfConfig(std::string_view json_text,
   const int64_t default_context = 4096;
   TANDEM_ASSIGN_OR_RETURN(m.context_length,
                           JsonInt(c, "max_position_embeddings", 1, kMaxContext, &default_context));
-  if (const json::Value* v = c.Find("tie_word_embeddings"); v != nullptr) {
-    if (v->kind != json::Value::Kind::kBool) {
+  if (auto v = c.find("tie_word_embeddings"); v != c.end()) {
+    if (!v->is_boolean()) {
       return FieldError("config.json", "tie_word_embeddings", "must be true or false");
     }
-    m.tied_embeddings = v->boolean;
+    m.tied_embeddings = v->get<bool>();
   }
-  if (const json::Value* v = c.Find("torch_dtype");
-      v != nullptr && v->kind == json::Value::Kind::kString) {
-    if (v->string == "float32") m.default_weight_bits = 32;
+  if (auto v = c.find("torch_dtype"); v != c.end() && v->is_string()) {
+    if (v->get_ref<const std::string&>() == "float32") m.default_weight_bits = 32;
   }
   if (absl::Status s = m.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: ", s.message()));

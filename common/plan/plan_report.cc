@@ -45,29 +45,28 @@ void Row(std::string* out, absl::string_view label, absl::string_view value,
   out->push_back('\n');
 }
 
-// Accumulates "key":value pairs of one JSON object.
+// One JSON object whose keys keep the order they were added in.
 class JsonObject {
  public:
-  void Num(const std::string& key, double v) { Raw(key, json::Number(v)); }
-  // Whole numbers of bytes, printed exactly (json::Number keeps 10 digits).
+  void Num(const std::string& key, double v) { j_[key] = v; }
+  // Whole numbers of bytes, printed as integers.
   void Bytes(const std::string& key, double v) {
-    Raw(key, std::abs(v) < 9e15 ? absl::StrFormat("%.0f", v) : json::Number(v));
+    if (std::abs(v) < 9e15) {
+      j_[key] = static_cast<int64_t>(std::llround(v));
+    } else {
+      j_[key] = v;
+    }
   }
-  void Int(const std::string& key, int64_t v) { Raw(key, absl::StrCat(v)); }
-  void Bool(const std::string& key, bool v) { Raw(key, v ? "true" : "false"); }
-  void Str(const std::string& key, const std::string& v) { Raw(key, json::Quote(v)); }
-  void Strs(const std::string& key, const std::vector<std::string>& v) {
-    std::string arr = "[";
-    for (size_t i = 0; i < v.size(); ++i) absl::StrAppend(&arr, i ? "," : "", json::Quote(v[i]));
-    Raw(key, arr + "]");
-  }
-  std::string Finish() const { return "{" + body_ + "}"; }
-  void Raw(const std::string& key, const std::string& value) {
-    absl::StrAppend(&body_, body_.empty() ? "" : ",", json::Quote(key), ":", value);
-  }
+  void Int(const std::string& key, int64_t v) { j_[key] = v; }
+  void Bool(const std::string& key, bool v) { j_[key] = v; }
+  void Str(const std::string& key, const std::string& v) { j_[key] = v; }
+  void Strs(const std::string& key, const std::vector<std::string>& v) { j_[key] = v; }
+  void Set(const std::string& key, json::OrderedJson v) { j_[key] = std::move(v); }
+  const json::OrderedJson& value() const { return j_; }
+  std::string Finish() const { return json::Dump(j_); }
 
  private:
-  std::string body_;
+  json::OrderedJson j_ = json::OrderedJson::object();
 };
 
 void AppendRatioTable(std::string* out, const PlanInputs& in, const WorkerRatio& r) {
@@ -218,16 +217,15 @@ std::string FormatPlanJson(const PlanInputs& in, const Plan& p,
   o.Bytes("kv_budget_bytes", p.kv_budget_bytes);
   o.Int("max_concurrent_sequences", p.max_concurrent_sequences);
   {
-    std::string arr = "[";
-    for (size_t i = 0; i < p.kv_dtype_capacity.size(); ++i) {
-      const Plan::KvDtypeCapacity& k = p.kv_dtype_capacity[i];
+    json::OrderedJson arr = json::OrderedJson::array();
+    for (const Plan::KvDtypeCapacity& k : p.kv_dtype_capacity) {
       JsonObject e;
       e.Str("dtype", k.dtype);
       e.Int("kv_bytes_per_token", k.kv_bytes_per_token);
       e.Int("max_concurrent_sequences", k.max_concurrent_sequences);
-      absl::StrAppend(&arr, i ? "," : "", e.Finish());
+      arr.push_back(e.value());
     }
-    o.Raw("kv_dtypes", arr + "]");
+    o.Set("kv_dtypes", std::move(arr));
   }
   o.Int("batch", p.batch);
   o.Bool("batch_fits", p.batch_fits);

@@ -1,20 +1,16 @@
 // The OpenAI-compatible backend of `tandem bench`: POST /v1/completions with
-// stream=true over a minimal blocking HTTP/1.1 client (POSIX sockets, one
-// connection per request, chunked or identity bodies), parsing the
-// server-sent events. Every socket wait is bounded by the request deadline.
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
+// stream=true on cpp-httplib's client (one connection per request), parsing
+// the server-sent events as they arrive. Every wait is bounded by the
+// request deadline.
+#include <httplib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <string>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/json.h"
 #include "services/cli/bench_backend.h"
@@ -42,95 +38,24 @@ namespace {
 
 constexpr size_t kMaxResponseBytes = 64 << 20;
 
-class Connection {
- public:
-  ~Connection() {
-    if (fd_ >= 0) close(fd_);
-  }
-  absl::Status Connect(const std::string& host, const std::string& port, absl::Time deadline) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res); rc != 0) {
-      return absl::UnavailableError(absl::StrCat("resolve ", host, ": ", gai_strerror(rc)));
-    }
-    std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(res, freeaddrinfo);
-    for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
-      fd_ = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
-      if (fd_ < 0) continue;
-      if (connect(fd_, a->ai_addr, a->ai_addrlen) == 0) {
-        deadline_ = deadline;
-        return absl::OkStatus();
-      }
-      close(fd_);
-      fd_ = -1;
-    }
-    return absl::UnavailableError(absl::StrCat("connect ", host, ":", port, " failed"));
-  }
-  absl::Status WriteAll(std::string_view data) {
-    while (!data.empty()) {
-      const ssize_t n = send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
-      if (n <= 0) return absl::UnavailableError("send failed");
-      data.remove_prefix(static_cast<size_t>(n));
-    }
-    return absl::OkStatus();
-  }
-  // Some bytes, "" at EOF; DEADLINE_EXCEEDED when the deadline passes.
-  absl::StatusOr<std::string> Read() {
-    const int64_t left_ms = absl::ToInt64Milliseconds(deadline_ - absl::Now());
-    if (left_ms <= 0) return absl::DeadlineExceededError("deadline");
-    pollfd p{fd_, POLLIN, 0};
-    const int rc = poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 1 << 30)));
-    if (rc == 0) return absl::DeadlineExceededError("deadline");
-    if (rc < 0) return absl::UnavailableError("poll failed");
-    char buf[16384];
-    const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
-    if (n < 0) return absl::UnavailableError("recv failed");
-    return std::string(buf, static_cast<size_t>(n));
-  }
+// The remaining time to `deadline` as a chrono duration (at least 1 ms).
+std::chrono::milliseconds Left(absl::Time deadline) {
+  return std::chrono::milliseconds(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
+}
 
- private:
-  int fd_ = -1;
-  absl::Time deadline_;
-};
-
-// Undoes Transfer-Encoding: chunked incrementally.
-class Dechunker {
- public:
-  // Appends decoded bytes to `out`; false on malformed framing.
-  bool Feed(std::string_view in, std::string& out) {
-    buf_.append(in);
-    while (true) {
-      if (remaining_ == 0) {
-        const size_t nl = buf_.find("\r\n");
-        if (nl == std::string::npos) return true;
-        std::string size_line = buf_.substr(0, nl);
-        buf_.erase(0, nl + 2);
-        if (size_line.empty()) continue;  // the CRLF after a chunk
-        size_line = size_line.substr(0, size_line.find(';'));
-        uint64_t size = 0;
-        if (!absl::SimpleHexAtoi(absl::StripAsciiWhitespace(size_line), &size)) return false;
-        if (size == 0) {
-          done_ = true;
-          return true;
-        }
-        remaining_ = size;
-      }
-      const size_t take = std::min<uint64_t>(remaining_, buf_.size());
-      if (take == 0) return true;
-      out.append(buf_, 0, take);
-      buf_.erase(0, take);
-      remaining_ -= take;
-    }
+std::string ErrorName(httplib::Error e) {
+  switch (e) {
+    case httplib::Error::Connection:
+      return "CONNECT";
+    case httplib::Error::Read:
+      return "RECV";
+    case httplib::Error::Write:
+      return "SEND";
+    default:
+      return absl::StrCat("HTTP_", httplib::to_string(e));
   }
-  bool done() const { return done_; }
-
- private:
-  std::string buf_;
-  uint64_t remaining_ = 0;
-  bool done_ = false;
-};
+}
 
 class OpenAiHttpBackend : public Backend {
  public:
@@ -141,8 +66,13 @@ class OpenAiHttpBackend : public Backend {
         model_(std::move(model)) {}
 
   absl::StatusOr<ServerInfo> Probe(absl::Time deadline) override {
-    Connection c;
-    if (absl::Status s = c.Connect(host_, port_, deadline); !s.ok()) return s;
+    httplib::Client c = Client(deadline);
+    // Any HTTP answer shows the server is up (it may not serve GET /).
+    httplib::Result res = c.Get("/health");
+    if (!res) {
+      return absl::UnavailableError(absl::StrCat("connect ", host_, ":", port_, " failed: ",
+                                                 httplib::to_string(res.error())));
+    }
     ServerInfo info;
     info.model = model_;
     return info;
@@ -151,17 +81,17 @@ class OpenAiHttpBackend : public Backend {
   RequestRecord Send(const BenchRequest& request, absl::Time deadline) override {
     RequestRecord r;
     r.prompt_tokens = request.expected_prompt_tokens;
-    std::string prompt = request.prompt_ids.empty() ? json::Quote(request.prompt_text)
-                                                    : json::IntArray(request.prompt_ids);
-    const std::string body =
-        absl::StrCat("{\"model\":", json::Quote(model_), ",\"prompt\":", prompt,
-                     ",\"max_tokens\":", request.max_tokens, ",\"temperature\":0,\"stream\":true,",
-                     "\"ignore_eos\":", request.ignore_eos ? "true" : "false",
-                     ",\"stream_options\":{\"include_usage\":true}}");
-    const std::string head = absl::StrCat(
-        "POST ", path_, " HTTP/1.1\r\nHost: ", host_, ":", port_,
-        "\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: ",
-        body.size(), "\r\nConnection: close\r\n\r\n");
+    json::Json body = {{"model", model_},
+                       {"max_tokens", request.max_tokens},
+                       {"temperature", 0},
+                       {"stream", true},
+                       {"ignore_eos", request.ignore_eos},
+                       {"stream_options", {{"include_usage", true}}}};
+    if (request.prompt_ids.empty()) {
+      body["prompt"] = request.prompt_text;
+    } else {
+      body["prompt"] = request.prompt_ids;
+    }
     const absl::Time t0 = absl::Now();
     auto fail = [&](std::string code, std::string msg) {
       r.e2e_ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
@@ -169,88 +99,96 @@ class OpenAiHttpBackend : public Backend {
       r.error_message = std::move(msg);
       return r;
     };
-    Connection c;
-    if (absl::Status s = c.Connect(host_, port_, deadline); !s.ok()) {
-      return fail("CONNECT", std::string(s.message()));
-    }
-    if (absl::Status s = c.WriteAll(head + body); !s.ok()) return fail("SEND", "send failed");
 
-    std::string raw, body_bytes;
-    bool headers_done = false, chunked = false, done = false;
-    Dechunker dechunk;
+    int status = 0;
+    std::string error_body;
+    std::string stream_error;  // set by the receiver when it stops the transfer
+    bool done = false;
     SseParser sse;
     int64_t usage_tokens = -1;
     double last_ms = 0;
     size_t total = 0;
-    while (!done) {
-      absl::StatusOr<std::string> got = c.Read();
-      if (!got.ok()) {
-        return fail(got.status().code() == absl::StatusCode::kDeadlineExceeded ? "DEADLINE_EXCEEDED"
-                                                                               : "RECV",
-                    std::string(got.status().message()));
+    auto on_event = [&](const std::string& data) -> bool {
+      if (data == "[DONE]") {
+        done = true;
+        return false;
       }
-      if (got->empty()) break;  // EOF
-      total += got->size();
-      if (total > kMaxResponseBytes) return fail("TOO_LARGE", "response over 64 MiB");
-      std::string fresh;
-      if (!headers_done) {
-        raw += *got;
-        const size_t end = raw.find("\r\n\r\n");
-        if (end == std::string::npos) continue;
-        const std::string headers = absl::AsciiStrToLower(raw.substr(0, end));
-        int status = 0;
-        std::vector<std::string> first =
-            absl::StrSplit(headers.substr(0, headers.find("\r\n")), absl::MaxSplits(' ', 2));
-        if (first.size() < 2 || !absl::SimpleAtoi(first[1], &status)) {
-          return fail("HTTP_MALFORMED", "bad status line");
+      absl::StatusOr<json::Json> v = json::Parse(data);
+      if (!v.ok() || !v->is_object()) {
+        stream_error = "SSE_MALFORMED";
+        error_body = data.substr(0, 200);
+        return false;
+      }
+      if (auto u = v->find("usage"); u != v->end() && u->is_object()) {
+        if (auto n = u->find("completion_tokens"); n != u->end() && n->is_number()) {
+          usage_tokens = n->get<int64_t>();
         }
-        if (status != 200) return fail(absl::StrCat("HTTP_", status), raw.substr(end + 4, 200));
-        chunked = headers.find("transfer-encoding: chunked") != std::string::npos;
-        headers_done = true;
-        fresh = raw.substr(end + 4);
+        if (auto n = u->find("prompt_tokens"); n != u->end() && n->is_number()) {
+          r.prompt_tokens = n->get<int64_t>();
+        }
+      }
+      auto choices = v->find("choices");
+      if (choices == v->end() || !choices->is_array() || choices->empty()) return true;
+      const json::Json& ch = (*choices)[0];
+      if (!ch.is_object()) return true;
+      if (auto fr = ch.find("finish_reason"); fr != ch.end() && fr->is_string()) {
+        r.finish_reason = fr->get<std::string>();
+      }
+      auto text = ch.find("text");
+      if (text == ch.end() || !text->is_string() || text->get_ref<const std::string&>().empty()) {
+        return true;
+      }
+      const double now_ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+      if (r.num_chunks == 0) {
+        r.ttft_ms = now_ms;
       } else {
-        fresh = std::move(*got);
+        r.itl_ms.push_back(now_ms - last_ms);
       }
-      std::string decoded;
-      if (chunked) {
-        if (!dechunk.Feed(fresh, decoded)) return fail("HTTP_MALFORMED", "bad chunked framing");
-      } else {
-        decoded = std::move(fresh);
+      last_ms = now_ms;
+      ++r.num_chunks;
+      return true;
+    };
+
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path_;
+    req.headers = {{"Accept", "text/event-stream"}};
+    req.body = json::Dump(body);
+    req.set_header("Content-Type", "application/json");
+    req.response_handler = [&](const httplib::Response& res) {
+      status = res.status;
+      return true;
+    };
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      total += n;
+      if (total > kMaxResponseBytes) {
+        stream_error = "TOO_LARGE";
+        error_body = "response over 64 MiB";
+        return false;
       }
-      for (const std::string& data : sse.Feed(decoded)) {
-        if (data == "[DONE]") {
-          done = true;
-          break;
-        }
-        absl::StatusOr<json::Value> v = json::Parse(data);
-        if (!v.ok() || !v->is_object()) return fail("SSE_MALFORMED", data.substr(0, 200));
-        if (const json::Value* u = v->Find("usage"); u != nullptr && u->is_object()) {
-          if (const json::Value* n = u->Find("completion_tokens"); n != nullptr) {
-            usage_tokens = static_cast<int64_t>(n->number);
-          }
-          if (const json::Value* n = u->Find("prompt_tokens"); n != nullptr) {
-            r.prompt_tokens = static_cast<int64_t>(n->number);
-          }
-        }
-        const json::Value* choices = v->Find("choices");
-        if (choices == nullptr || choices->array.empty()) continue;
-        const json::Value& ch = choices->array[0];
-        if (const json::Value* fr = ch.Find("finish_reason");
-            fr != nullptr && fr->kind == json::Value::Kind::kString) {
-          r.finish_reason = fr->string;
-        }
-        const json::Value* text = ch.Find("text");
-        if (text == nullptr || text->string.empty()) continue;
-        const double now_ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
-        if (r.num_chunks == 0) {
-          r.ttft_ms = now_ms;
-        } else {
-          r.itl_ms.push_back(now_ms - last_ms);
-        }
-        last_ms = now_ms;
-        ++r.num_chunks;
+      if (absl::Now() >= deadline) {
+        stream_error = "DEADLINE_EXCEEDED";
+        error_body = "deadline";
+        return false;
       }
-      if (chunked && dechunk.done()) break;
+      if (status != 200) {
+        error_body.append(data, std::min<size_t>(n, 200 - std::min<size_t>(200, error_body.size())));
+        return true;
+      }
+      for (const std::string& event : sse.Feed(std::string_view(data, n))) {
+        if (!on_event(event)) return false;
+      }
+      return true;
+    };
+    httplib::Client c = Client(deadline);
+    httplib::Result res = c.send(req);
+    if (!done) {
+      if (!stream_error.empty()) return fail(stream_error, error_body);
+      if (status != 0 && status != 200) return fail(absl::StrCat("HTTP_", status), error_body);
+      if (!res) {
+        return fail(absl::Now() >= deadline ? "DEADLINE_EXCEEDED" : ErrorName(res.error()),
+                    httplib::to_string(res.error()));
+      }
     }
     r.e2e_ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
     r.output_tokens = usage_tokens >= 0 ? usage_tokens : r.num_chunks;
@@ -261,6 +199,17 @@ class OpenAiHttpBackend : public Backend {
   }
 
  private:
+  httplib::Client Client(absl::Time deadline) const {
+    int port = 80;
+    (void)absl::SimpleAtoi(port_, &port);  // checked in MakeOpenAiHttpBackend
+    httplib::Client c(host_, port);
+    c.set_connection_timeout(Left(deadline));
+    c.set_read_timeout(Left(deadline));
+    c.set_write_timeout(Left(deadline));
+    c.set_keep_alive(false);
+    return c;
+  }
+
   std::string host_, port_, path_, model_;
 };
 
@@ -287,6 +236,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeOpenAiHttpBackend(const std::string
     port = hostport.substr(colon + 1);
   }
   if (host.empty()) return absl::InvalidArgumentError("--backend openai-http: no host in URL");
+  if (int p = 0; !absl::SimpleAtoi(port, &p) || p < 1 || p > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend openai-http: bad port '", port, "' in URL"));
+  }
   return std::make_unique<OpenAiHttpBackend>(host, port, path, model);
 }
 

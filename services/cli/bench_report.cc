@@ -24,56 +24,62 @@ void PrintDist(std::FILE* out, const char* name, const Distribution& d) {
                d.p99, d.max);
 }
 
-std::string DistJson(const std::string& name, const Distribution& d) {
-  return absl::StrFormat(
-      "\"mean_%s_ms\":%s,\"p50_%s_ms\":%s,\"p90_%s_ms\":%s,\"p99_%s_ms\":%s,\"max_%s_ms\":%s", name,
-      json::Number(d.mean), name, json::Number(d.p50), name, json::Number(d.p90), name,
-      json::Number(d.p99), name, json::Number(d.max));
-}
+using json::OrderedJson;
 
-std::string DoubleArray(const std::vector<double>& v) {
-  std::string out = "[";
-  for (size_t i = 0; i < v.size(); ++i) absl::StrAppend(&out, i ? "," : "", json::Number(v[i]));
-  return out + "]";
+void AddDist(OrderedJson& j, const std::string& name, const Distribution& d) {
+  j["mean_" + name + "_ms"] = d.mean;
+  j["p50_" + name + "_ms"] = d.p50;
+  j["p90_" + name + "_ms"] = d.p90;
+  j["p99_" + name + "_ms"] = d.p99;
+  j["max_" + name + "_ms"] = d.max;
 }
 
 // The metric fields of one run (tandem.bench.v1 names where the schema has
-// them).
-std::string MetricsJson(const RunSummary& r) {
-  std::string errors = "{";
-  for (const auto& [code, n] : r.errors) {
-    absl::StrAppend(&errors, errors.size() > 1 ? "," : "", json::Quote(code), ":", n);
-  }
-  errors += "}";
-  return absl::StrCat(
-      absl::StrFormat(
-          "\"request_rate\":%s,\"max_concurrency\":%d,\"burstiness\":%s,\"num_requests\":%d,"
-          "\"completed\":%d,\"failed\":%d,\"duration_s\":%s,\"concurrency\":%s,"
-          "\"mean_in_flight\":%s,\"request_throughput\":%s,\"output_tokens_per_second\":%s,"
-          "\"total_tokens_per_second\":%s,\"goodput\":%s,\"good_requests\":%d,"
-          "\"total_prompt_tokens\":%d,\"total_cached_tokens\":%d,\"total_output_tokens\":%d,"
-          "\"prompt_tokens_mean\":%s,\"output_tokens_mean\":%s,\"errors\":%s,",
-          r.request_rate > 0 ? json::Number(r.request_rate) : std::string("null"),
-          r.max_concurrency, json::Number(r.burstiness), r.num_requests, r.completed, r.failed,
-          json::Number(r.wall_s), json::Number(std::max(1.0, r.mean_in_flight)),
-          json::Number(r.mean_in_flight), json::Number(r.request_throughput),
-          json::Number(r.output_tokens_per_second), json::Number(r.total_tokens_per_second),
-          json::Number(r.goodput), r.good_requests, r.total_prompt_tokens, r.total_cached_tokens,
-          r.total_output_tokens, json::Number(r.prompt_tokens_mean),
-          json::Number(r.output_tokens_mean), errors),
-      DistJson("ttft", r.ttft), ",", DistJson("tpot", r.tpot), ",", DistJson("itl", r.itl), ",",
-      DistJson("e2e", r.e2e));
+// them), added to `j`.
+void AddMetrics(OrderedJson& j, const RunSummary& r) {
+  j["request_rate"] = r.request_rate > 0 ? OrderedJson(r.request_rate) : OrderedJson(nullptr);
+  j["max_concurrency"] = r.max_concurrency;
+  j["burstiness"] = r.burstiness;
+  j["num_requests"] = r.num_requests;
+  j["completed"] = r.completed;
+  j["failed"] = r.failed;
+  j["duration_s"] = r.wall_s;
+  j["concurrency"] = std::max(1.0, r.mean_in_flight);
+  j["mean_in_flight"] = r.mean_in_flight;
+  j["request_throughput"] = r.request_throughput;
+  j["output_tokens_per_second"] = r.output_tokens_per_second;
+  j["total_tokens_per_second"] = r.total_tokens_per_second;
+  j["goodput"] = r.goodput;
+  j["good_requests"] = r.good_requests;
+  j["total_prompt_tokens"] = r.total_prompt_tokens;
+  j["total_cached_tokens"] = r.total_cached_tokens;
+  j["total_output_tokens"] = r.total_output_tokens;
+  j["prompt_tokens_mean"] = r.prompt_tokens_mean;
+  j["output_tokens_mean"] = r.output_tokens_mean;
+  OrderedJson errors = OrderedJson::object();
+  for (const auto& [code, n] : r.errors) errors[code] = n;
+  j["errors"] = std::move(errors);
+  AddDist(j, "ttft", r.ttft);
+  AddDist(j, "tpot", r.tpot);
+  AddDist(j, "itl", r.itl);
+  AddDist(j, "e2e", r.e2e);
 }
 
-std::string RecordJson(const RequestRecord& q) {
-  return absl::StrFormat(
-      "{\"index\":%d,\"ok\":%s,\"code\":%s,\"error\":%s,\"finish_reason\":%s,\"start_ms\":%s,"
-      "\"ttft_ms\":%s,\"tpot_ms\":%s,\"e2e_ms\":%s,\"prompt_tokens\":%d,\"cached_tokens\":%d,"
-      "\"output_tokens\":%d,\"num_chunks\":%d,\"itl_ms\":%s}",
-      q.index, q.ok ? "true" : "false", json::Quote(q.error_code), json::Quote(q.error_message),
-      json::Quote(q.finish_reason), json::Number(q.start_ms), json::Number(q.ttft_ms),
-      json::Number(q.TpotMs()), json::Number(q.e2e_ms), q.prompt_tokens, q.cached_tokens,
-      q.output_tokens, q.num_chunks, DoubleArray(q.itl_ms));
+OrderedJson RecordJson(const RequestRecord& q) {
+  return {{"index", q.index},
+          {"ok", q.ok},
+          {"code", q.error_code},
+          {"error", q.error_message},
+          {"finish_reason", q.finish_reason},
+          {"start_ms", q.start_ms},
+          {"ttft_ms", q.ttft_ms},
+          {"tpot_ms", q.TpotMs()},
+          {"e2e_ms", q.e2e_ms},
+          {"prompt_tokens", q.prompt_tokens},
+          {"cached_tokens", q.cached_tokens},
+          {"output_tokens", q.output_tokens},
+          {"num_chunks", q.num_chunks},
+          {"itl_ms", q.itl_ms}};
 }
 
 }  // namespace
@@ -124,23 +130,27 @@ void PrintSweep(const std::vector<RunSummary>& runs, std::FILE* out) {
 }
 
 std::string ToJson(const std::vector<RunSummary>& runs, const ReportContext& ctx) {
-  std::string out =
-      absl::StrFormat("{\"schema\":\"tandem.bench.v1\",\"backend\":%s,\"target\":%s,\"model\":%s,",
-                      json::Quote(ctx.backend), json::Quote(ctx.target), json::Quote(ctx.model));
-  if (!ctx.device.empty()) absl::StrAppend(&out, "\"device\":", json::Quote(ctx.device), ",");
-  absl::StrAppend(&out, "\"workload\":", json::Quote(ctx.workload), ",\"seed\":", ctx.seed,
-                  ",\"slo_ttft_ms\":", json::Number(ctx.slo.ttft_ms),
-                  ",\"slo_tpot_ms\":", json::Number(ctx.slo.tpot_ms));
-  if (!runs.empty()) absl::StrAppend(&out, ",", MetricsJson(runs.back()));
-  out += ",\"runs\":[";
-  for (size_t i = 0; i < runs.size(); ++i) {
-    absl::StrAppend(&out, i ? "," : "", "{", MetricsJson(runs[i]), ",\"requests\":[");
-    for (size_t k = 0; k < runs[i].records.size(); ++k) {
-      absl::StrAppend(&out, k ? "," : "", RecordJson(runs[i].records[k]));
-    }
-    out += "]}";
+  OrderedJson out = {{"schema", "tandem.bench.v1"},
+                     {"backend", ctx.backend},
+                     {"target", ctx.target},
+                     {"model", ctx.model}};
+  if (!ctx.device.empty()) out["device"] = ctx.device;
+  out["workload"] = ctx.workload;
+  out["seed"] = ctx.seed;
+  out["slo_ttft_ms"] = ctx.slo.ttft_ms;
+  out["slo_tpot_ms"] = ctx.slo.tpot_ms;
+  if (!runs.empty()) AddMetrics(out, runs.back());
+  OrderedJson list = OrderedJson::array();
+  for (const RunSummary& run : runs) {
+    OrderedJson j = OrderedJson::object();
+    AddMetrics(j, run);
+    OrderedJson requests = OrderedJson::array();
+    for (const RequestRecord& q : run.records) requests.push_back(RecordJson(q));
+    j["requests"] = std::move(requests);
+    list.push_back(std::move(j));
   }
-  return out + "]}\n";
+  out["runs"] = std::move(list);
+  return json::Dump(out) + "\n";
 }
 
 absl::Status Plot(const std::string& json_path, const std::string& png_path) {

@@ -115,15 +115,18 @@ Result RunOne(tandem::v1::Generation::Stub& stub, const ClientFlags& f, int64_t 
 }
 
 std::string JsonLine(const Result& r) {
-  return absl::StrFormat(
-      "{\"request_id\":%s,\"token_ids\":%s,\"text\":%s,\"finish_reason\":\"%s\","
-      "\"prompt_tokens\":%d,\"cached_tokens\":%d,\"completion_tokens\":%d,"
-      "\"queue_ms\":%s,\"ttft_ms\":%s,\"tpot_ms\":%s,\"e2e_ms\":%s}\n",
-      json::Quote(r.request_id), json::IntArray(r.token_ids), json::Quote(r.text), r.finish_reason,
-      r.usage.prompt_tokens(), r.usage.cached_tokens(), r.usage.completion_tokens(),
-      json::Number(r.timings.queue_seconds() * 1e3), json::Number(r.timings.ttft_seconds() * 1e3),
-      json::Number(r.timings.mean_tpot_seconds() * 1e3),
-      json::Number(r.timings.e2e_seconds() * 1e3));
+  const json::OrderedJson line = {{"request_id", r.request_id},
+                                  {"token_ids", r.token_ids},
+                                  {"text", r.text},
+                                  {"finish_reason", r.finish_reason},
+                                  {"prompt_tokens", r.usage.prompt_tokens()},
+                                  {"cached_tokens", r.usage.cached_tokens()},
+                                  {"completion_tokens", r.usage.completion_tokens()},
+                                  {"queue_ms", r.timings.queue_seconds() * 1e3},
+                                  {"ttft_ms", r.timings.ttft_seconds() * 1e3},
+                                  {"tpot_ms", r.timings.mean_tpot_seconds() * 1e3},
+                                  {"e2e_ms", r.timings.e2e_seconds() * 1e3}};
+  return json::Dump(line) + "\n";
 }
 
 }  // namespace

@@ -133,11 +133,10 @@ class EventQueue {
 };
 
 std::string JsonLine(const RequestResult& r) {
-  return absl::StrFormat(
-      "{\"prompt_token_ids\":%s,\"token_ids\":%s,\"text\":%s,\"finish_reason\":\"%s\","
-      "\"ttft_ms\":%s,\"tpot_ms\":%s}\n",
-      json::IntArray(r.prompt_ids), json::IntArray(r.token_ids), json::Quote(r.text),
-      r.finish_reason, json::Number(r.ttft_ms), json::Number(r.tpot_ms));
+  const json::OrderedJson line = {{"prompt_token_ids", r.prompt_ids}, {"token_ids", r.token_ids},
+                                  {"text", r.text},           {"finish_reason", r.finish_reason},
+                                  {"ttft_ms", r.ttft_ms},     {"tpot_ms", r.tpot_ms}};
+  return json::Dump(line) + "\n";
 }
 
 }  // namespace

@@ -116,8 +116,8 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
   return ss.str();
 }
 
-std::string JsonMean(const MeanWithError& m) {
-  return absl::StrFormat("{\"mean\":%s,\"error\":%s}", json::Number(m.mean), json::Number(m.error));
+json::OrderedJson JsonMean(const MeanWithError& m) {
+  return {{"mean", m.mean}, {"error", m.error}};
 }
 
 void PrintKldSummary(const KldSummary& s, std::FILE* out) {
@@ -160,25 +160,33 @@ void PrintKldSummary(const KldSummary& s, std::FILE* out) {
                100 * s.same_top.error);
 }
 
-std::string KldJson(const KldSummary& s, const KldBaseHeader& h) {
-  return absl::StrCat(
-      "{\"base_model\":", json::Quote(h.model_name), ",\"base_top_k\":", h.top_k,
-      ",\"ppl\":", json::Number(s.ppl), ",\"ppl_error\":", json::Number(s.ppl_error),
-      ",\"ppl_base\":", json::Number(s.ppl_base),
-      ",\"ppl_base_error\":", json::Number(s.ppl_base_error),
-      ",\"cor_ln_ppl\":", json::Number(s.cor_ln_ppl),
-      ",\"ln_ppl_ratio\":", JsonMean(s.ln_ppl_ratio), ",\"kld_mean\":", JsonMean(s.kld),
-      ",\"kld_max\":", json::Number(s.kld_max), ",\"kld_p999\":", json::Number(s.kld_p999),
-      ",\"kld_p99\":", json::Number(s.kld_p99), ",\"kld_p90\":", json::Number(s.kld_p90),
-      ",\"kld_median\":", json::Number(s.kld_median), ",\"kld_p10\":", json::Number(s.kld_p10),
-      ",\"kld_p5\":", json::Number(s.kld_p5), ",\"kld_p1\":", json::Number(s.kld_p1),
-      ",\"kld_min\":", json::Number(s.kld_min), ",\"delta_p_mean\":", JsonMean(s.delta_p),
-      ",\"delta_p_max\":", json::Number(s.delta_p_max),
-      ",\"delta_p_p99\":", json::Number(s.delta_p_p99),
-      ",\"delta_p_median\":", json::Number(s.delta_p_median),
-      ",\"delta_p_p1\":", json::Number(s.delta_p_p1),
-      ",\"delta_p_min\":", json::Number(s.delta_p_min),
-      ",\"rms_delta_p\":", JsonMean(s.rms_delta_p), ",\"same_top_p\":", JsonMean(s.same_top), "}");
+json::OrderedJson KldJson(const KldSummary& s, const KldBaseHeader& h) {
+  return {{"base_model", h.model_name},
+          {"base_top_k", h.top_k},
+          {"ppl", s.ppl},
+          {"ppl_error", s.ppl_error},
+          {"ppl_base", s.ppl_base},
+          {"ppl_base_error", s.ppl_base_error},
+          {"cor_ln_ppl", s.cor_ln_ppl},
+          {"ln_ppl_ratio", JsonMean(s.ln_ppl_ratio)},
+          {"kld_mean", JsonMean(s.kld)},
+          {"kld_max", s.kld_max},
+          {"kld_p999", s.kld_p999},
+          {"kld_p99", s.kld_p99},
+          {"kld_p90", s.kld_p90},
+          {"kld_median", s.kld_median},
+          {"kld_p10", s.kld_p10},
+          {"kld_p5", s.kld_p5},
+          {"kld_p1", s.kld_p1},
+          {"kld_min", s.kld_min},
+          {"delta_p_mean", JsonMean(s.delta_p)},
+          {"delta_p_max", s.delta_p_max},
+          {"delta_p_p99", s.delta_p_p99},
+          {"delta_p_median", s.delta_p_median},
+          {"delta_p_p1", s.delta_p_p1},
+          {"delta_p_min", s.delta_p_min},
+          {"rms_delta_p", JsonMean(s.rms_delta_p)},
+          {"same_top_p", JsonMean(s.same_top)}};
 }
 
 }  // namespace
@@ -423,20 +431,22 @@ int RunPerplexity(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
 
   if (flags.json) {
-    std::vector<std::string> running;
-    for (double v : chunk_ppl) running.push_back(json::Number(v));
-    std::string out = absl::StrCat(
-        "{\"model\":", json::Quote(loaded->path), ",\"file\":", json::Quote(flags.file),
-        ",\"kernels\":", json::Quote(flags.kernels),
-        ",\"kv_cache_dtype\":", json::Quote(kernels::KvDtypeName(eopts.kv_dtype)), ",\"n_ctx\":", n_ctx,
-        ",\"batch_size\":", batch, ",\"n_tokens\":", tokens.size(), ",\"n_chunks\":", n_chunks,
-        ",\"scored_tokens\":", ppl.count(), ",\"chunk_ppl\":[", absl::StrJoin(running, ","),
-        "],\"ppl\":", json::Number(ppl.Ppl()), ",\"ppl_error\":", json::Number(ppl.PplError()),
-        ",\"mean_nll\":", json::Number(ppl.MeanNll()), ",\"seconds\":", json::Number(seconds));
-    if (reader != nullptr) {
-      absl::StrAppend(&out, ",\"kl_divergence\":", KldJson(kld.Summarize(), reader->header()));
-    }
-    std::printf("%s}\n", out.c_str());
+    json::OrderedJson out = {{"model", loaded->path},
+                             {"file", flags.file},
+                             {"kernels", flags.kernels},
+                             {"kv_cache_dtype", kernels::KvDtypeName(eopts.kv_dtype)},
+                             {"n_ctx", n_ctx},
+                             {"batch_size", batch},
+                             {"n_tokens", tokens.size()},
+                             {"n_chunks", n_chunks},
+                             {"scored_tokens", ppl.count()},
+                             {"chunk_ppl", chunk_ppl},
+                             {"ppl", ppl.Ppl()},
+                             {"ppl_error", ppl.PplError()},
+                             {"mean_nll", ppl.MeanNll()},
+                             {"seconds", seconds}};
+    if (reader != nullptr) out["kl_divergence"] = KldJson(kld.Summarize(), reader->header());
+    std::printf("%s\n", json::Dump(out).c_str());
     return kExitOk;
   }
   if (reader != nullptr) {

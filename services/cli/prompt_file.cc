@@ -12,42 +12,44 @@
 namespace tandem::cli {
 namespace {
 
-using json::Value;
+using json::Json;
 
 absl::Status LineError(const std::string& name, int64_t line, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrFormat("%s:%d: %s", name, line, what));
 }
 
 // Reads an optional number field; an integer field must hold an integer.
-absl::Status GetNumber(const Value& obj, const char* key, bool integer, double* out,
+absl::Status GetNumber(const Json& obj, const char* key, bool integer, double* out,
                        bool* present) {
   *present = false;
-  const Value* v = obj.Find(key);
-  if (v == nullptr) return absl::OkStatus();
-  if (v->kind != Value::Kind::kNumber) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return absl::OkStatus();
+  if (!it->is_number()) {
     return absl::InvalidArgumentError(absl::StrFormat("\"%s\" must be a number", key));
   }
-  if (integer && (std::floor(v->number) != v->number || std::fabs(v->number) > 9.0e15)) {
+  const double v = it->get<double>();
+  if (integer && (std::floor(v) != v || std::fabs(v) > 9.0e15)) {
     return absl::InvalidArgumentError(absl::StrFormat("\"%s\" must be an integer", key));
   }
-  *out = v->number;
+  *out = v;
   *present = true;
   return absl::OkStatus();
 }
 
-absl::Status ApplyObject(const Value& obj, PromptSpec* spec) {
+absl::Status ApplyObject(const Json& obj, PromptSpec* spec) {
+  if (!obj.is_object()) return absl::InvalidArgumentError("a line starting with '{' must be an object");
   static const char* const kKnown[] = {"prompt", "max_tokens", "temperature", "top_k", "top_p",
                                        "min_p",  "seed",       "ignore_eos",  "stop"};
-  for (const auto& [key, value] : obj.object) {
+  for (const auto& [key, value] : obj.items()) {
     bool known = false;
     for (const char* k : kKnown) known |= key == k;
     if (!known) return absl::InvalidArgumentError(absl::StrFormat("unknown field \"%s\"", key));
   }
-  const Value* prompt = obj.Find("prompt");
-  if (prompt == nullptr || prompt->kind != Value::Kind::kString) {
+  auto prompt = obj.find("prompt");
+  if (prompt == obj.end() || !prompt->is_string()) {
     return absl::InvalidArgumentError("\"prompt\" (a string) is required");
   }
-  spec->text = prompt->string;
+  spec->text = prompt->get<std::string>();
   engine::SamplingParams& p = spec->params;
   double d;
   bool present;
@@ -66,21 +68,20 @@ absl::Status ApplyObject(const Value& obj, PromptSpec* spec) {
     if (d < 0) return absl::InvalidArgumentError("\"seed\" must be >= 0");
     p.seed = static_cast<uint64_t>(d);
   }
-  if (const Value* v = obj.Find("ignore_eos")) {
-    if (v->kind != Value::Kind::kBool)
-      return absl::InvalidArgumentError("\"ignore_eos\" must be a bool");
-    p.stop.ignore_eos = v->boolean;
+  if (auto v = obj.find("ignore_eos"); v != obj.end()) {
+    if (!v->is_boolean()) return absl::InvalidArgumentError("\"ignore_eos\" must be a bool");
+    p.stop.ignore_eos = v->get<bool>();
   }
-  if (const Value* v = obj.Find("stop")) {
-    if (v->kind != Value::Kind::kArray) {
+  if (auto v = obj.find("stop"); v != obj.end()) {
+    if (!v->is_array()) {
       return absl::InvalidArgumentError("\"stop\" must be an array of strings");
     }
     p.stop.stop_strings.clear();
-    for (const Value& s : v->array) {
-      if (s.kind != Value::Kind::kString) {
+    for (const Json& s : *v) {
+      if (!s.is_string()) {
         return absl::InvalidArgumentError("\"stop\" must be an array of strings");
       }
-      p.stop.stop_strings.push_back(s.string);
+      p.stop.stop_strings.push_back(s.get<std::string>());
     }
   }
   return absl::OkStatus();

@@ -141,17 +141,17 @@ void StopChildren(std::vector<Child>& children, absl::Duration wait = absl::Seco
 }
 
 absl::Status WriteEndpoints(const std::string& path, const std::vector<Child>& all) {
-  std::string out = "[\n";
-  for (size_t i = 0; i < all.size(); ++i) {
-    out += absl::StrFormat(
-        "  {\"role\": %s, \"pid\": %d, \"grpc_address\": %s, \"metrics_address\": %s%s}%s\n",
-        json::Quote(all[i].role), all[i].pid, json::Quote(all[i].grpc_address),
-        json::Quote(all[i].metrics_address),
-        all[i].http_address.empty() ? ""
-                                    : ", \"http_address\": " + json::Quote(all[i].http_address),
-        i + 1 < all.size() ? "," : "");
+  json::OrderedJson list = json::OrderedJson::array();
+  for (const Child& c : all) {
+    json::OrderedJson e = {{"role", c.role},
+                           {"pid", c.pid},
+                           {"grpc_address", c.grpc_address},
+                           {"metrics_address", c.metrics_address}};
+    if (!c.http_address.empty()) e["http_address"] = c.http_address;
+    list.push_back(std::move(e));
   }
-  out += "]\n";
+  const std::string out =
+      list.dump(2, ' ', /*ensure_ascii=*/false, json::OrderedJson::error_handler_t::replace) + "\n";
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);

@@ -70,13 +70,10 @@ int RunTokenize(int argc, char** argv) {
   const tokenizer::Tokenizer& tok = *loaded->tokenizer;
   const std::vector<int32_t> ids = tok.Encode(text, add_special, !no_special);
   if (json) {
-    std::string pieces = "[";
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (i) pieces += ",";
-      pieces += json::Quote(tok.TokenToPiece(ids[i]));
-    }
-    pieces += "]";
-    std::printf("{\"token_ids\":%s,\"pieces\":%s}\n", json::IntArray(ids).c_str(), pieces.c_str());
+    json::OrderedJson pieces = json::OrderedJson::array();
+    for (int32_t id : ids) pieces.push_back(tok.TokenToPiece(id));
+    const json::OrderedJson line = {{"token_ids", ids}, {"pieces", pieces}};
+    std::printf("%s\n", json::Dump(line).c_str());
   } else {
     for (int32_t id : ids) {
       std::printf("%6d -> '%s'\n", id, Printable(tok.TokenToPiece(id)).c_str());

@@ -6,39 +6,19 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
 #include "common/utf8.h"
-#include "nlohmann/json.hpp"
+#include "common/json.h"
 #include "services/router/generation_service.h"
 
 namespace tandem::http {
 namespace {
 
-using nlohmann::json;
+using json = tandem::json::Json;
 constexpr char kParamPayload[] = "tandem.http/param";
 
 absl::Status Invalid(const std::string& param, const std::string& message) {
   absl::Status s = absl::InvalidArgumentError(absl::StrFormat("%s: %s", param, message));
   s.SetPayload(kParamPayload, absl::Cord(param));
   return s;
-}
-
-// Deepest [ / { nesting outside strings; stops counting past `limit`.
-int JsonDepth(std::string_view body, int limit) {
-  int depth = 0, max_depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : body) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    else if (c == '[' || c == '{') {
-      max_depth = std::max(max_depth, ++depth);
-      if (max_depth > limit) return max_depth;
-    } else if (c == ']' || c == '}') --depth;
-  }
-  return max_depth;
 }
 
 absl::StatusOr<double> Number(const json& v, const std::string& name) {
@@ -289,11 +269,13 @@ absl::Status ParseField(Endpoint endpoint, const std::string& key, const json& v
 
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, std::string_view body,
                                                  const std::string& model_name) {
-  if (JsonDepth(body, kMaxJsonDepth) > kMaxJsonDepth) {
+  if (tandem::json::NestingDepth(body, kMaxJsonDepth) > kMaxJsonDepth) {
     return Invalid("body", absl::StrFormat("JSON nested deeper than %d", kMaxJsonDepth));
   }
-  json j = json::parse(body, /*cb=*/nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Invalid("body", "not valid JSON");
+  absl::StatusOr<json> parsed =
+      tandem::json::Parse(body, {.max_depth = kMaxJsonDepth, .max_bytes = body.size()});
+  if (!parsed.ok()) return Invalid("body", "not valid JSON");
+  const json& j = *parsed;
   if (!j.is_object()) return Invalid("body", "must be a JSON object");
   OpenAiRequest out;
   out.endpoint = endpoint;
@@ -373,7 +355,7 @@ std::string ApiErrorJson(const ApiError& error) {
             {"type", error.type},
             {"param", error.param.empty() ? json(nullptr) : json(error.param)},
             {"code", error.code.empty() ? json(nullptr) : json(error.code)}};
-  return json{{"error", e}}.dump();
+  return tandem::json::Dump(json{{"error", e}});
 }
 
 namespace {
@@ -437,10 +419,6 @@ json LogprobsJson(Endpoint endpoint, const tokenizer::Tokenizer* tok,
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}};
 }
 
-std::string Dump(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
 }  // namespace
 
 ResponseBuilder::ResponseBuilder(const OpenAiRequest& request, std::string model_name,
@@ -477,7 +455,7 @@ std::string ResponseBuilder::Body() const {
                {"model", model_name_},
                {"choices", json::array({choice})},
                {"usage", UsageJson(usage_)}};
-  return Dump(body);
+  return tandem::json::Dump(body);
 }
 
 std::string ResponseBuilder::Chunk(const tandem::v1::GenerateResponse& r, bool last) {
@@ -491,7 +469,7 @@ std::string ResponseBuilder::Chunk(const tandem::v1::GenerateResponse& r, bool l
                 {"choices", std::move(choices)}};
   };
   std::string out;
-  auto emit = [&](const json& j) { out += "data: " + Dump(j) + "\n\n"; };
+  auto emit = [&](const json& j) { out += "data: " + tandem::json::Dump(j) + "\n\n"; };
   if (chat && !sent_role_) {
     sent_role_ = true;
     emit(envelope(json::array({{{"index", 0},

@@ -3,8 +3,8 @@
 #include <csignal>
 
 #include "absl/strings/str_format.h"
+#include "common/json.h"
 #include "httplib.h"
-#include "nlohmann/json.hpp"
 #include "services/http/openai_protocol.h"
 
 namespace tandem::http {
@@ -227,13 +227,13 @@ void OpenAiServer::Install() {
            });
   svr.Get("/v1/models", [=](const httplib::Request& req, httplib::Response& res) {
     if (!authenticate(req, res)) return;
-    nlohmann::json card = {{"id", model},
+    tandem::json::Json card = {{"id", model},
                            {"object", "model"},
                            {"created", created},
                            {"owned_by", "tandem"},
                            {"max_model_len", gen->options().limits.context_length}};
-    nlohmann::json body = {{"object", "list"}, {"data", nlohmann::json::array({card})}};
-    res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), kJson);
+    tandem::json::Json body = {{"object", "list"}, {"data", tandem::json::Json::array({card})}};
+    res.set_content(tandem::json::Dump(body), kJson);
   });
   std::function<bool()> ready = o.ready;
   svr.Get("/health", [gen, ready](const httplib::Request&, httplib::Response& res) {
