@@ -22,6 +22,28 @@ bool AllFinite(const Json& root) {
   return true;
 }
 
+// The reason of a nlohmann parse_error's what(), without its prefix and
+// without the echo of the input it read (which may be any bytes):
+// "[json.exception.parse_error.101] parse error at line 1, column 4: syntax
+// error while parsing array - unexpected number literal; last read: '2';
+// expected ']'" -> "unexpected number literal; expected ']'".
+std::string Reason(std::string what) {
+  if (size_t col = what.find("column "); col != std::string::npos) {
+    if (size_t colon = what.find(": ", col); colon != std::string::npos) {
+      what = what.substr(colon + 2);
+    }
+  }
+  if (size_t dash = what.find(" - "); what.rfind("syntax error", 0) == 0 && dash != std::string::npos) {
+    what = what.substr(dash + 3);
+  }
+  if (size_t lr = what.find("; last read: '"); lr != std::string::npos) {
+    const size_t expected = what.find("'; expected ", lr);
+    what = expected == std::string::npos ? what.substr(0, lr)
+                                         : what.substr(0, lr) + what.substr(expected + 1);
+  }
+  return what;
+}
+
 }  // namespace
 
 int NestingDepth(std::string_view text, int limit) {
@@ -68,10 +90,7 @@ absl::StatusOr<Json> Parse(std::string_view text, const ParseLimits& limits) {
   } catch (const Json::parse_error& e) {
     // e.byte is 1-based: the byte after the last one read.
     const size_t at = e.byte > 0 ? e.byte - 1 : 0;
-    std::string what = e.what();
-    // "[json.exception.parse_error.101] parse error at line 1, column 2: <reason>"
-    if (size_t colon = what.rfind(": "); colon != std::string::npos) what = what.substr(colon + 2);
-    return absl::InvalidArgumentError(absl::StrFormat("json: %s at byte %d", what, at));
+    return absl::InvalidArgumentError(absl::StrFormat("json: %s at byte %d", Reason(e.what()), at));
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(absl::StrFormat("json: %s at byte 0", e.what()));
   }

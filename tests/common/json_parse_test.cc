@@ -48,6 +48,14 @@ TEST(JsonParseTest, MalformedInputIsAnErrorWithOffset) {
     ASSERT_FALSE(v.ok()) << b;
     EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(v.status().message().find("at byte"), std::string::npos) << v.status();
+    // The message never echoes the input (which may be any bytes).
+    EXPECT_EQ(v.status().message().find("last read"), std::string::npos) << v.status();
+    EXPECT_EQ(v.status().message().find('\xC3'), std::string::npos) << v.status();
+  }
+  {
+    auto s = Parse("{\"p\": \"\\ud800\"}");
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.status().message().find("surrogate"), std::string::npos) << s.status();
   }
   // The offset points at the offending byte.
   auto v = Parse("[1, 2, x]");
