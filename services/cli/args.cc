@@ -1,130 +1,123 @@
 #include "services/cli/args.h"
 
 #include <cmath>
-#include <cstdlib>
+
+#include <CLI/CLI.hpp>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace tandem::cli {
+namespace {
+
+// CLI11 validators that keep the project's messages ("--name: 0 is out of
+// range [1, 100]"); CLI11 prefixes the flag name.
+CLI::Validator IntIn(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& value) -> std::string {
+        int64_t v;
+        if (!absl::SimpleAtoi(value, &v)) return absl::StrFormat("'%s' is not an integer", value);
+        if (v < lo || v > hi) return absl::StrFormat("%d is out of range [%d, %d]", v, lo, hi);
+        return "";
+      },
+      absl::StrFormat("INT in [%d, %d]", lo, hi));
+}
+
+CLI::Validator DoubleIn(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& value) -> std::string {
+        double v;
+        if (!absl::SimpleAtod(value, &v) || !std::isfinite(v)) {
+          return absl::StrFormat("'%s' is not a finite number", value);
+        }
+        if (v < lo || v > hi) return absl::StrFormat("%g is out of range [%g, %g]", v, lo, hi);
+        return "";
+      },
+      absl::StrFormat("NUMBER in [%g, %g]", lo, hi));
+}
+
+}  // namespace
 
 ArgParser::ArgParser(std::string command, std::string summary)
-    : command_(std::move(command)), summary_(std::move(summary)) {}
+    : command_(std::move(command)),
+      summary_(std::move(summary)),
+      app_(std::make_unique<CLI::App>(summary_, "tandem " + command_)) {
+  // -h / --help is handled in Parse (Help() below lists the flags).
+  app_->set_help_flag();
+  app_->allow_extras(false);
+}
+
+ArgParser::~ArgParser() = default;
 
 void ArgParser::AddString(const std::string& name, std::string* out, const std::string& help) {
-  flags_.push_back({name, Kind::kString, out, 0, 0, 0, 0, help, *out});
+  flags_.push_back({name, help, *out, false});
+  app_->add_option("--" + name, *out, help)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
 void ArgParser::AddInt(const std::string& name, int64_t* out, int64_t min, int64_t max,
                        const std::string& help) {
-  flags_.push_back({name, Kind::kInt, out, min, max, 0, 0, help, absl::StrCat(*out)});
+  flags_.push_back({name, help, absl::StrCat(*out), false});
+  app_->add_option("--" + name, *out, help)
+      ->check(IntIn(min, max))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
 void ArgParser::AddDouble(const std::string& name, double* out, double min, double max,
                           const std::string& help) {
-  flags_.push_back({name, Kind::kDouble, out, 0, 0, min, max, help, absl::StrCat(*out)});
+  flags_.push_back({name, help, absl::StrCat(*out), false});
+  app_->add_option("--" + name, *out, help)
+      ->check(DoubleIn(min, max))
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
 void ArgParser::AddBool(const std::string& name, bool* out, const std::string& help) {
-  flags_.push_back({name, Kind::kBool, out, 0, 0, 0, 0, help, *out ? "true" : "false"});
-}
-
-ArgParser::Flag* ArgParser::Find(const std::string& name) {
-  for (Flag& f : flags_) {
-    if (f.name == name) return &f;
-  }
-  return nullptr;
+  flags_.push_back({name, help, *out ? "true" : "false", true});
+  app_->add_flag("--" + name, *out, help)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
 bool ArgParser::WasSet(const std::string& name) const {
-  for (const Flag& f : flags_) {
-    if (f.name == name) return f.set;
-  }
-  return false;
-}
-
-absl::Status ArgParser::Assign(Flag& flag, const std::string& value) {
-  const std::string flag_name = "--" + flag.name;
-  switch (flag.kind) {
-    case Kind::kString:
-      *static_cast<std::string*>(flag.out) = value;
-      break;
-    case Kind::kInt: {
-      int64_t v;
-      if (!absl::SimpleAtoi(value, &v)) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s: '%s' is not an integer", flag_name, value));
-      }
-      if (v < flag.imin || v > flag.imax) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s: %d is out of range [%d, %d]", flag_name, v, flag.imin, flag.imax));
-      }
-      *static_cast<int64_t*>(flag.out) = v;
-      break;
-    }
-    case Kind::kDouble: {
-      double v;
-      if (!absl::SimpleAtod(value, &v) || !std::isfinite(v)) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s: '%s' is not a finite number", flag_name, value));
-      }
-      if (v < flag.dmin || v > flag.dmax) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s: %g is out of range [%g, %g]", flag_name, v, flag.dmin, flag.dmax));
-      }
-      *static_cast<double*>(flag.out) = v;
-      break;
-    }
-    case Kind::kBool:
-      if (value == "true" || value == "1") {
-        *static_cast<bool*>(flag.out) = true;
-      } else if (value == "false" || value == "0") {
-        *static_cast<bool*>(flag.out) = false;
-      } else {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s: '%s' is not true or false", flag_name, value));
-      }
-      break;
-  }
-  flag.set = true;
-  return absl::OkStatus();
+  const CLI::Option* o = app_->get_option_no_throw("--" + name);
+  return o != nullptr && o->count() > 0;
 }
 
 absl::Status ArgParser::Parse(int argc, char** argv, int first) {
-  for (int i = first; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
+  // CLI11 parses argv[1..]; hand it [program, argv[first]..].
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= first; --i) args.emplace_back(argv[i]);  // reversed, as CLI11 wants
+  for (const std::string& a : args) {
+    if (a == "-h" || a == "--help") {
       help_requested_ = true;
       return absl::OkStatus();
     }
-    if (arg.size() < 3 || arg[0] != '-' || arg[1] != '-') {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: unexpected argument '%s' (flags look like --name value)", command_, arg));
-    }
-    std::string name = arg.substr(2);
-    std::string value;
-    bool has_value = false;
-    if (size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      has_value = true;
-    }
-    Flag* flag = Find(name);
-    if (flag == nullptr) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: unknown flag --%s (see tandem %s --help)", command_, name, command_));
-    }
-    if (!has_value) {
-      if (flag->kind == Kind::kBool) {
-        value = "true";
-      } else if (i + 1 < argc) {
-        value = argv[++i];
-      } else {
-        return absl::InvalidArgumentError(absl::StrFormat("--%s needs a value", name));
+  }
+  try {
+    app_->parse(args);
+  } catch (const CLI::ExtrasError&) {
+    // Name the first argument that is not ours, in the order given.
+    for (int i = first; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a.rfind("--", 0) == 0 && a.size() > 2) {
+        const std::string name = a.substr(0, a.find('='));
+        if (app_->get_option_no_throw(name) == nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("unknown flag %s (see tandem %s --help)", name, command_));
+        }
+        continue;
+      }
+      bool is_value = false;  // the value of the flag before it
+      if (i > first) {
+        const std::string prev = argv[i - 1];
+        for (const Flag& f : flags_) is_value |= !f.is_bool && prev == "--" + f.name;
+      }
+      if (!is_value) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "unexpected argument '%s' (flags look like --name value)", a));
       }
     }
-    if (absl::Status s = Assign(*flag, value); !s.ok()) return s;
+    return absl::InvalidArgumentError(absl::StrFormat("unexpected arguments (see tandem %s --help)", command_));
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(e.what());
   }
   return absl::OkStatus();
 }
@@ -133,9 +126,9 @@ std::string ArgParser::Help() const {
   std::string out = absl::StrFormat("usage: tandem %s [flags]\n%s\n\nflags:\n", command_, summary_);
   for (const Flag& f : flags_) {
     std::string lhs = "  --" + f.name;
-    if (f.kind != Kind::kBool) lhs += " VALUE";
+    if (!f.is_bool) lhs += " VALUE";
     absl::StrAppendFormat(&out, "%-24s %s", lhs, f.help);
-    if (!f.default_text.empty() && f.kind != Kind::kBool) {
+    if (!f.default_text.empty() && !f.is_bool) {
       absl::StrAppendFormat(&out, " (default: %s)", f.default_text);
     }
     out += "\n";

@@ -1,4 +1,5 @@
-// A small flag parser for the `tandem` subcommands.
+// The flag parser of the `tandem` subcommands, on CLI11 (Debian
+// libcli11-dev): this class keeps the project's conventions on top of it.
 //
 // Accepts `--name value` and `--name=value`; boolean flags take no value
 // (`--json`) or an explicit `--json=true|false`. Every malformed input
@@ -9,16 +10,24 @@
 #define TANDEM_SERVICES_CLI_ARGS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace tandem::cli {
 
 class ArgParser {
  public:
   ArgParser(std::string command, std::string summary);
+  ~ArgParser();
+  ArgParser(const ArgParser&) = delete;
+  ArgParser& operator=(const ArgParser&) = delete;
 
   // `out` keeps its value when the flag is absent (that is the default).
   void AddString(const std::string& name, std::string* out, const std::string& help);
@@ -36,22 +45,16 @@ class ArgParser {
   std::string Help() const;
 
  private:
-  enum class Kind { kString, kInt, kDouble, kBool };
   struct Flag {
     std::string name;
-    Kind kind;
-    void* out;
-    int64_t imin = 0, imax = 0;
-    double dmin = 0, dmax = 0;
     std::string help;
     std::string default_text;
-    bool set = false;
+    bool is_bool = false;
   };
-  Flag* Find(const std::string& name);
-  absl::Status Assign(Flag& flag, const std::string& value);
 
   std::string command_;
   std::string summary_;
+  std::unique_ptr<CLI::App> app_;
   std::vector<Flag> flags_;
   bool help_requested_ = false;
 };

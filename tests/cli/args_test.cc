@@ -69,6 +69,9 @@ TEST(ArgParserTest, ErrorsNameTheFlag) {
       {{"--model"}, "--model"},
       {{"--json=maybe"}, "--json"},
       {{"stray"}, "stray"},
+      {{"--json", "stray"}, "stray"},
+      {{"--model", "x", "-x"}, "-x"},
+      {{"--max-tokens=3", "--max-tokens=0"}, "--max-tokens"},
   };
   for (const auto& [args, fragment] : cases) {
     Flags f;
@@ -77,6 +80,27 @@ TEST(ArgParserTest, ErrorsNameTheFlag) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << args[0];
     EXPECT_NE(s.message().find(fragment), std::string::npos) << s.message();
   }
+}
+
+TEST(ArgParserTest, LastValueWinsAndBoolsTakeExplicitValues) {
+  Flags f;
+  ArgParser p("generate", "");
+  ASSERT_TRUE(ParseInto(&f, {"--max-tokens", "3", "--max-tokens=7", "--json=true", "--json=false",
+                             "--model=a=b.gguf"},
+                        &p)
+                  .ok());
+  EXPECT_EQ(f.max_tokens, 7);
+  EXPECT_FALSE(f.json);
+  EXPECT_EQ(f.model, "a=b.gguf");
+  EXPECT_TRUE(p.WasSet("json"));
+  EXPECT_FALSE(p.WasSet("temperature"));
+}
+
+TEST(ArgParserTest, UnknownFlagIsNamed) {
+  Flags f;
+  ArgParser p("generate", "");
+  absl::Status s = ParseInto(&f, {"--model", "x", "--bogus=1"}, &p);
+  EXPECT_EQ(s.message(), "unknown flag --bogus (see tandem generate --help)");
 }
 
 TEST(ArgParserTest, HelpListsFlags) {
