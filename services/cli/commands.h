@@ -4,6 +4,8 @@
 #ifndef TANDEM_SERVICES_CLI_COMMANDS_H_
 #define TANDEM_SERVICES_CLI_COMMANDS_H_
 
+#include <string>
+
 namespace tandem::cli {
 
 constexpr int kExitOk = 0;
@@ -22,6 +24,10 @@ int RunServe(int argc, char** argv);    // serve.cc
 int RunClient(int argc, char** argv);   // client.cc
 int RunBench(int argc, char** argv);    // bench.cc
 int RunPerplexity(int argc, char** argv);  // perplexity.cc
+
+// The long-running commands (router, prefill, decode, serve) log through
+// spdlog from here on (common/log.h); a bad TANDEM_LOG_LEVEL is a warning.
+void LogInit(const std::string& component);  // router_cmd.cc
 
 }  // namespace tandem::cli
 

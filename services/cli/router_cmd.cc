@@ -3,12 +3,14 @@
 // or in front of an in-process engine with --colocated.
 #include <cstdio>
 
+#include "common/log.h"
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
 #include "services/cli/kv_dtype_flag.h"
 #include "services/cli/router_setup.h"
 #include "services/cli/security_flags.h"
+#include "spdlog/spdlog.h"
 
 namespace tandem::cli {
 
@@ -53,6 +55,10 @@ void AddRouterFlags(ArgParser& p, RouterFlags& f) {
               "file (one per line, # comments)");
 }
 
+void LogInit(const std::string& component) {
+  if (absl::Status s = InitLogging(component); !s.ok()) spdlog::warn("{}", std::string(s.message()));
+}
+
 int RunRouter(int argc, char** argv) {
   RouterFlags f;
   ArgParser p("router", "Serves tandem.v1.Generation and routes to prefill/decode workers.");
@@ -76,27 +82,25 @@ int RunRouter(int argc, char** argv) {
     std::fprintf(stderr, "tandem router: %s\n", std::string(spec.status().message()).c_str());
     return kExitUsage;
   }
+  LogInit("router");
   BlockStopSignals();
   auto router = StartRouter(f);
   if (!router.ok()) {
     std::fprintf(stderr, "tandem router: %s\n", std::string(router.status().message()).c_str());
     return kExitUsage;
   }
-  std::fprintf(stderr, "[router] gRPC on %s:%d, /metrics on port %d (%s)\n", f.host.c_str(),
-               (*router)->server->port(), (*router)->server->metrics_port(),
-               f.colocated ? "colocated" : "disaggregated");
+  spdlog::info("gRPC on {}:{}, /metrics on port {} ({})", f.host, (*router)->server->port(),
+               (*router)->server->metrics_port(), f.colocated ? "colocated" : "disaggregated");
   if ((*router)->http != nullptr) {
-    std::fprintf(stderr, "[router] OpenAI HTTP API on http://%s:%d/v1\n", f.host.c_str(),
-                 (*router)->http->port());
+    spdlog::info("OpenAI HTTP API on http://{}:{}/v1", f.host, (*router)->http->port());
   }
-  std::fprintf(stderr, "[router] %s%s\n", services::DescribeTls(f.tls).c_str(),
+  spdlog::info("{}{}", services::DescribeTls(f.tls),
                f.api_key_file.empty() ? "" : ", API key required");
   while (WaitStopSignal(absl::Seconds(1)) == 0) {
   }
-  std::fprintf(stderr, "[router] draining (up to %d s)\n", static_cast<int>(f.drain_seconds));
+  spdlog::info("draining (up to {} s)", static_cast<int>(f.drain_seconds));
   const bool idle = (*router)->server->Drain(absl::Seconds(f.drain_seconds));
-  std::fprintf(stderr, "[router] %s; stopping\n",
-               idle ? "drained" : "drain timed out, cutting the calls left");
+  spdlog::info("{}; stopping", idle ? "drained" : "drain timed out, cutting the calls left");
   router->reset();
   return kExitOk;
 }

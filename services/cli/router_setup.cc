@@ -17,6 +17,7 @@
 #include "services/cli/device_flag.h"
 #include "services/cli/kv_dtype_flag.h"
 #include "services/common/api_key.h"
+#include "spdlog/spdlog.h"
 
 namespace tandem::cli {
 
@@ -68,8 +69,8 @@ absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& fl
     config.scheduler.max_waiting_tokens = flags.max_waiting_tokens;
     TANDEM_ASSIGN_OR_RETURN(r->engine, engine::Engine::Create(config, r->loaded.model.get(),
                                                               r->loaded.tokenizer.get()));
-    std::fprintf(stderr, "[engine] %s\n[engine] %s\n", r->engine->kv_cache_description().c_str(),
-                 r->engine->executor_description().c_str());
+    spdlog::info("engine: {}", r->engine->kv_cache_description());
+    spdlog::info("engine: {}", r->engine->executor_description());
     o.local_engine = r->engine.get();
     o.kv_bytes_per_token = r->engine->kv_bytes_per_token();
   } else {

@@ -29,6 +29,7 @@
 #include "services/cli/spec_flags.h"
 #include "services/common/api_key.h"
 #include "services/transfer/nccl_kv_transport.h"
+#include "spdlog/spdlog.h"
 
 namespace tandem::cli {
 namespace {
@@ -111,9 +112,9 @@ bool ReapChildren(std::vector<Child>& children) {
     if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
       c.running = false;
       all_alive = false;
-      std::fprintf(stderr, "[serve] %s worker pid %d exited (%s %d)\n", c.role.c_str(), c.pid,
-                   WIFSIGNALED(status) ? "signal" : "code",
-                   WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+      spdlog::error("{} worker pid {} exited ({} {})", c.role, c.pid,
+                    WIFSIGNALED(status) ? "signal" : "code",
+                    WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
     }
   }
   return all_alive;
@@ -255,6 +256,7 @@ int RunServe(int argc, char** argv) {
     std::fprintf(stderr, "tandem serve: %s\n", std::string(model_path.status().message()).c_str());
     return kExitUsage;
   }
+  LogInit("serve");
   BlockStopSignals();
 
   RouterFlags rf;
@@ -420,9 +422,9 @@ int RunServe(int argc, char** argv) {
   while (WaitStopSignal(absl::Milliseconds(200)) == 0) ReapChildren(children);
   // Drain: the router stops taking calls and lets those in flight finish,
   // then each worker drains (idle by then) and exits.
-  std::fprintf(stderr, "[serve] draining (up to %d s)\n", static_cast<int>(f.drain_seconds));
+  spdlog::info("draining (up to {} s)", static_cast<int>(f.drain_seconds));
   const bool idle = (*router)->server->Drain(absl::Seconds(f.drain_seconds));
-  std::fprintf(stderr, "[serve] %s; stopping the workers\n",
+  spdlog::info("{}; stopping the workers",
                idle ? "drained" : "drain timed out, cutting the calls left");
   StopChildren(children, absl::Seconds(f.drain_seconds + 10));
   router->reset();

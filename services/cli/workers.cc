@@ -19,6 +19,7 @@
 #include "services/decode/decode_server.h"
 #include "services/prefill/prefill_server.h"
 #include "services/transfer/nccl_kv_transport.h"
+#include "spdlog/spdlog.h"
 
 namespace tandem::cli {
 namespace {
@@ -127,22 +128,22 @@ int RunWorker(const char* role, int argc, char** argv) {
   config.kv_lease = absl::Seconds(f.kv_lease_seconds);
   config.kv_transport = f.kv_transport;
 
+  LogInit(role);
   BlockStopSignals();
   auto server = Server::Start(config);
   if (!server.ok()) {
     std::fprintf(stderr, "tandem %s: %s\n", role, std::string(server.status().message()).c_str());
     return kExitFailure;
   }
-  std::fprintf(stderr, "[%s] gRPC on %s:%d, /metrics on port %d%s%s\n", role, f.host.c_str(),
-               (*server)->port(), (*server)->metrics_port(), f.router.empty() ? "" : ", router ",
-               f.router.c_str());
+  spdlog::info("gRPC on {}:{}, /metrics on port {}{}{}", f.host, (*server)->port(),
+               (*server)->metrics_port(), f.router.empty() ? "" : ", router ", f.router);
   while (WaitStopSignal(absl::Seconds(1)) == 0) {
   }
   // Drain: NOT_SERVING, the router told at once, calls in flight finish.
-  std::fprintf(stderr, "[%s] draining (up to %d s)\n", role, static_cast<int>(f.drain_seconds));
+  spdlog::info("draining (up to {} s)", static_cast<int>(f.drain_seconds));
   const absl::Time drain_start = absl::Now();
   const bool idle = (*server)->Drain(absl::Seconds(f.drain_seconds));
-  std::fprintf(stderr, "[%s] %s after %.2f s; stopping\n", role,
+  spdlog::info("{} after {:.2f} s; stopping",
                idle ? "drained" : "drain timed out, cutting the calls left",
                absl::ToDoubleSeconds(absl::Now() - drain_start));
   (*server)->Shutdown();

@@ -17,6 +17,7 @@
 #include "grpcpp/server_builder.h"
 #include "services/common/grpc_status.h"
 #include "services/common/tls.h"
+#include "spdlog/spdlog.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
 namespace tandem::services {
@@ -74,8 +75,7 @@ void WorkerHost::Loop() {
     // Checked at Start (MakeServerCredentials reads the same files).
     absl::StatusOr<ChannelSecurity> security = MakeChannelSecurity(config_.tls);
     if (!security.ok()) {
-      std::fprintf(stderr, "[%s] cannot register: %s\n", role_.c_str(),
-                   std::string(security.status().message()).c_str());
+      spdlog::error("{}: cannot register: {}", role_, std::string(security.status().message()));
     } else {
       registry = tandem::v1::WorkerRegistry::NewStub(
           CreateChannel(config_.router_address, *security));

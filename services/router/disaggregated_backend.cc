@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "services/common/convert.h"
 #include "services/common/grpc_status.h"
+#include "spdlog/spdlog.h"
 
 namespace tandem::router {
 namespace {
@@ -355,9 +356,9 @@ class DisaggregatedCall final : public BackendCall {
           prefill != nullptr ? absl::StrFormat("prefill %s + decode %s", prefill->address,
                                                decode->address)
                              : absl::StrFormat("decode %s (decode-side prefill)", decode->address);
-      std::fprintf(stderr, "[router] request %s: %s; migrating (%d/%d) to %s, %d tokens delivered\n",
-                   request_.request_id.c_str(), last_error_.c_str(), attempt + 1,
-                   options_.migration_limit, via.c_str(), static_cast<int>(delivered_.size()));
+      spdlog::warn("request {}: {}; migrating ({}/{}) to {}, {} tokens delivered",
+                   request_.request_id, last_error_, attempt + 1, options_.migration_limit, via,
+                   delivered_.size());
     }
   }
 
