@@ -17,7 +17,7 @@ constexpr const char* kSmolSystem =
 Json LoadGoldens() {
   const std::string text =
       ::tandem::testing::ReadFileOrEmpty(::tandem::testing::TestDataPath("chat_templates.json"));
-  return ::tandem::testing::JsonParser(text).Parse();
+  return ::tandem::testing::Json::Parse(text);
 }
 
 TEST(ChatTemplateTest, DetectsFormatsOfRealTemplates) {
