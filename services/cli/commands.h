@@ -22,7 +22,7 @@ int RunPrefill(int argc, char** argv);  // workers.cc
 int RunDecode(int argc, char** argv);   // workers.cc
 int RunServe(int argc, char** argv);    // serve.cc
 int RunClient(int argc, char** argv);   // client.cc
-int RunBench(int argc, char** argv);    // bench.cc
+int RunBench(int argc, char** argv);    // bench/serve/command.cc (tandem_bench_serve)
 int RunPerplexity(int argc, char** argv);  // perplexity.cc
 
 // The long-running commands (router, prefill, decode, serve) log through

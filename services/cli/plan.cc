@@ -1,15 +1,15 @@
 // `tandem plan`: the capacity Fermi estimate (memory -> batch -> throughput
 // -> $/token, and the prefill:decode worker ratio) for a model on a device.
-// The arithmetic lives in common/plan; this file maps flags onto PlanInputs.
+// The arithmetic lives in plan/; this file maps flags onto PlanInputs.
 #include <cstdio>
 #include <string>
 
 #include "absl/strings/str_join.h"
-#include "common/plan/capacity_plan.h"
-#include "common/plan/device_presets.h"
-#include "common/plan/measured.h"
-#include "common/plan/model_source.h"
-#include "common/plan/plan_report.h"
+#include "plan/capacity_plan.h"
+#include "plan/device_presets.h"
+#include "plan/measured.h"
+#include "plan/model_source.h"
+#include "plan/plan_report.h"
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
 

@@ -1,15 +1,15 @@
 // `tandem bench` math: the Poisson / gamma arrival generator, percentiles,
 // aggregation (TPOT, goodput, errors), the SSE parser and the workloads.
-#include "services/cli/bench_stats.h"
+#include "bench/serve/stats.h"
 
 #include <cmath>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "services/cli/bench_backend.h"
-#include "services/cli/bench_workload.h"
+#include "bench/serve/backend.h"
+#include "bench/serve/workload.h"
 
-namespace tandem::cli::bench {
+namespace tandem::bench {
 namespace {
 
 TEST(ArrivalGeneratorTest, PoissonMeanGapIsOneOverRate) {
@@ -155,4 +155,4 @@ TEST(WorkloadTest, SyntheticLengthsSharedPrefixAndErrors) {
 }
 
 }  // namespace
-}  // namespace tandem::cli::bench
+}  // namespace tandem::bench

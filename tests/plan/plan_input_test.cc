@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "common/gguf/gguf.h"
-#include "common/plan/measured.h"
-#include "common/plan/model_presets.h"
-#include "common/plan/model_source.h"
+#include "plan/measured.h"
+#include "plan/model_presets.h"
+#include "plan/model_source.h"
 #include "gtest/gtest.h"
 
 namespace tandem::plan {

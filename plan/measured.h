@@ -15,8 +15,8 @@
 // The file is untrusted: at most kMaxBenchBytes, parsed by the bounded
 // json::Parse, every known field type- and range-checked (InvalidArgument
 // naming the field).
-#ifndef TANDEM_COMMON_PLAN_MEASURED_H_
-#define TANDEM_COMMON_PLAN_MEASURED_H_
+#ifndef TANDEM_PLAN_MEASURED_H_
+#define TANDEM_PLAN_MEASURED_H_
 
 #include <optional>
 #include <string>
@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/plan/capacity_plan.h"
+#include "plan/capacity_plan.h"
 
 namespace tandem::plan {
 
@@ -70,4 +70,4 @@ MeasuredComparison CompareMeasured(const PlanInputs& in, const Plan& plan,
 
 }  // namespace tandem::plan
 
-#endif  // TANDEM_COMMON_PLAN_MEASURED_H_
+#endif  // TANDEM_PLAN_MEASURED_H_

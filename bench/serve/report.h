@@ -1,17 +1,17 @@
 // `tandem bench` output: the table on stdout, the JSON file (schema
 // tandem.bench.v1 at top level for the last run, plus every run with its
 // per-request records under "runs"; docs/plan.md) and the PNG plot.
-#ifndef TANDEM_SERVICES_CLI_BENCH_REPORT_H_
-#define TANDEM_SERVICES_CLI_BENCH_REPORT_H_
+#ifndef TANDEM_BENCH_SERVE_REPORT_H_
+#define TANDEM_BENCH_SERVE_REPORT_H_
 
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "services/cli/bench_stats.h"
+#include "bench/serve/stats.h"
 
-namespace tandem::cli::bench {
+namespace tandem::bench {
 
 struct ReportContext {
   std::string backend;  // "grpc" | "openai-http"
@@ -33,6 +33,6 @@ std::string ToJson(const std::vector<RunSummary>& runs, const ReportContext& ctx
 // repository's .venv, else python3).
 absl::Status Plot(const std::string& json_path, const std::string& png_path);
 
-}  // namespace tandem::cli::bench
+}  // namespace tandem::bench
 
-#endif  // TANDEM_SERVICES_CLI_BENCH_REPORT_H_
+#endif  // TANDEM_BENCH_SERVE_REPORT_H_

@@ -1,15 +1,15 @@
 // Pins `tandem plan`'s arithmetic to the seed's worked numbers
 // (../shared/seed/llm-inference-qa.txt): KV sizing, GQA, and the Llama-2-13B
 // on an 80 GB GPU capacity estimate; plus the real SmolLM2 GGUF.
-#include "common/plan/capacity_plan.h"
+#include "plan/capacity_plan.h"
 
 #include <cmath>
 #include <cstdint>
 
-#include "common/plan/device_presets.h"
-#include "common/plan/model_presets.h"
-#include "common/plan/model_source.h"
-#include "common/plan/plan_report.h"
+#include "plan/device_presets.h"
+#include "plan/model_presets.h"
+#include "plan/model_source.h"
+#include "plan/plan_report.h"
 #include "gtest/gtest.h"
 #include "tests/util/json_reader.h"
 #include "tests/util/test_paths.h"

@@ -17,7 +17,7 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
-#include "common/plan/capacity_plan.h"
+#include "plan/capacity_plan.h"
 
 namespace tandem::plan {
 

@@ -1,4 +1,4 @@
-#include "common/plan/plan_report.h"
+#include "plan/plan_report.h"
 
 #include <cmath>
 #include <cstdlib>

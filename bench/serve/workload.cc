@@ -1,4 +1,4 @@
-#include "services/cli/bench_workload.h"
+#include "bench/serve/workload.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "services/cli/prompt_file.h"
 
-namespace tandem::cli::bench {
+namespace tandem::bench {
 namespace {
 
 // Common English words; most BPE vocabularies hold " word" as one token, so a
@@ -67,13 +67,13 @@ absl::StatusOr<std::vector<BenchRequest>> BuildWorkload(const WorkloadOptions& o
     engine::SamplingParams defaults;
     defaults.stop.max_tokens = o.output_len;
     defaults.stop.ignore_eos = o.ignore_eos;
-    absl::StatusOr<std::vector<PromptSpec>> prompts = ReadPromptsFile(o.dataset, defaults);
+    absl::StatusOr<std::vector<cli::PromptSpec>> prompts = cli::ReadPromptsFile(o.dataset, defaults);
     if (!prompts.ok()) return prompts.status();
     if (prompts->empty()) {
       return absl::InvalidArgumentError(absl::StrCat("--dataset ", o.dataset, ": no prompts"));
     }
     for (int64_t i = 0; i < o.num_requests; ++i) {
-      const PromptSpec& p = (*prompts)[static_cast<size_t>(i) % prompts->size()];
+      const cli::PromptSpec& p = (*prompts)[static_cast<size_t>(i) % prompts->size()];
       BenchRequest r;
       r.prompt_text = p.text;
       r.max_tokens = p.params.stop.max_tokens.value_or(o.output_len);
@@ -108,4 +108,4 @@ absl::StatusOr<std::vector<BenchRequest>> BuildWorkload(const WorkloadOptions& o
   return out;
 }
 
-}  // namespace tandem::cli::bench
+}  // namespace tandem::bench

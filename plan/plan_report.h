@@ -1,13 +1,13 @@
 // Renders a Plan for people (an aligned table) and for programs (one JSON
 // object, every output a named field). Both are pure functions of their
 // arguments; `measured` is null without --measured.
-#ifndef TANDEM_COMMON_PLAN_PLAN_REPORT_H_
-#define TANDEM_COMMON_PLAN_PLAN_REPORT_H_
+#ifndef TANDEM_PLAN_PLAN_REPORT_H_
+#define TANDEM_PLAN_PLAN_REPORT_H_
 
 #include <string>
 
-#include "common/plan/capacity_plan.h"
-#include "common/plan/measured.h"
+#include "plan/capacity_plan.h"
+#include "plan/measured.h"
 
 namespace tandem::plan {
 
@@ -23,4 +23,4 @@ std::string WithCommas(int64_t v);
 
 }  // namespace tandem::plan
 
-#endif  // TANDEM_COMMON_PLAN_PLAN_REPORT_H_
+#endif  // TANDEM_PLAN_PLAN_REPORT_H_

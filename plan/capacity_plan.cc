@@ -1,4 +1,4 @@
-#include "common/plan/capacity_plan.h"
+#include "plan/capacity_plan.h"
 
 #include <algorithm>
 #include <cmath>

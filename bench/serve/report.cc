@@ -1,4 +1,4 @@
-#include "services/cli/bench_report.h"
+#include "bench/serve/report.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/json.h"
 
-namespace tandem::cli::bench {
+namespace tandem::bench {
 namespace {
 
 std::string RateText(double rate) {
@@ -179,4 +179,4 @@ absl::Status Plot(const std::string& json_path, const std::string& png_path) {
   return absl::OkStatus();
 }
 
-}  // namespace tandem::cli::bench
+}  // namespace tandem::bench

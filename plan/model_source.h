@@ -2,15 +2,15 @@
 // returns a preset. The files are untrusted: every missing, mistyped or
 // out-of-range field is an InvalidArgument naming the field (and the file);
 // nothing asserts.
-#ifndef TANDEM_COMMON_PLAN_MODEL_SOURCE_H_
-#define TANDEM_COMMON_PLAN_MODEL_SOURCE_H_
+#ifndef TANDEM_PLAN_MODEL_SOURCE_H_
+#define TANDEM_PLAN_MODEL_SOURCE_H_
 
 #include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
 #include "common/gguf/gguf.h"
-#include "common/plan/model_presets.h"
+#include "plan/model_presets.h"
 
 namespace tandem::plan {
 
@@ -37,4 +37,4 @@ absl::StatusOr<ModelShape> LoadModelShape(const std::string& spec);
 
 }  // namespace tandem::plan
 
-#endif  // TANDEM_COMMON_PLAN_MODEL_SOURCE_H_
+#endif  // TANDEM_PLAN_MODEL_SOURCE_H_

@@ -6,12 +6,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/create_channel.h"
-#include "services/cli/bench_backend.h"
+#include "bench/serve/backend.h"
 #include "services/common/api_key.h"
 #include "services/common/convert.h"
 #include "tandem/v1/generation.grpc.pb.h"
 
-namespace tandem::cli::bench {
+namespace tandem::bench {
 namespace {
 
 std::string CodeName(grpc::StatusCode code) {
@@ -170,4 +170,4 @@ std::unique_ptr<Backend> MakeGrpcBackend(const std::string& address,
   return std::make_unique<GrpcBackend>(address, security, api_key);
 }
 
-}  // namespace tandem::cli::bench
+}  // namespace tandem::bench

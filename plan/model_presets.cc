@@ -1,4 +1,4 @@
-#include "common/plan/model_presets.h"
+#include "plan/model_presets.h"
 
 #include <array>
 

@@ -1,4 +1,4 @@
-#include "common/plan/measured.h"
+#include "plan/measured.h"
 
 #include <cmath>
 #include <fstream>

@@ -1,4 +1,4 @@
-#include "common/plan/model_source.h"
+#include "plan/model_source.h"
 
 #include <sys/stat.h>
 

@@ -1,8 +1,8 @@
 // `tandem bench` backends: the public tandem.v1.Generation gRPC API, and any
 // OpenAI-compatible completions server (POST /v1/completions, stream=true,
 // server-sent events) over a minimal HTTP/1.1 client.
-#ifndef TANDEM_SERVICES_CLI_BENCH_BACKEND_H_
-#define TANDEM_SERVICES_CLI_BENCH_BACKEND_H_
+#ifndef TANDEM_BENCH_SERVE_BACKEND_H_
+#define TANDEM_BENCH_SERVE_BACKEND_H_
 
 #include <cstdint>
 #include <memory>
@@ -12,11 +12,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "services/cli/bench_stats.h"
-#include "services/cli/bench_workload.h"
+#include "bench/serve/stats.h"
+#include "bench/serve/workload.h"
 #include "services/common/tls.h"
 
-namespace tandem::cli::bench {
+namespace tandem::bench {
 
 struct ServerInfo {
   std::string model;
@@ -56,6 +56,6 @@ class SseParser {
   std::string pending_;
 };
 
-}  // namespace tandem::cli::bench
+}  // namespace tandem::bench
 
-#endif  // TANDEM_SERVICES_CLI_BENCH_BACKEND_H_
+#endif  // TANDEM_BENCH_SERVE_BACKEND_H_

@@ -1,4 +1,4 @@
-#include "common/plan/device_presets.h"
+#include "plan/device_presets.h"
 
 #include <array>
 #include <cmath>

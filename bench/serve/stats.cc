@@ -1,10 +1,10 @@
-#include "services/cli/bench_stats.h"
+#include "bench/serve/stats.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-namespace tandem::cli::bench {
+namespace tandem::bench {
 
 double RequestRecord::TpotMs() const {
   if (output_tokens < 2) return 0;
@@ -94,4 +94,4 @@ double ArrivalGenerator::NextGapSeconds() {
   return gamma_(rng_);
 }
 
-}  // namespace tandem::cli::bench
+}  // namespace tandem::bench

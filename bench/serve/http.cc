@@ -13,9 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/json.h"
-#include "services/cli/bench_backend.h"
+#include "bench/serve/backend.h"
 
-namespace tandem::cli::bench {
+namespace tandem::bench {
 
 std::vector<std::string> SseParser::Feed(std::string_view bytes) {
   pending_.append(bytes);
@@ -243,4 +243,4 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeOpenAiHttpBackend(const std::string
   return std::make_unique<OpenAiHttpBackend>(host, port, path, model);
 }
 
-}  // namespace tandem::cli::bench
+}  // namespace tandem::bench

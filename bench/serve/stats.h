@@ -2,8 +2,8 @@
 // aggregate metrics (TTFT, TPOT, ITL, e2e, throughput, goodput), following
 // `vllm bench serve`: TTFT to the first streamed chunk, ITL = each gap between
 // chunks, TPOT = (e2e - TTFT) / (output tokens - 1).
-#ifndef TANDEM_SERVICES_CLI_BENCH_STATS_H_
-#define TANDEM_SERVICES_CLI_BENCH_STATS_H_
+#ifndef TANDEM_BENCH_SERVE_STATS_H_
+#define TANDEM_BENCH_SERVE_STATS_H_
 
 #include <cstdint>
 #include <map>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace tandem::cli::bench {
+namespace tandem::bench {
 
 // One request as the client saw it. Times are milliseconds from the request's
 // send time (start_ms is from the start of the run).
@@ -91,6 +91,6 @@ class ArrivalGenerator {
   std::gamma_distribution<double> gamma_;
 };
 
-}  // namespace tandem::cli::bench
+}  // namespace tandem::bench
 
-#endif  // TANDEM_SERVICES_CLI_BENCH_STATS_H_
+#endif  // TANDEM_BENCH_SERVE_STATS_H_

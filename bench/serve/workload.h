@@ -3,8 +3,8 @@
 // a JSONL / text file of prompts, and a shared-prefix workload (K system
 // prompts of L tokens, each followed by a distinct question) that exercises
 // the prefix cache.
-#ifndef TANDEM_SERVICES_CLI_BENCH_WORKLOAD_H_
-#define TANDEM_SERVICES_CLI_BENCH_WORKLOAD_H_
+#ifndef TANDEM_BENCH_SERVE_WORKLOAD_H_
+#define TANDEM_BENCH_SERVE_WORKLOAD_H_
 
 #include <cstdint>
 #include <string>
@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace tandem::cli::bench {
+namespace tandem::bench {
 
 struct BenchRequest {
   // Exactly one of the two is used: token ids when the backend takes them.
@@ -43,6 +43,6 @@ struct WorkloadOptions {
 // flag or the file and line.
 absl::StatusOr<std::vector<BenchRequest>> BuildWorkload(const WorkloadOptions& options);
 
-}  // namespace tandem::cli::bench
+}  // namespace tandem::bench
 
-#endif  // TANDEM_SERVICES_CLI_BENCH_WORKLOAD_H_
+#endif  // TANDEM_BENCH_SERVE_WORKLOAD_H_

@@ -22,8 +22,8 @@
 // Cost: usd_per_million_output_tokens = usd_per_hour / (tokens/s x 3600) x 1e6.
 //
 // All functions are pure and thread-compatible. See docs/plan.md.
-#ifndef TANDEM_COMMON_PLAN_CAPACITY_PLAN_H_
-#define TANDEM_COMMON_PLAN_CAPACITY_PLAN_H_
+#ifndef TANDEM_PLAN_CAPACITY_PLAN_H_
+#define TANDEM_PLAN_CAPACITY_PLAN_H_
 
 #include <cstdint>
 #include <optional>
@@ -32,8 +32,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/plan/device_presets.h"
-#include "common/plan/model_presets.h"
+#include "plan/device_presets.h"
+#include "plan/model_presets.h"
 
 namespace tandem::plan {
 
@@ -162,4 +162,4 @@ double DecodeStepSeconds(const PlanInputs& in, double weights_bytes, int64_t kv_
 
 }  // namespace tandem::plan
 
-#endif  // TANDEM_COMMON_PLAN_CAPACITY_PLAN_H_
+#endif  // TANDEM_PLAN_CAPACITY_PLAN_H_
