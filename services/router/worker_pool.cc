@@ -4,6 +4,8 @@
 #include <limits>
 
 #include "absl/strings/str_format.h"
+#include "absl/types/span.h"
+#include "engine/block_hash.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -13,18 +15,17 @@ namespace {
 
 constexpr int kDefaultBlockSize = 16;
 
-// Chained hashes of the prompt's full blocks (parent hash folded in), so
-// that block i matches only when blocks 0..i all match.
+// The engine's chained block hashes (engine/block_hash.h) of the prompt's
+// full blocks, with the request's cache key as the extra key: the same
+// values a worker's prefix cache computes for them, and block i matches only
+// when blocks 0..i all match.
 std::vector<uint64_t> BlockHashes(const std::vector<int32_t>& prompt, uint64_t cache_key,
                                   int block_size) {
   std::vector<uint64_t> out;
-  uint64_t h = cache_key ^ 0x9E3779B97F4A7C15ull;
+  engine::BlockHash h = engine::kRootBlockHash;
   for (size_t start = 0; start + block_size <= prompt.size(); start += block_size) {
-    for (int i = 0; i < block_size; ++i) {
-      h ^= static_cast<uint32_t>(prompt[start + i]);
-      h *= 0x100000001B3ull;
-      h ^= h >> 29;
-    }
+    h = engine::HashBlockTokens(
+        h, absl::MakeConstSpan(prompt).subspan(start, static_cast<size_t>(block_size)), cache_key);
     out.push_back(h);
   }
   return out;
