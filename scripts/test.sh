@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # README command 2: installs everything, builds, and runs the whole test suite:
+# static checks (architecture.md vs the tree, clang -Wthread-safety),
 # unit + integration tests (ctest), the same under ASan + UBSan
 # (scripts/test_sanitizers.sh), the deployment checks (deploy/check.sh),
 # then every fuzz target for a bounded time on its seed corpus (clang +
@@ -10,6 +11,13 @@ FUZZ_SECONDS=${TANDEM_FUZZ_SECONDS:-140}
 
 bash scripts/bootstrap.sh
 bash scripts/build.sh
+
+# Static checks: docs/architecture.md names every source directory and only
+# paths that exist; clang's -Wthread-safety over every C++ source (GCC
+# ignores the ABSL_GUARDED_BY annotations).
+echo "[test] static checks" >&2
+python3 scripts/check_architecture.py
+python3 scripts/check_thread_safety.py build/compile_commands.json
 
 echo "[test] ctest" >&2
 (cd build && ctest --output-on-failure -j"$(nproc)" --timeout 600)

@@ -20,6 +20,10 @@ struct FakeCommGroup {
   std::map<std::pair<int, int>, std::deque<std::string>> channels ABSL_GUARDED_BY(mu);
 };
 
+static bool AllJoined(FakeCommGroup* g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g->mu) {
+  return g->joined >= g->nranks;
+}
+
 struct FakeComm {
   std::shared_ptr<FakeCommGroup> group;
   int rank = 0;
@@ -158,7 +162,7 @@ absl::StatusOr<NcclOps::Comm> FakeNcclOps::CommInitRank(const NcclUniqueId& id, 
       const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(10));
       ok = group->mu.AwaitWithDeadline(
           absl::Condition(
-              +[](FakeCommGroup* g) { return g->joined >= g->nranks; }, group.get()),
+              &AllJoined, group.get()),
           slice);
       if (ok || absl::Now() >= deadline) break;
       if (cancelled && cancelled()) {

@@ -60,6 +60,23 @@ int NcclKvReceiver::num_peers() {
   return static_cast<int>(pairs_.size());
 }
 
+namespace {
+
+// Adopts a mutex the caller already holds (after a successful TryLock) and
+// releases it at the end of the scope; clang's -Wthread-safety follows it.
+class ABSL_SCOPED_LOCKABLE HeldLock {
+ public:
+  explicit HeldLock(absl::Mutex* mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) : mu_(mu) {}
+  ~HeldLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
+  HeldLock(const HeldLock&) = delete;
+  HeldLock& operator=(const HeldLock&) = delete;
+
+ private:
+  absl::Mutex* const mu_;
+};
+
+}  // namespace
+
 void NcclKvReceiver::Fail(const std::string& peer_id, const std::shared_ptr<Pair>& pair) {
   // REQUIRES: pair->mu held by the caller.
   if (pair->comm != nullptr) {
@@ -171,10 +188,7 @@ grpc::Status NcclKvReceiver::PushKv(
     return Error(grpc::StatusCode::ABORTED,
                  "NcclPushKv: a transfer is already in flight on this communicator");
   }
-  struct Unlock {
-    absl::Mutex* mu;
-    ~Unlock() { mu->Unlock(); }
-  } unlock{&pair->mu};  // releases the TryLock
+  HeldLock unlock(&pair->mu);  // releases the TryLock
   if (pair->comm == nullptr || pair->superseded.load()) {
     return Error(grpc::StatusCode::ABORTED, "NcclPushKv: the communicator was aborted");
   }
