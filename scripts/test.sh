@@ -13,10 +13,11 @@ bash scripts/bootstrap.sh
 bash scripts/build.sh
 
 # Static checks: docs/architecture.md names every source directory and only
-# paths that exist; clang's -Wthread-safety over every C++ source (GCC
+# paths that exist; every include is of a target the includer links; clang's -Wthread-safety over every C++ source (GCC
 # ignores the ABSL_GUARDED_BY annotations).
 echo "[test] static checks" >&2
 python3 scripts/check_architecture.py
+python3 scripts/check_layers.py build
 python3 scripts/check_thread_safety.py build/compile_commands.json
 
 echo "[test] ctest" >&2
