@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "services/common/grpc_status.h"
 #include "tandem/v1/worker.grpc.pb.h"
+#include "tests/util/wait.h"
 
 namespace tandem::services {
 namespace {
@@ -135,6 +136,7 @@ TEST(GrpcStatusTest, ThreadQuotaExhaustionCarriesRetryHints) {
   std::vector<grpc::Status> statuses(kCalls);
   std::vector<std::optional<absl::Duration>> trailers(kCalls);
   std::vector<absl::Duration> took(kCalls);
+  std::atomic<int> returned{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < kCalls; ++i) {
     threads.emplace_back([&, i] {
@@ -145,10 +147,13 @@ TEST(GrpcStatusTest, ThreadQuotaExhaustionCarriesRetryHints) {
       statuses[i] = stub->GetStats(&ctx, {}, &stats);
       took[i] = absl::Now() - start;
       trailers[i] = RetryAfter(ctx);
+      ++returned;
     });
   }
-  // Let every call either block in the handler or be turned away.
-  absl::SleepFor(absl::Seconds(2));
+  // Every call either blocks in the handler or has been turned away.
+  EXPECT_TRUE(testing::WaitFor([&] { return service.running.load() + returned.load() == kCalls; },
+                      absl::Seconds(20)))
+      << service.running.load() << " running, " << returned.load() << " returned";
   service.release.Notify();
   for (auto& t : threads) t.join();
   int exhausted = 0;
