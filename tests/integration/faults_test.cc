@@ -343,11 +343,13 @@ class Proc {
 
 std::string Local(int port) { return "127.0.0.1:" + std::to_string(port); }
 
-std::vector<std::string> WorkerArgs(const std::string& role, int port, int router_port,
+// A worker on port 0 (LoggedPorts reads back what it bound).
+std::vector<std::string> WorkerArgs(const std::string& role, int router_port,
                                     std::vector<std::string> extra = {}) {
-  std::vector<std::string> a = {role,           "--host", "127.0.0.1", "--port",
-                                std::to_string(port), "--router", Local(router_port),
-                                "--kv-cache-memory", "256MiB", "--threads", "1"};
+  std::vector<std::string> a = {role,       "--host",   "127.0.0.1",         "--port",
+                                "0",        "--metrics-port", "0",         "--router",
+                                Local(router_port), "--kv-cache-memory", "256MiB", "--threads",
+                                "1"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }
@@ -768,18 +770,27 @@ TEST(FaultsTest, DrainOfADecodeWorkerUnderLoadFailsNoStream) {
 
 // The /metrics port a `tandem router --metrics-port 0` bound (from its
 // start-up line); 0 when it did not say within 60 s.
-int RouterMetricsPort(const Proc& router) {
+// The ports a `tandem router / prefill / decode` process bound (it was given
+// port 0 and logs "gRPC on HOST:PORT, /metrics on port M" once serving);
+// {0, 0} if that line does not come within 60 s.
+struct Ports {
+  int grpc = 0;
+  int metrics = 0;
+};
+Ports LoggedPorts(const Proc& p) {
   const auto give_up = Clock::now() + std::chrono::seconds(60);
-  const std::string key = "/metrics on port ";
+  const std::string grpc_key = "gRPC on ", metrics_key = "/metrics on port ";
   while (Clock::now() < give_up) {
-    const std::string log = router.Log();
-    const size_t at = log.find(key);
-    if (at != std::string::npos && log.find(' ', at + key.size()) != std::string::npos) {
-      return std::atoi(log.c_str() + at + key.size());
+    const std::string log = p.Log();
+    const size_t g = log.find(grpc_key);
+    const size_t m = g == std::string::npos ? g : log.find(metrics_key, g);
+    if (m != std::string::npos && log.find_first_of(" ,\n", m + metrics_key.size()) != std::string::npos) {
+      const size_t colon = log.rfind(':', m);
+      return {std::atoi(log.c_str() + colon + 1), std::atoi(log.c_str() + m + metrics_key.size())};
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return 0;
+  return {};
 }
 
 // Waits until the router has `prefill` and `decode` workers in rotation
@@ -808,10 +819,9 @@ bool WaitRouterSees(int metrics_port, int prefill, int decode) {
 // Router + 2 prefill + 2 decode as separate processes; every worker is
 // SIGTERMed (drain, exit 0) and replaced, one at a time, under a steady load.
 TEST(FaultsTest, RollingRestartOfEveryWorkerLosesNoRequest) {
-  const int router_port = FreePort();
-  Proc router({"router", "--host", "127.0.0.1", "--port", std::to_string(router_port),
-               "--metrics-port", "0"});
-  const int router_metrics = RouterMetricsPort(router);
+  Proc router({"router", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0"});
+  const Ports router_ports = LoggedPorts(router);
+  const int router_port = router_ports.grpc, router_metrics = router_ports.metrics;
   ASSERT_GT(router_metrics, 0) << router.Log();
   struct Slot {
     std::string role;
@@ -820,8 +830,10 @@ TEST(FaultsTest, RollingRestartOfEveryWorkerLosesNoRequest) {
   };
   std::vector<Slot> slots;
   for (const char* role : {"prefill", "prefill", "decode", "decode"}) {
-    const int port = FreePort();
-    slots.push_back({role, port, std::make_unique<Proc>(WorkerArgs(role, port, router_port))});
+    auto proc = std::make_unique<Proc>(WorkerArgs(role, router_port));
+    const int port = LoggedPorts(*proc).grpc;
+    ASSERT_GT(port, 0) << proc->Log();
+    slots.push_back({role, port, std::move(proc)});
   }
   auto ready = [&](const Slot& s) {
     return WaitStats(s.role, Local(s.port), [](const auto&) { return true; },
@@ -855,8 +867,9 @@ TEST(FaultsTest, RollingRestartOfEveryWorkerLosesNoRequest) {
     s.proc->Signal(SIGTERM);
     const int code = s.proc->Wait(std::chrono::seconds(40));
     EXPECT_EQ(code, 0) << s.role << " did not drain cleanly\n" << s.proc->Log();
-    s.port = FreePort();
-    s.proc = std::make_unique<Proc>(WorkerArgs(s.role, s.port, router_port));
+    s.proc = std::make_unique<Proc>(WorkerArgs(s.role, router_port));
+    s.port = LoggedPorts(*s.proc).grpc;
+    ASSERT_GT(s.port, 0) << s.proc->Log();
     ASSERT_TRUE(ready(s)) << s.proc->Log();
     // The replacement is in rotation before the next worker of its role leaves.
     ASSERT_TRUE(WaitRouterSees(router_metrics, 2, 2)) << router.Log();
@@ -872,15 +885,16 @@ TEST(FaultsTest, RollingRestartOfEveryWorkerLosesNoRequest) {
 }
 
 TEST(FaultsTest, RouterKilledLeavesNoBlocksOnTheWorkers) {
-  const int router_port = FreePort();
   auto router = std::make_unique<Proc>(std::vector<std::string>{
-      "router", "--host", "127.0.0.1", "--port", std::to_string(router_port), "--metrics-port",
-      "0"});
-  const int router_metrics = RouterMetricsPort(*router);
+      "router", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0"});
+  const Ports router_ports = LoggedPorts(*router);
+  const int router_port = router_ports.grpc, router_metrics = router_ports.metrics;
   ASSERT_GT(router_metrics, 0) << router->Log();
-  const int pp = FreePort(), dp = FreePort();
-  Proc prefill(WorkerArgs("prefill", pp, router_port));
-  Proc decode(WorkerArgs("decode", dp, router_port, {"--kv-lease-seconds", "3"}));
+  Proc prefill(WorkerArgs("prefill", router_port));
+  Proc decode(WorkerArgs("decode", router_port, {"--kv-lease-seconds", "3"}));
+  const int pp = LoggedPorts(prefill).grpc, dp = LoggedPorts(decode).grpc;
+  ASSERT_GT(pp, 0) << prefill.Log();
+  ASSERT_GT(dp, 0) << decode.Log();
   ASSERT_TRUE(WaitStats("prefill", Local(pp), [](const auto&) { return true; },
                         std::chrono::milliseconds(60000)));
   ASSERT_TRUE(WaitStats("decode", Local(dp), [](const auto&) { return true; },
