@@ -51,6 +51,12 @@ absl::Status ValidateSchema(std::string_view name, std::string_view help, Metric
   return absl::OkStatus();
 }
 
+// The series names a family of `type` called `name` emits.
+std::vector<std::string> SeriesNames(const std::string& name, MetricType type) {
+  if (type != MetricType::kHistogram) return {name};
+  return {name, name + "_bucket", name + "_sum", name + "_count"};
+}
+
 template <typename P>
 prometheus::detail::Builder<P> Builder() {
   if constexpr (std::is_same_v<P, prometheus::Counter>) {
@@ -132,6 +138,12 @@ absl::StatusOr<Family<T, P>*> MetricsRegistry::Add(std::string_view name, std::s
     }
     return static_cast<Family<T, P>*>(f);
   }
+  const std::vector<std::string> series = SeriesNames(key, type);
+  for (const std::string& n : series) {
+    if (series_names_.contains(n)) {
+      return absl::AlreadyExistsError(key + ": series " + n + " collides with another family");
+    }
+  }
   prometheus::Family<P>* family = nullptr;
   try {
     family = &Builder<P>().Name(key).Help(std::string(help)).Register(*registry_);
@@ -143,6 +155,7 @@ absl::StatusOr<Family<T, P>*> MetricsRegistry::Add(std::string_view name, std::s
                                                    options_.max_children_per_family, family, this));
   Family<T, P>* out = f.get();
   families_.emplace(key, std::move(f));
+  series_names_.insert(series.begin(), series.end());
   return out;
 }
 

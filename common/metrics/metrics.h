@@ -34,6 +34,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
@@ -186,7 +187,8 @@ class MetricsRegistry {
 
   // Get-or-create. Errors: InvalidArgument (bad name, label name, help or
   // bounds; a counter not ending in "_total"), AlreadyExists (the same name
-  // with another type, help, labels or bounds).
+  // with another type, help, labels or bounds, or a name that collides with
+  // another family's series, such as foo_count vs histogram foo).
   absl::StatusOr<CounterFamily*> AddCounter(std::string_view name, std::string_view help,
                                             std::vector<std::string> label_names = {});
   absl::StatusOr<GaugeFamily*> AddGauge(std::string_view name, std::string_view help,
@@ -214,6 +216,8 @@ class MetricsRegistry {
   const std::shared_ptr<prometheus::Registry> registry_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<FamilyBase>> families_ ABSL_GUARDED_BY(mu_);
+  // Every series name a family emits (histogram foo: foo, foo_bucket, ...).
+  absl::flat_hash_set<std::string> series_names_ ABSL_GUARDED_BY(mu_);
   // Held while callbacks run, so ClearCallback waits for a running one.
   mutable absl::Mutex callbacks_mu_;
   absl::flat_hash_map<prometheus::Gauge*, std::function<double()>> callbacks_
