@@ -4,10 +4,11 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <exception>
 #include <string_view>
-#include <vector>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "civetweb.h"
@@ -33,7 +34,8 @@ int Send(mg_connection* conn, int status, const char* content_type, std::string_
 
 // host -> numeric address for civetweb's listening_ports ("[v6]:port" for
 // IPv6). civetweb takes numeric addresses only.
-absl::Status ListeningPort(const std::string& host, int port, std::string* out) {
+absl::Status ListeningPort(const std::string& host, int port, std::string* out,
+                           std::string* wake_host) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -52,7 +54,26 @@ absl::Status ListeningPort(const std::string& host, int port, std::string* out) 
   freeaddrinfo(res);
   if (!ok) return absl::InvalidArgumentError("metrics server: bad host \"" + host + "\"");
   *out = v6 ? absl::StrCat("[", buf, "]:", port) : absl::StrCat(buf, ":", port);
+  // A wildcard address is reached over loopback.
+  *wake_host = std::string_view(buf) == "0.0.0.0" ? "127.0.0.1"
+               : std::string_view(buf) == "::"    ? "::1"
+                                                  : buf;
   return absl::OkStatus();
+}
+
+// Connects to host:port (numeric) and closes at once; errors are ignored.
+void WakeListener(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return;
+  const int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    (void)connect(fd, res->ai_addr, res->ai_addrlen);
+    close(fd);
+  }
+  freeaddrinfo(res);
 }
 
 }  // namespace
@@ -102,7 +123,10 @@ absl::Status MetricsHttpServer::Start() {
         "request_timeout >= 1 ms");
   }
   std::string listening;
-  if (absl::Status s = ListeningPort(options_.host, options_.port, &listening); !s.ok()) return s;
+  if (absl::Status s = ListeningPort(options_.host, options_.port, &listening, &wake_address_);
+      !s.ok()) {
+    return s;
+  }
   const std::string threads = std::to_string(options_.num_threads);
   const std::string timeout_ms =
       std::to_string(absl::ToInt64Milliseconds(options_.request_timeout));
@@ -134,7 +158,19 @@ absl::Status MetricsHttpServer::Start() {
 
 void MetricsHttpServer::Stop() {
   absl::MutexLock lock(&mu_);
-  if (ctx_ != nullptr) mg_stop(ctx_);
+  if (ctx_ == nullptr) return;
+  // civetweb's master thread polls the listening socket in 2 s quanta and
+  // sees the stop flag only in between; a connection wakes it at once.
+  std::atomic<bool> stopped{false};
+  std::thread waker([this, &stopped] {
+    while (!stopped.load()) {
+      WakeListener(wake_address_, port());
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  });
+  mg_stop(ctx_);
+  stopped = true;
+  waker.join();
   ctx_ = nullptr;
 }
 

@@ -72,6 +72,7 @@ class MetricsHttpServer {
   absl::Mutex mu_;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   mg_context* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::string wake_address_ ABSL_GUARDED_BY(mu_);  // numeric host Stop() connects to
 };
 
 }  // namespace tandem::metrics
