@@ -123,7 +123,13 @@ absl::Status MetricsHttpServer::Start() {
   }
   port_.store(port, std::memory_order_release);
   httplib::Server* server = server_.get();
-  thread_ = std::thread([server] { server->listen_after_bind(); });
+  thread_ = std::thread([this, server] {
+    server->listen_after_bind();
+    listen_returned_ = true;
+  });
+  // httplib's stop() is a no-op until the listen loop runs: a Stop() right
+  // after Start() would leave it listening forever. Wait for it to run.
+  while (!server->is_running() && !listen_returned_.load()) absl::SleepFor(absl::Milliseconds(1));
   return absl::OkStatus();
 }
 

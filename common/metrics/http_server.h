@@ -85,6 +85,7 @@ class MetricsHttpServer {
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<httplib::Server> server_ ABSL_GUARDED_BY(mu_);
   std::thread thread_ ABSL_GUARDED_BY(mu_);  // runs listen_after_bind()
+  std::atomic<bool> listen_returned_{false};
 };
 
 }  // namespace tandem::metrics
