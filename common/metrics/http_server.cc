@@ -53,7 +53,8 @@ void MetricsHttpServer::Install() {
   const size_t threads = static_cast<size_t>(options_.num_threads);
   const size_t pending = threads + static_cast<size_t>(options_.max_queued);
   svr.new_task_queue = [threads, pending] { return new BoundedTaskQueue(threads, pending); };
-  const auto timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.request_timeout));
+  const auto timeout =
+      std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.request_timeout));
   svr.set_read_timeout(timeout);
   svr.set_write_timeout(timeout);
   // The wait for a request's first byte (whole seconds in cpp-httplib).
@@ -115,7 +116,7 @@ absl::Status MetricsHttpServer::Start() {
   Install();
   const int port = options_.port == 0 ? server_->bind_to_any_port(options_.host)
                    : server_->bind_to_port(options_.host, options_.port) ? options_.port
-                                                                          : -1;
+                                                                         : -1;
   if (port <= 0) {
     server_.reset();
     return absl::UnavailableError("metrics server: cannot listen on " + options_.host + ":" +

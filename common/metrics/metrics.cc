@@ -38,7 +38,8 @@ absl::Status ValidateSchema(std::string_view name, std::string_view help, Metric
   for (size_t i = 0; i < label_names.size(); ++i) {
     const std::string& l = label_names[i];
     if (!prometheus::CheckLabelName(l)) return Invalid(name, "invalid label name \"" + l + "\"");
-    if (l == "le" && type == MetricType::kHistogram) return Invalid(name, "label \"le\" is reserved");
+    if (l == "le" && type == MetricType::kHistogram)
+      return Invalid(name, "label \"le\" is reserved");
     if (std::find(label_names.begin(), label_names.begin() + i, l) != label_names.begin() + i) {
       return Invalid(name, "duplicate label name \"" + l + "\"");
     }
@@ -90,8 +91,8 @@ FamilyBase::FamilyBase(std::string name, std::string help, MetricType type,
 
 absl::StatusOr<Metric*> FamilyBase::GetOrCreate(absl::Span<const std::string_view> values) {
   if (values.size() != label_names_.size()) {
-    return Invalid(name_, "expected " + std::to_string(label_names_.size()) + " label values, got " +
-                              std::to_string(values.size()));
+    return Invalid(name_, "expected " + std::to_string(label_names_.size()) +
+                              " label values, got " + std::to_string(values.size()));
   }
   std::string key;
   for (std::string_view v : values) {
@@ -162,20 +163,19 @@ absl::StatusOr<Family<T, P>*> MetricsRegistry::Add(std::string_view name, std::s
 absl::StatusOr<CounterFamily*> MetricsRegistry::AddCounter(std::string_view name,
                                                            std::string_view help,
                                                            std::vector<std::string> label_names) {
-  return Add<Counter, prometheus::Counter>(name, help, MetricType::kCounter,
-                                           std::move(label_names), {});
+  return Add<Counter, prometheus::Counter>(name, help, MetricType::kCounter, std::move(label_names),
+                                           {});
 }
 
-absl::StatusOr<GaugeFamily*> MetricsRegistry::AddGauge(std::string_view name,
-                                                       std::string_view help,
+absl::StatusOr<GaugeFamily*> MetricsRegistry::AddGauge(std::string_view name, std::string_view help,
                                                        std::vector<std::string> label_names) {
-  return Add<Gauge, prometheus::Gauge>(name, help, MetricType::kGauge, std::move(label_names),
-                                       {});
+  return Add<Gauge, prometheus::Gauge>(name, help, MetricType::kGauge, std::move(label_names), {});
 }
 
-absl::StatusOr<HistogramFamily*> MetricsRegistry::AddHistogram(
-    std::string_view name, std::string_view help, std::vector<std::string> label_names,
-    absl::Span<const double> bounds) {
+absl::StatusOr<HistogramFamily*> MetricsRegistry::AddHistogram(std::string_view name,
+                                                               std::string_view help,
+                                                               std::vector<std::string> label_names,
+                                                               absl::Span<const double> bounds) {
   return Add<Histogram, prometheus::Histogram>(name, help, MetricType::kHistogram,
                                                std::move(label_names),
                                                std::vector<double>(bounds.begin(), bounds.end()));

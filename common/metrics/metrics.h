@@ -207,8 +207,8 @@ class MetricsRegistry {
   friend class Gauge;
   template <typename T, typename P>
   absl::StatusOr<Family<T, P>*> Add(std::string_view name, std::string_view help, MetricType type,
-                         std::vector<std::string> label_names, std::vector<double> bounds)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                                    std::vector<std::string> label_names,
+                                    std::vector<double> bounds) ABSL_LOCKS_EXCLUDED(mu_);
   void SetCallback(prometheus::Gauge* gauge, std::function<double()> fn)
       ABSL_LOCKS_EXCLUDED(callbacks_mu_);
 

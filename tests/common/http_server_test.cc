@@ -118,12 +118,12 @@ TEST_F(HttpServerTest, MetricsBodyIsSerialize) {
   EXPECT_EQ(body, registry_.Serialize());
   EXPECT_NE(r.find("Content-Length: " + std::to_string(body.size()) + "\r\n"), std::string::npos);
   // Names, labels and histogram buckets as Prometheus reads them.
-  for (const char* want : {"# TYPE hits_total counter\n", "hits_total{path=\"a\\\"b\"} 3\n",
-                           "# TYPE wait_seconds histogram\n",
-                           "wait_seconds_bucket{phase=\"router\",le=\"0.5\"} 0\n",
-                           "wait_seconds_bucket{phase=\"router\",le=\"1\"} 1\n",
-                           "wait_seconds_bucket{phase=\"router\",le=\"+Inf\"} 1\n",
-                           "wait_seconds_count{phase=\"router\"} 1\n"}) {
+  for (const char* want :
+       {"# TYPE hits_total counter\n", "hits_total{path=\"a\\\"b\"} 3\n",
+        "# TYPE wait_seconds histogram\n", "wait_seconds_bucket{phase=\"router\",le=\"0.5\"} 0\n",
+        "wait_seconds_bucket{phase=\"router\",le=\"1\"} 1\n",
+        "wait_seconds_bucket{phase=\"router\",le=\"+Inf\"} 1\n",
+        "wait_seconds_count{phase=\"router\"} 1\n"}) {
     EXPECT_NE(body.find(want), std::string::npos) << want << body;
   }
   EXPECT_EQ(BodyOf(Get(server->port(), "/metrics?name[]=x")), registry_.Serialize());
@@ -164,12 +164,12 @@ TEST_F(HttpServerTest, OversizedRequestIsRefusedAndServerKeepsServing) {
   EXPECT_TRUE(r.empty() || (StatusOf(r) >= 400 && StatusOf(r) < 500)) << r.substr(0, 200);
   EXPECT_EQ(r.find("hits_total"), std::string::npos);  // never the metrics
   // A request target over 8 KiB; a body over max_body_bytes.
-  const std::string uri = Request(server->port(), "GET /metrics?" + std::string(20000, 'q') +
-                                                      " HTTP/1.1\r\n\r\n");
+  const std::string uri =
+      Request(server->port(), "GET /metrics?" + std::string(20000, 'q') + " HTTP/1.1\r\n\r\n");
   EXPECT_TRUE(uri.empty() || (StatusOf(uri) >= 400 && StatusOf(uri) < 500)) << uri.substr(0, 200);
-  const std::string body = Request(
-      server->port(), "POST /metrics HTTP/1.1\r\nContent-Length: 1000000\r\n\r\n" +
-                          std::string(100000, 'b'));
+  const std::string body =
+      Request(server->port(), "POST /metrics HTTP/1.1\r\nContent-Length: 1000000\r\n\r\n" +
+                                  std::string(100000, 'b'));
   EXPECT_TRUE(body.empty() || (StatusOf(body) >= 400 && StatusOf(body) < 500))
       << body.substr(0, 200);
   // Many small headers: answered.
@@ -250,6 +250,20 @@ TEST_F(HttpServerTest, ConnectionsPastNumThreadsWaitTheirTurn) {
   close(silent);  // frees the worker: the queued request is answered
   waiter.join();
   EXPECT_EQ(StatusOf(r), 200) << r;
+}
+
+TEST_F(HttpServerTest, PastTheQueueTheAcceptorServesItself) {
+  MetricsHttpServer::Options options;
+  options.num_threads = 1;
+  options.max_queued = 0;
+  options.request_timeout = absl::Seconds(30);
+  auto server = StartServer(options);
+  int silent = Connect(server->port());  // holds the only worker for up to 30 s
+  ASSERT_GE(silent, 0);
+  const auto t0 = Clock::now();
+  EXPECT_EQ(StatusOf(Get(server->port(), "/healthz")), 200);  // served on the accepting thread
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  close(silent);
 }
 
 TEST_F(HttpServerTest, ManyConcurrentClients) {

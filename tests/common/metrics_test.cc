@@ -58,16 +58,16 @@ TEST(MetricsTest, ValuesAreFormattedForPrometheus) {
   MetricsRegistry r;
   GaugeFamily* f = *r.AddGauge("v", "Values.", {"k"});
   const std::pair<const char*, double> cases[] = {
-      {"zero", 0},     {"big", 800000},   {"neg", -3},      {"milli", 0.001}, {"tenth", 0.0001},
-      {"tiny", 1e-05}, {"half", 2.5},     {"huge", 1e300},  {"inf", INFINITY}, {"minf", -INFINITY},
+      {"zero", 0},     {"big", 800000}, {"neg", -3},     {"milli", 0.001},  {"tenth", 0.0001},
+      {"tiny", 1e-05}, {"half", 2.5},   {"huge", 1e300}, {"inf", INFINITY}, {"minf", -INFINITY},
   };
   for (const auto& [k, v] : cases) (*f->WithLabelValues({k}))->Set(v);
   (*f->WithLabelValues({"nan"}))->Set(NAN);
   const std::string text = r.Serialize();
-  for (const char* want : {"v{k=\"zero\"} 0", "v{k=\"big\"} 800000", "v{k=\"neg\"} -3",
-                           "v{k=\"milli\"} 0.001", "v{k=\"tenth\"} 0.0001", "v{k=\"tiny\"} 1e-05",
-                           "v{k=\"half\"} 2.5", "v{k=\"huge\"} 1e+300", "v{k=\"inf\"} +Inf",
-                           "v{k=\"minf\"} -Inf", "v{k=\"nan\"} Nan"}) {
+  for (const char* want :
+       {"v{k=\"zero\"} 0", "v{k=\"big\"} 800000", "v{k=\"neg\"} -3", "v{k=\"milli\"} 0.001",
+        "v{k=\"tenth\"} 0.0001", "v{k=\"tiny\"} 1e-05", "v{k=\"half\"} 2.5", "v{k=\"huge\"} 1e+300",
+        "v{k=\"inf\"} +Inf", "v{k=\"minf\"} -Inf", "v{k=\"nan\"} Nan"}) {
     EXPECT_TRUE(HasLine(text, want)) << want << "\n" << text;
   }
 }
@@ -274,8 +274,7 @@ TEST(TandemMetricsTest, RegistersEveryPhaseInOneRegistry) {
   EXPECT_EQ(Sample(text, "tandem_generation_tokens_total{" + d + "}"), 7);
   EXPECT_EQ(Sample(text, "tandem_request_success_total{finish_reason=\"eos\"," + d + "}"), 1);
   // Created up front, so dashboards see zeros.
-  EXPECT_EQ(Sample(text, "tandem_request_success_total{finish_reason=\"deadline\"," + rt + "}"),
-            0);
+  EXPECT_EQ(Sample(text, "tandem_request_success_total{finish_reason=\"deadline\"," + rt + "}"), 0);
   EXPECT_EQ(Sample(text, "tandem_request_errors_total{code=\"RESOURCE_EXHAUSTED\"," + d + "}"), 1);
   EXPECT_EQ(Sample(text, "tandem_kv_cache_usage_ratio{" + d + "}"), 0.75);
   EXPECT_EQ(Sample(text, "tandem_router_healthy_workers{" + rt + ",role=\"decode\"}"), 2);
@@ -285,9 +284,9 @@ TEST(TandemMetricsTest, RegistersEveryPhaseInOneRegistry) {
   EXPECT_EQ(Sample(text, "tandem_request_migrations_total{" + rt + ",reason=\"transfer_failed\"}"),
             0);
   EXPECT_EQ(Sample(text, "tandem_router_prefill_decisions_total{" + rt + ",where=\"local\"}"), 0);
-  EXPECT_EQ(
-      Sample(text, "tandem_spec_decode_num_accepted_tokens_per_pos_total{" + d + ",position=\"3\"}"),
-      4);
+  EXPECT_EQ(Sample(text, "tandem_spec_decode_num_accepted_tokens_per_pos_total{" + d +
+                             ",position=\"3\"}"),
+            4);
   EXPECT_EQ(Sample(text, "tandem_spec_decode_num_accepted_tokens_per_pos_total{" + d +
                              ",position=\"15\"}"),
             0);
@@ -327,9 +326,9 @@ TEST(TandemMetricsTest, BucketBoundariesAndLeLabels) {
             (V{"1", "2", "4", "8", "16", "32", "64", "128", "256", "512", "1024", "2048", "4096",
                "8192", "16384", "+Inf"}));
   EXPECT_EQ(les("tandem_e2e_request_latency_seconds"),
-            (V{"0.01", "0.025", "0.05", "0.1", "0.3", "0.5", "0.8", "1", "1.5", "2", "2.5", "5",
-               "10", "15", "20", "30", "40", "50", "60", "120", "240", "480", "960", "1920",
-               "7680", "+Inf"}));
+            (V{"0.01", "0.025", "0.05", "0.1", "0.3", "0.5",  "0.8",  "1",   "1.5",
+               "2",    "2.5",   "5",    "10",  "15",  "20",   "30",   "40",  "50",
+               "60",   "120",   "240",  "480", "960", "1920", "7680", "+Inf"}));
   EXPECT_EQ(les("tandem_inter_token_latency_seconds").size(),
             std::size(kInterTokenSecondsBuckets) + 1);
   EXPECT_EQ(les("tandem_time_to_first_token_seconds").back(), "+Inf");
