@@ -3,7 +3,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/metrics/text_format.h"
 #include "common/status.h"
 
 namespace tandem::metrics {
@@ -11,8 +10,8 @@ namespace {
 
 // Binds the (phase, model) child of a family registered with exactly those
 // labels.
-template <typename T>
-absl::StatusOr<T*> Bind(absl::StatusOr<Family<T>*> family, std::string_view phase,
+template <typename T, typename P>
+absl::StatusOr<T*> Bind(absl::StatusOr<Family<T, P>*> family, std::string_view phase,
                         std::string_view model) {
   if (!family.ok()) return family.status();
   return (*family)->WithLabelValues({phase, model});
@@ -28,7 +27,7 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
   if (phase != kPhaseRouter && phase != kPhasePrefill && phase != kPhaseDecode &&
       phase != kPhaseColocated) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown phase \"", Sv(phase), "\" (router|prefill|decode|colocated)"));
+        "unknown phase \"" + std::string(phase) + "\" (router|prefill|decode|colocated)");
   }
   auto m = std::make_unique<TandemMetrics>();
   m->phase = std::string(phase);

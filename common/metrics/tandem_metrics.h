@@ -142,8 +142,11 @@ struct TandemMetrics {
 
  private:
   Counter* LabelledCounter(CounterFamily* family, std::string_view value);
-  Counter sink_;  // absorbs increments when a label lookup fails
-  Gauge gauge_sink_;
+  // Absorb updates when a label lookup fails; registered nowhere.
+  prometheus::Counter unexported_counter_;
+  prometheus::Gauge unexported_gauge_;
+  Counter sink_{&unexported_counter_};
+  Gauge gauge_sink_{&unexported_gauge_, nullptr};
 };
 
 }  // namespace tandem::metrics
