@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/status.h"
 #include "services/cli/args.h"
 #include "bench/serve/backend.h"
 #include "bench/serve/report.h"
@@ -194,12 +195,8 @@ int Fail(int code, const std::string& msg) {
   return code;
 }
 
-}  // namespace
 
-int RunBench(int argc, char** argv) {
-  BenchFlags f;
-  std::vector<char*> args = ExtractBackendUrl(argc, argv, &f.url);
-  ArgParser p("bench", "Serving benchmark against a running endpoint (vllm bench serve style).");
+void AddBenchFlags(ArgParser& p, BenchFlags& f) {
   p.AddString("server", &f.server, "Tandem router address host:port (gRPC backend)");
   p.AddString("backend", &f.backend,
               "grpc | openai-http (then the URL: --backend openai-http URL)");
@@ -232,46 +229,39 @@ int RunBench(int argc, char** argv) {
   p.AddString("api-key", &f.api_key,
               "gRPC: bearer key for a router with --api-key-file (default $TANDEM_API_KEY)");
   AddClientTlsFlags(p, f.tls);
-  if (absl::Status s = p.Parse(static_cast<int>(args.size()), args.data(), 2); !s.ok()) {
-    return Fail(kExitUsage, std::string(s.message()));
-  }
-  if (p.help_requested()) {
-    std::fputs(p.Help().c_str(), stdout);
-    return kExitOk;
-  }
+}
+
+// --request-rate and --request-rates as one list; empty in fixed-concurrency
+// mode.
+absl::StatusOr<std::vector<double>> ParseRates(const BenchFlags& f) {
   std::vector<double> rates;
   for (const std::string& list : {f.request_rate, f.request_rates}) {
     if (list.empty()) continue;
     for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
       absl::StatusOr<double> r = ParseRate(absl::StripAsciiWhitespace(part));
-      if (!r.ok()) return Fail(kExitUsage, std::string(r.status().message()));
+      if (!r.ok()) return r.status();
       rates.push_back(*r);
     }
   }
-  if (rates.size() > 32) return Fail(kExitUsage, "at most 32 request rates");
-  const bool rate_mode = !rates.empty();
-  if (!rate_mode) rates.push_back(0);
-  const int64_t workers =
-      f.concurrency > 0 ? f.concurrency : (rate_mode ? std::min<int64_t>(256, f.num_requests) : 4);
-  if (!f.plot.empty() && f.out.empty()) f.out = f.plot + ".json";
+  if (rates.size() > 32) return absl::InvalidArgumentError("at most 32 request rates");
+  return rates;
+}
 
-  std::unique_ptr<Backend> backend;
+// The client of --backend; InvalidArgument for bad flags.
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BenchFlags& f) {
   if (f.backend == "grpc") {
     auto security = services::MakeChannelSecurity(f.tls);
-    if (!security.ok()) return Fail(kExitUsage, std::string(security.status().message()));
-    backend = bench::MakeGrpcBackend(f.server, *security, ResolveApiKey(f.api_key));
-  } else if (f.backend == "openai-http") {
-    if (f.url.empty()) return Fail(kExitUsage, "--backend openai-http needs a URL");
-    auto b = bench::MakeOpenAiHttpBackend(f.url, f.model.empty() ? "default" : f.model);
-    if (!b.ok()) return Fail(kExitUsage, std::string(b.status().message()));
-    backend = std::move(*b);
-  } else {
-    return Fail(kExitUsage, "--backend must be grpc or openai-http");
+    if (!security.ok()) return absl::InvalidArgumentError(security.status().message());
+    return bench::MakeGrpcBackend(f.server, *security, ResolveApiKey(f.api_key));
   }
-  absl::StatusOr<bench::ServerInfo> info =
-      backend->Probe(absl::Now() + std::min(absl::Seconds(10), absl::Seconds(f.timeout_s)));
-  if (!info.ok()) return Fail(kExitFailure, std::string(info.status().message()));
+  if (f.backend == "openai-http") {
+    if (f.url.empty()) return absl::InvalidArgumentError("--backend openai-http needs a URL");
+    return bench::MakeOpenAiHttpBackend(f.url, f.model.empty() ? "default" : f.model);
+  }
+  return absl::InvalidArgumentError("--backend must be grpc or openai-http");
+}
 
+bench::WorkloadOptions WorkloadFor(const BenchFlags& f, const bench::ServerInfo& info) {
   bench::WorkloadOptions wo;
   wo.num_requests = f.num_requests + f.warmup_requests;
   wo.input_len = f.input_len;
@@ -282,59 +272,110 @@ int RunBench(int argc, char** argv) {
   wo.dataset = f.dataset;
   wo.ignore_eos = f.ignore_eos;
   wo.seed = static_cast<uint64_t>(f.seed);
-  wo.vocab_size = info->vocab_size;
-  wo.context_length = info->context_length;
-  absl::StatusOr<std::vector<BenchRequest>> all = bench::BuildWorkload(wo);
-  if (!all.ok()) return Fail(kExitUsage, std::string(all.status().message()));
-  std::vector<BenchRequest> warmup(all->begin(), all->begin() + f.warmup_requests);
-  std::vector<BenchRequest> measured(all->begin() + f.warmup_requests, all->end());
+  wo.vocab_size = info.vocab_size;
+  wo.context_length = info.context_length;
+  return wo;
+}
 
+bench::ReportContext ContextFor(const BenchFlags& f, const bench::ServerInfo& info) {
   bench::ReportContext ctx;
   ctx.backend = f.backend;
   ctx.target = f.backend == "grpc" ? f.server : f.url;
-  ctx.model = f.model.empty() ? info->model : f.model;
+  ctx.model = f.model.empty() ? info.model : f.model;
   ctx.device = f.device;
   ctx.workload = !f.dataset.empty()        ? "dataset"
                  : f.shared_prefix_len > 0 ? "shared-prefix"
                                            : "synthetic";
   ctx.slo = {f.slo_ttft_ms, f.slo_tpot_ms};
   ctx.seed = static_cast<uint64_t>(f.seed);
-  const absl::Duration timeout = absl::Seconds(f.timeout_s);
-  const absl::Duration max_duration = absl::Seconds(f.max_duration_s);
+  return ctx;
+}
 
-  if (!warmup.empty()) {
-    Progress progress(!f.no_progress, "warmup", static_cast<int64_t>(warmup.size()));
-    RunLoad(*backend, warmup, 0, 1, workers, 0, timeout, max_duration, ctx.slo, &progress);
-  }
+// One measured run per rate (rate 0: closed loop at `workers`), each printed
+// as it ends.
+std::vector<RunSummary> RunRates(Backend& backend, const std::vector<BenchRequest>& measured,
+                                 const std::vector<double>& rates, int64_t workers,
+                                 const BenchFlags& f, const bench::ReportContext& ctx) {
   std::vector<RunSummary> runs;
-  bool any_ok = false;
   for (double rate : rates) {
     RunSummary s;
     {
       Progress progress(!f.no_progress,
                         rate > 0 ? absl::StrCat("rate ", rate) : absl::StrCat("c=", workers),
                         static_cast<int64_t>(measured.size()));
-      s = RunLoad(*backend, measured, rate, f.burstiness, workers,
-                  static_cast<uint64_t>(f.seed) + 1, timeout, max_duration, ctx.slo, &progress);
+      s = RunLoad(backend, measured, rate, f.burstiness, workers,
+                  static_cast<uint64_t>(f.seed) + 1, absl::Seconds(f.timeout_s),
+                  absl::Seconds(f.max_duration_s), ctx.slo, &progress);
     }
     s.max_concurrency = workers;
-    any_ok = any_ok || s.completed > 0;
     bench::PrintRun(s, ctx, stdout);
     std::fflush(stdout);
     runs.push_back(std::move(s));
   }
   if (runs.size() > 1) bench::PrintSweep(runs, stdout);
+  return runs;
+}
+
+// --out (the JSON) and --plot (the PNG, from that JSON).
+absl::Status WriteOutputs(const std::vector<RunSummary>& runs, const bench::ReportContext& ctx,
+                          const BenchFlags& f) {
   if (!f.out.empty()) {
     std::ofstream out(f.out, std::ios::binary | std::ios::trunc);
     out << bench::ToJson(runs, ctx);
-    if (!out.good()) return Fail(kExitFailure, "cannot write " + f.out);
+    if (!out.good()) return absl::UnavailableError("cannot write " + f.out);
   }
   if (!f.plot.empty()) {
-    if (absl::Status s = bench::Plot(f.out, f.plot); !s.ok()) {
-      return Fail(kExitFailure, std::string(s.message()));
-    }
+    TANDEM_RETURN_IF_ERROR(bench::Plot(f.out, f.plot));
     std::fprintf(stderr, "[bench] wrote %s\n", f.plot.c_str());
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunBench(int argc, char** argv) {
+  BenchFlags f;
+  std::vector<char*> args = ExtractBackendUrl(argc, argv, &f.url);
+  ArgParser p("bench", "Serving benchmark against a running endpoint (vllm bench serve style).");
+  AddBenchFlags(p, f);
+  if (absl::Status s = p.Parse(static_cast<int>(args.size()), args.data(), 2); !s.ok()) {
+    return Fail(kExitUsage, std::string(s.message()));
+  }
+  if (p.help_requested()) {
+    std::fputs(p.Help().c_str(), stdout);
+    return kExitOk;
+  }
+  absl::StatusOr<std::vector<double>> rates = ParseRates(f);
+  if (!rates.ok()) return Fail(kExitUsage, std::string(rates.status().message()));
+  const bool rate_mode = !rates->empty();
+  if (!rate_mode) rates->push_back(0);
+  const int64_t workers =
+      f.concurrency > 0 ? f.concurrency : (rate_mode ? std::min<int64_t>(256, f.num_requests) : 4);
+  if (!f.plot.empty() && f.out.empty()) f.out = f.plot + ".json";
+
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(f);
+  if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));
+  absl::StatusOr<bench::ServerInfo> info =
+      (*backend)->Probe(absl::Now() + std::min(absl::Seconds(10), absl::Seconds(f.timeout_s)));
+  if (!info.ok()) return Fail(kExitFailure, std::string(info.status().message()));
+
+  absl::StatusOr<std::vector<BenchRequest>> all = bench::BuildWorkload(WorkloadFor(f, *info));
+  if (!all.ok()) return Fail(kExitUsage, std::string(all.status().message()));
+  std::vector<BenchRequest> warmup(all->begin(), all->begin() + f.warmup_requests);
+  std::vector<BenchRequest> measured(all->begin() + f.warmup_requests, all->end());
+  const bench::ReportContext ctx = ContextFor(f, *info);
+
+  if (!warmup.empty()) {
+    Progress progress(!f.no_progress, "warmup", static_cast<int64_t>(warmup.size()));
+    RunLoad(**backend, warmup, 0, 1, workers, 0, absl::Seconds(f.timeout_s),
+            absl::Seconds(f.max_duration_s), ctx.slo, &progress);
+  }
+  const std::vector<RunSummary> runs = RunRates(**backend, measured, *rates, workers, f, ctx);
+  if (absl::Status s = WriteOutputs(runs, ctx, f); !s.ok()) {
+    return Fail(kExitFailure, std::string(s.message()));
+  }
+  const bool any_ok =
+      std::any_of(runs.begin(), runs.end(), [](const RunSummary& r) { return r.completed > 0; });
   return any_ok ? kExitOk : kExitFailure;
 }
 
