@@ -94,12 +94,16 @@ int64_t Scheduler::TokensToRun(const Sequence& seq, int64_t num_computed, int64_
   return std::max<int64_t>(0, std::min(n, budget));
 }
 
-std::vector<int32_t> Scheduler::Drafts(Sequence* seq, int64_t budget) {
-  if (config_.num_speculative_tokens == 0 || !proposer_) return {};
-  if (seq->num_uncomputed_tokens() != 1) return {};  // prefill or replay
+int64_t Scheduler::WantedDrafts(Sequence* seq) {
+  int64_t limit = config_.num_speculative_tokens;
+  if (const std::optional<int64_t> r = seq->sampling_params().num_speculative_tokens) {
+    limit = std::min(limit, *r);
+  }
+  if (limit <= 0) return 0;
+  if (seq->num_uncomputed_tokens() != 1) return 0;  // prefill or replay
   if (seq->spec_skip_steps() > 0) {
     seq->set_spec_backoff(seq->spec_skip_steps() - 1, seq->spec_misses());
-    return {};
+    return 0;
   }
   // Never draft past what the sequence may still emit (max_tokens: the
   // sampled token comes on top of the drafts) or the KV cache could hold.
@@ -107,15 +111,58 @@ std::vector<int32_t> Scheduler::Drafts(Sequence* seq, int64_t budget) {
   // accepted, so a verification step does not pay for drafts that will not
   // stick (on a compute-bound CPU each draft costs about one token).
   const int64_t wanted = static_cast<int64_t>(std::ceil(
-      std::min<double>(seq->spec_accept_ema(), double(config_.num_speculative_tokens)))) + 1;
-  int64_t k = std::min({config_.num_speculative_tokens, wanted, budget - 1});
+      std::min<double>(seq->spec_accept_ema(), double(limit)))) + 1;
+  int64_t k = std::min(limit, wanted);
   const std::optional<int64_t> max_tokens = seq->sampling_params().stop.max_tokens;
   if (max_tokens.has_value()) k = std::min(k, *max_tokens - seq->num_output_tokens() - 1);
   k = std::min(k, max_num_tokens_per_sequence() - seq->num_tokens());
+  return std::max<int64_t>(k, 0);
+}
+
+std::vector<int32_t> Scheduler::Drafts(Sequence* seq, int64_t budget) {
+  if (config_.num_speculative_tokens == 0 || !proposer_) return {};
+  const int64_t k = std::min(WantedDrafts(seq), budget - 1);
   if (k <= 0) return {};
   std::vector<int32_t> drafts = proposer_(*seq, k);
   if (static_cast<int64_t>(drafts.size()) > k) drafts.resize(k);
   return drafts;
+}
+
+int64_t Scheduler::NumBatchDrafts(Sequence* seq, int64_t budget) {
+  // A step of the whole budget can always hold one sequence's 1 + k.
+  const int64_t k = std::min(WantedDrafts(seq), config_.max_num_batched_tokens - 1);
+  if (k <= 0 || 1 + k <= budget) return k;
+  // Sampled: fewer drafts would change the tokens drawn (see header), so wait.
+  if (seq->sampling_params().temperature > 0.0) return -1;
+  return std::max<int64_t>(0, budget - 1);
+}
+
+void Scheduler::ProposeBatch(SchedulerOutput* out, const std::vector<size_t>& indices,
+                             int64_t* budget) {
+  std::vector<BatchProposer::Request> requests;
+  requests.reserve(indices.size());
+  for (size_t i : indices) {
+    const ScheduledSequence& s = out->scheduled[i];
+    requests.push_back({s.seq, s.num_spec_tokens});
+  }
+  std::vector<BatchProposer::Proposal> proposals = batch_proposer_->Propose(requests);
+  TANDEM_CHECK(proposals.size() == requests.size());
+  for (size_t j = 0; j < indices.size(); ++j) {
+    ScheduledSequence& s = out->scheduled[indices[j]];
+    BatchProposer::Proposal& p = proposals[j];
+    const int64_t wanted = s.num_spec_tokens;
+    const int64_t got = std::min<int64_t>(wanted, static_cast<int64_t>(p.token_ids.size()));
+    if (!p.probs.empty() && got > 0) {
+      const size_t vocab = p.probs.size() / p.token_ids.size();
+      p.probs.resize(static_cast<size_t>(got) * vocab);
+      s.draft_probs = std::move(p.probs);
+    }
+    s.token_ids.insert(s.token_ids.end(), p.token_ids.begin(), p.token_ids.begin() + got);
+    s.num_spec_tokens = got;
+    s.num_tokens = 1 + got;
+    // Slots allocated for missing drafts stay with the sequence (used later).
+    *budget += wanted - got;
+  }
 }
 
 ScheduledSequence Scheduler::MakeScheduled(const Sequence& seq, int64_t start, int64_t n) const {
@@ -133,13 +180,23 @@ ScheduledSequence Scheduler::MakeScheduled(const Sequence& seq, int64_t start, i
 }
 
 void Scheduler::ScheduleRunning(SchedulerOutput* out, int64_t* budget) {
+  const bool batched = batch_proposer_ != nullptr && config_.num_speculative_tokens > 0;
+  std::vector<size_t> batch_indices;  // scheduled entries waiting for batch drafts
   // running_ shrinks from the back when sequences are preempted; victims are
   // always behind i, so nothing already scheduled is taken back.
   for (size_t i = 0; i < running_.size() && *budget > 0; ++i) {
     Sequence* seq = running_[i];
     const int64_t start = seq->num_computed_tokens();
-    const std::vector<int32_t> drafts = Drafts(seq, *budget);
-    const int64_t n = drafts.empty() ? TokensToRun(*seq, start, *budget) : 1 + drafts.size();
+    std::vector<int32_t> drafts;
+    int64_t num_drafts = 0;
+    if (batched) {
+      num_drafts = NumBatchDrafts(seq, *budget);
+      if (num_drafts < 0) continue;  // waits for a step with room for its drafts
+    } else {
+      drafts = Drafts(seq, *budget);
+      num_drafts = static_cast<int64_t>(drafts.size());
+    }
+    const int64_t n = num_drafts == 0 ? TokensToRun(*seq, start, *budget) : 1 + num_drafts;
     if (n == 0) continue;
     bool self_preempted = false;
     while (!kv_->AllocateSlots(seq->id(), start, n, &out->block_copies)) {
@@ -151,17 +208,19 @@ void Scheduler::ScheduleRunning(SchedulerOutput* out, int64_t* budget) {
       }
     }
     if (self_preempted) break;
-    if (drafts.empty()) {
+    if (num_drafts == 0) {
       out->scheduled.push_back(MakeScheduled(*seq, start, n));
     } else {
       ScheduledSequence s = MakeScheduled(*seq, start, 1);
       s.num_tokens = n;
-      s.num_spec_tokens = static_cast<int64_t>(drafts.size());
+      s.num_spec_tokens = num_drafts;
       s.token_ids.insert(s.token_ids.end(), drafts.begin(), drafts.end());
+      if (batched) batch_indices.push_back(out->scheduled.size());
       out->scheduled.push_back(std::move(s));
     }
     *budget -= n;
   }
+  if (!batch_indices.empty()) ProposeBatch(out, batch_indices, budget);
 }
 
 void Scheduler::ScheduleWaiting(SchedulerOutput* out, int64_t* budget) {
@@ -193,6 +252,7 @@ void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
   TANDEM_CHECK(!running_.empty() && running_.back() == seq);
   running_.pop_back();
   kv_->Free(seq->id());
+  if (batch_proposer_ != nullptr) batch_proposer_->Release(seq->id());
   seq->set_num_computed_tokens(0);
   seq->set_num_cached_tokens(0);
   seq->set_status(SequenceStatus::kPreempted);
@@ -267,6 +327,7 @@ void Scheduler::RemoveFromQueues(Sequence* seq) {
 void Scheduler::Finish(Sequence* seq, FinishReason reason) {
   RemoveFromQueues(seq);
   kv_->Free(seq->id());
+  if (batch_proposer_ != nullptr) batch_proposer_->Release(seq->id());
   seq->set_status(FinishedStatus(reason));
 }
 
