@@ -36,12 +36,17 @@
 // sequences that want drafts together; it returns exactly the k drafts asked
 // (fewer only on failure) with the draft's distribution q per draft. Its
 // Release() is called whenever a sequence leaves the running set (finished,
-// cancelled, preempted), so it can free the sequence's draft state. For a
-// sampled request (temperature > 0) the number of drafts is decided by the
-// sequence's own state alone (never by what else is in the step): when the
-// step's remaining token budget cannot hold 1 + k tokens, the sequence waits
-// for the next step instead of drafting fewer, since with a draft
-// distribution q the tokens drawn depend on where drafts were verified.
+// cancelled, preempted), so it can free the sequence's draft state. With a
+// BatchProposer the drafts are attached to whichever step samples the
+// sequence, whatever its chunk (one decode token, or the tail of a
+// recompute after preemption), except the first output token (never
+// drafted, as on a prefill worker). For a sampled request (temperature > 0)
+// the number of drafts then depends on the sequence's own state alone,
+// never on chunking or what else is in the step: when the step's remaining
+// budget cannot hold the chunk and k drafts, the chunk stops one token short
+// (or, at one token, the sequence waits for the next step) instead of
+// drafting fewer, since with a draft distribution q the tokens drawn depend
+// on where drafts were verified.
 //
 // Thread safety: none; the engine thread owns it. The KvCacheManager is not
 // owned and must outlive the Scheduler; the Scheduler is its only mutator.
@@ -226,18 +231,24 @@ class Scheduler {
   // Draft tokens for a running sequence in its decode phase ({} when off,
   // backing off, or nothing to propose), at most budget - 1 of them.
   std::vector<int32_t> Drafts(Sequence* seq, int64_t budget);
-  // BatchProposer: the drafts `seq` asks for this step (0 = none), or -1
-  // when it must wait for the next step (sampled, budget too small).
-  int64_t NumBatchDrafts(Sequence* seq, int64_t budget);
+  // BatchProposer: *n sequence tokens to compute and *num_drafts drafts to
+  // verify after them this step; false when the sequence must wait for a
+  // step with room for its drafts (sampled).
+  // *n comes in as TokensToRun; *backing_off: the step that runs must call
+  // SkipDraftStep (only once it is scheduled).
+  bool PlanBatchDrafts(const Sequence& seq, int64_t start, int64_t budget, int64_t* n,
+                       int64_t* num_drafts, bool* backing_off) const;
   // Asks the BatchProposer for the drafts of out->scheduled[indices[i]] and
   // fills them in; drafts it could not give return to *budget.
   void ProposeBatch(SchedulerOutput* out, const std::vector<size_t>& indices, int64_t* budget);
   // Drafts a sequence may take by its own state (config, request cap,
-  // adaptive k, max_tokens, KV capacity); 0 when backing off (counts the
-  // skipped step).
-  int64_t WantedDrafts(Sequence* seq);
-  void ScheduleRunning(SchedulerOutput* out, int64_t* budget);
-  void ScheduleWaiting(SchedulerOutput* out, int64_t* budget);
+  // adaptive k, max_tokens, KV capacity); 0 and *backing_off when it is
+  // pausing proposals (then the step that samples calls SkipDraftStep).
+  int64_t WantedDrafts(const Sequence& seq, bool* backing_off) const;
+  void SkipDraftStep(Sequence* seq);
+  // batch_indices: entries of out->scheduled that wait for BatchProposer drafts.
+  void ScheduleRunning(SchedulerOutput* out, int64_t* budget, std::vector<size_t>* batch_indices);
+  void ScheduleWaiting(SchedulerOutput* out, int64_t* budget, std::vector<size_t>* batch_indices);
   // Tokens `seq` may run this step under `budget` (0 = none).
   int64_t TokensToRun(const Sequence& seq, int64_t num_computed, int64_t budget) const;
   void Preempt(Sequence* seq, SchedulerOutput* out);
