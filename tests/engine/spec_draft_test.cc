@@ -4,7 +4,9 @@
 // freed on every path (finish, cancel, preemption); the vocabulary check;
 // the per-request option.
 #include <cstdio>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +60,7 @@ class SpecDraftTest : public ::testing::Test {
     EngineConfig config = TinyEngineConfig(num_blocks);
     config.spec = spec;
     config.scheduler.max_num_batched_tokens = budget;
+    config.scheduler.max_waiting_requests = 16384;
     std::unique_ptr<Engine> engine = MakeEngine(config, target_.model.get());
     std::vector<RequestHandle> handles;
     for (const EngineRequest& r : requests) {
@@ -312,6 +315,61 @@ TEST_F(SpecDraftTest, PerRequestOptionIsHonoured) {
   EXPECT_FALSE(bad.params.Validate().ok());
   bad.params.num_speculative_tokens = -1;
   EXPECT_FALSE(bad.params.Validate().ok());
+}
+
+// Sampled output with a draft distribution q != p has the distribution of
+// plain sampling: the second output token (the first one drafted) over 10000
+// seeds, with and without speculation (an unrelated draft model, so most
+// drafts are rejected and the residual draws matter), by a two-sample
+// chi-square test on bins with >= 10 expected counts. Seeds are fixed, so
+// the test is deterministic; the threshold is the p = 0.001 critical value
+// (accepting drafts at twice the right rate gives about 3x that).
+TEST_F(SpecDraftTest, SampledDistributionMatchesPlainSampling) {
+  const std::vector<int32_t> prompt = RandomPrompt(12, 256, 4242);
+  std::vector<EngineRequest> reqs;
+  for (uint32_t i = 0; i < 10000; ++i) {
+    EngineRequest r = MakeRequest(prompt, 3, /*temperature=*/1.0, 100000 + i, std::nullopt);
+    r.params.top_p = 1.0;
+    r.params.top_k = 12;
+    reqs.push_back(std::move(r));
+  }
+  auto histogram = [&](const SpecDecodeConfig& spec, EngineStats* stats) {
+    std::map<int32_t, double> h;
+    for (const CollectedOutput& o : Run(reqs, spec, stats, 4096, 2048)) {
+      EXPECT_EQ(o.token_ids.size(), 3u);
+      if (o.token_ids.size() == 3) h[o.token_ids[1]] += 1;
+    }
+    return h;
+  };
+  EngineStats stats;
+  std::map<int32_t, double> plain = histogram(SpecDecodeConfig{}, nullptr);
+  std::map<int32_t, double> spec = histogram(Draft(other_.model.get(), 2), &stats);
+  EXPECT_GE(stats.spec.num_draft_tokens, 10000);
+  EXPECT_LT(stats.spec.num_accepted_tokens, stats.spec.num_draft_tokens);  // residual draws used
+  // Bins: tokens with >= 20 counts in both runs together, the rest pooled.
+  double chi2 = 0, rest_a = 0, rest_b = 0;
+  int df = 0;
+  std::map<int32_t, double> all = plain;
+  for (const auto& [t, c] : spec) all[t] += 0;
+  for (const auto& [t, unused] : all) {
+    const double a = plain.count(t) ? plain[t] : 0, b = spec.count(t) ? spec[t] : 0;
+    if (a + b < 20) {
+      rest_a += a;
+      rest_b += b;
+      continue;
+    }
+    chi2 += (a - b) * (a - b) / (a + b);
+    ++df;
+  }
+  if (rest_a + rest_b > 0) {
+    chi2 += (rest_a - rest_b) * (rest_a - rest_b) / (rest_a + rest_b);
+    ++df;
+  }
+  ASSERT_GE(df, 4);
+  // The p = 0.001 critical value (Wilson-Hilferty).
+  const double c = 2.0 / (9.0 * df);
+  const double critical = df * std::pow(1.0 - c + 3.09 * std::sqrt(c), 3);
+  EXPECT_LT(chi2, critical) << "df " << df;
 }
 
 }  // namespace
