@@ -17,6 +17,12 @@ struct Engine::Owned {
   std::unique_ptr<LlamaModel> model;
 };
 
+struct Engine::DraftOwned {
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<gguf::GgufFile> file;
+  std::unique_ptr<LlamaModel> model;
+};
+
 struct Engine::ActiveRequest {
   RequestHandle stream;
   std::unique_ptr<OutputProcessor> output;
@@ -72,6 +78,10 @@ absl::Status EngineConfig::Validate() const {
   if (spec.ngram_min < 1 || spec.ngram_max < spec.ngram_min || spec.ngram_max > 64) {
     return absl::InvalidArgumentError("spec n-gram lengths must satisfy 1 <= min <= max <= 64");
   }
+  if (spec.method == SpecDecodeConfig::Method::kDraft && spec.draft_model_path.empty() &&
+      spec.draft_model == nullptr) {
+    return absl::InvalidArgumentError("spec method draft needs a draft model (--spec-draft-model)");
+  }
   return scheduler.Validate();
 }
 
@@ -80,6 +90,8 @@ bool ParseSpecMethod(const std::string& s, SpecDecodeConfig::Method* method) {
     *method = SpecDecodeConfig::Method::kOff;
   } else if (s == "ngram") {
     *method = SpecDecodeConfig::Method::kNgram;
+  } else if (s == "draft") {
+    *method = SpecDecodeConfig::Method::kDraft;
   } else {
     return false;
   }
@@ -157,6 +169,9 @@ absl::Status Engine::Init() {
   scheduler_ = std::make_unique<Scheduler>(scheduler_config, kv_.get());
   if (config_.spec.proposer) {
     scheduler_->set_proposer(config_.spec.proposer);
+  } else if (config_.spec.method == SpecDecodeConfig::Method::kDraft) {
+    TANDEM_RETURN_IF_ERROR(InitDraft(num_blocks));
+    scheduler_->set_batch_proposer(draft_.get());
   } else if (config_.spec.method == SpecDecodeConfig::Method::kNgram) {
     const int64_t lo = config_.spec.ngram_min, hi = config_.spec.ngram_max;
     scheduler_->set_proposer([lo, hi](const Sequence& seq, int64_t max_tokens) {
@@ -170,6 +185,78 @@ absl::Status Engine::Init() {
     stats_.num_blocks_total = num_blocks;
   }
   thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+absl::Status Engine::InitDraft(int64_t num_blocks) {
+  const SpecDecodeConfig& spec = config_.spec;
+  const LlamaModel* draft = spec.draft_model;
+  std::string name = "(preloaded)";
+  if (draft == nullptr) {
+    name = spec.draft_model_path;
+    auto owned = std::make_unique<DraftOwned>();
+    const int threads = config_.num_threads > 0
+                            ? config_.num_threads
+                            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    owned->pool = std::make_unique<ThreadPool>(threads);
+    auto file = gguf::GgufFile::Open(spec.draft_model_path);
+    if (!file.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("draft model ", spec.draft_model_path, ": ",
+                                                     file.status().message()));
+    }
+    owned->file = *std::move(file);
+    if (tokenizer_ != nullptr) {
+      auto vocab = tokenizer::VocabFromGguf(*owned->file);
+      if (!vocab.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "draft model ", spec.draft_model_path, ": tokenizer: ", vocab.status().message()));
+      }
+      const std::vector<std::string>& mine = tokenizer_->vocab().tokens;
+      if (vocab->tokens.size() != mine.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "draft model ", spec.draft_model_path, " has a vocabulary of ", vocab->tokens.size(),
+            " tokens, the target model ", mine.size(), ": they must share one vocabulary"));
+      }
+      for (size_t i = 0; i < mine.size(); ++i) {
+        if (vocab->tokens[i] != mine[i]) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "draft model ", spec.draft_model_path, ": token ", i, " differs from the target's ",
+              "vocabulary: they must share one vocabulary"));
+        }
+      }
+    }
+    LoadOptions lo;
+    lo.pool = owned->pool.get();
+    lo.prefault = config_.prefault;
+    lo.kernels = spec.draft_kernels;
+    auto model = LlamaModel::Load(*owned->file, lo);
+    if (!model.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("draft model ", spec.draft_model_path, ": ",
+                                                     model.status().message()));
+    }
+    owned->model = *std::move(model);
+    draft = owned->model.get();
+    draft_owned_ = std::move(owned);
+  }
+  const int64_t target_vocab = model_->config().vocab_size;
+  if (draft->config().vocab_size != target_vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft model ", name, " has a vocabulary of ", draft->config().vocab_size,
+        " tokens, the target model ", target_vocab, ": they must share one vocabulary"));
+  }
+  spec::DraftProposerOptions options;
+  options.device = config_.device;
+  // The target's token capacity plus every running sequence's lookahead.
+  const int64_t lookahead_blocks =
+      (kMaxSpeculativeTokens + config_.block_size - 1) / config_.block_size + 1;
+  options.num_blocks = num_blocks + config_.scheduler.max_num_seqs * lookahead_blocks;
+  options.block_size = config_.block_size;
+  options.kv_dtype = config_.kv_dtype();
+  options.max_batch_tokens = config_.scheduler.max_num_batched_tokens;
+  options.eos_token_ids = eos_token_ids_;
+  TANDEM_ASSIGN_OR_RETURN(draft_, spec::DraftProposer::Create(draft, options));
+  draft_description_ = absl::StrCat("draft model ", name, ": ", draft->config().num_layers,
+                                    " layers, ", draft_->description());
   return absl::OkStatus();
 }
 
@@ -298,6 +385,7 @@ void Engine::Shutdown(ShutdownMode mode) {
 absl::Status Engine::CheckIntegrity() const {
   TANDEM_RETURN_IF_ERROR(integrity_);
   TANDEM_RETURN_IF_ERROR(kv_->CheckIntegrity());
+  if (draft_ != nullptr) TANDEM_RETURN_IF_ERROR(draft_->CheckIntegrity(/*idle=*/true));
   if (scheduler_->has_unfinished() || kv_->num_sequences() != 0 || !active_.empty()) {
     return absl::FailedPreconditionError("sequences left after shutdown");
   }
@@ -575,7 +663,10 @@ void Engine::Step() {
     FinishRequest(seq->id(), seq.get(), reason.value_or(RequestFinishReason::kLength),
                   active_.at(seq->id())->error, "");
   }
-  if (config_.check_integrity_every_step && integrity_.ok()) integrity_ = kv_->CheckIntegrity();
+  if (config_.check_integrity_every_step && integrity_.ok()) {
+    integrity_ = kv_->CheckIntegrity();
+    if (integrity_.ok() && draft_ != nullptr) integrity_ = draft_->CheckIntegrity(/*idle=*/false);
+  }
 }
 
 absl::Status Engine::StreamKv(ActiveRequest& a, SeqId seq_id, int64_t end) {

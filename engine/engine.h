@@ -48,6 +48,7 @@
 #include "engine/output_processor.h"
 #include "engine/request_stream.h"
 #include "engine/scheduler.h"
+#include "engine/spec/draft_proposer.h"
 
 namespace tandem::engine {
 
@@ -55,12 +56,20 @@ inline constexpr int64_t kDefaultKvCacheMemoryBytes = int64_t{1} << 30;  // 1 Gi
 
 // Speculative decoding (docs/speculative.md).
 struct SpecDecodeConfig {
-  enum class Method { kOff, kNgram };
+  enum class Method { kOff, kNgram, kDraft };
   Method method = Method::kOff;
   int64_t num_tokens = 4;  // drafts per step and sequence at most, 1..16
   // n-gram (prompt lookup): suffix lengths tried, longest first.
   int64_t ngram_min = 1;
   int64_t ngram_max = 4;
+  // draft: a second GGUF with the target's vocabulary (checked at Create:
+  // InvalidArgument naming both sizes / the first differing token), loaded
+  // with draft_kernels; or, instead of the path, a loaded model (not owned,
+  // must outlive the engine; tests). Its KV cache holds as many tokens as the
+  // target's plus each running sequence's lookahead, at the target's dtype.
+  std::string draft_model_path;
+  KernelMode draft_kernels = KernelMode::kFastInt8;
+  const LlamaModel* draft_model = nullptr;
   // Overrides the method's proposer when set (tests, experiments).
   Scheduler::Proposer proposer;
 };
@@ -70,7 +79,7 @@ struct SpecDecodeConfig {
 // only dtype the CUDA executor holds).
 KvDtype DefaultKvDtype(Device device);
 
-// "off" / "ngram"; false on anything else.
+// "off" / "ngram" / "draft"; false on anything else.
 bool ParseSpecMethod(const std::string& s, SpecDecodeConfig::Method* method);
 
 struct EngineConfig {
@@ -170,11 +179,14 @@ class Engine {
   int64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }
   // The executor's one-line description ("cpu: 2 threads, ...").
   const std::string& executor_description() const { return executor_description_; }
+  // --spec-method draft: "draft model: <path>, ..." (empty otherwise).
+  const std::string& draft_description() const { return draft_description_; }
   const LlamaModel& model() const { return *model_; }
   const tokenizer::Tokenizer* tokenizer() const { return tokenizer_; }
 
  private:
   struct Owned;          // model, tokenizer, file, pool of Create(config)
+  struct DraftOwned;     // the draft model's file, pool and model (draft_model_path)
   struct ActiveRequest;  // engine-thread state of one request
   struct Pending {
     std::unique_ptr<Sequence> seq;
@@ -189,6 +201,9 @@ class Engine {
   Engine(const EngineConfig& config, const LlamaModel* model,
          const tokenizer::Tokenizer* tokenizer);
   absl::Status Init();
+  // --spec-method draft: loads (or takes) the draft model, checks its
+  // vocabulary against the target's and creates draft_.
+  absl::Status InitDraft(int64_t num_blocks);
   absl::Status ValidateRequest(const EngineRequest& request) const;
 
   // Engine thread.
@@ -218,6 +233,9 @@ class Engine {
   // Engine thread only (and the caller after Shutdown).
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<KvCacheManager> kv_;
+  std::unique_ptr<DraftOwned> draft_owned_;
+  std::unique_ptr<spec::DraftProposer> draft_;  // --spec-method draft
+  std::string draft_description_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
   absl::flat_hash_map<int64_t, std::unique_ptr<ActiveRequest>> active_;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "engine/spec/rejection_sampler.h"
 
 namespace tandem::engine {
 
@@ -72,6 +73,12 @@ absl::StatusOr<std::vector<SampledToken>> ModelRunner::Execute(const SchedulerOu
     out.num_drafts = s.num_spec_tokens;
     const int64_t first_row = row;
     row += s.num_spec_tokens + 1;
+    if (s.num_spec_tokens > 0 && !s.draft_probs.empty() &&
+        seq->sampling_params().temperature > 0.0) {
+      VerifySampled(s, first_row, context, &out);
+      sampled.push_back(std::move(out));
+      continue;
+    }
     if (s.num_spec_tokens > 0) {
       history.assign(seq->token_ids().begin(), seq->token_ids().end());
     }
@@ -92,6 +99,36 @@ absl::StatusOr<std::vector<SampledToken>> ModelRunner::Execute(const SchedulerOu
     sampled.push_back(std::move(out));
   }
   return sampled;
+}
+
+void ModelRunner::VerifySampled(const ScheduledSequence& s, int64_t first_row,
+                                const SamplingContext& context, SampledToken* out) {
+  const SamplingParams& params = s.seq->sampling_params();
+  const int64_t k = s.num_spec_tokens;
+  TANDEM_CHECK(static_cast<int64_t>(s.draft_probs.size()) == k * vocab_size_);
+  const absl::Span<const int32_t> drafts =
+      absl::MakeConstSpan(s.token_ids).subspan(s.token_ids.size() - k);
+  const absl::Span<const float> rows(logits_.data() + first_row * vocab_size_,
+                                     (k + 1) * vocab_size_);
+  spec::ProcessDraftLogits(rows, vocab_size_, params, context, drafts, &processed_);
+  spec::TargetProbs(processed_, vocab_size_, params, &sampler_, &target_probs_);
+  draft_probs_.assign(s.draft_probs.begin(), s.draft_probs.end());
+  const spec::VerifyResult v = spec::RejectionSample(target_probs_, vocab_size_, drafts,
+                                                     draft_probs_, params.seed,
+                                                     s.seq->num_tokens());
+  for (size_t i = 0; i < v.token_ids.size(); ++i) {
+    SampleResult r;
+    r.token_id = v.token_ids[i];
+    if (params.num_logprobs.has_value()) {
+      sampler_.Logprobs(absl::MakeConstSpan(processed_).subspan(i * vocab_size_, vocab_size_),
+                        *params.num_logprobs, &r);
+    }
+    if (static_cast<int>(i) < v.num_accepted) {
+      out->accepted.push_back(std::move(r));
+    } else {
+      out->result = std::move(r);
+    }
+  }
 }
 
 }  // namespace tandem::engine

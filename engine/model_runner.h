@@ -25,6 +25,14 @@
 // sampler's rule exactly (accept with p(d); else sample from p without d,
 // renormalized), and since the forward pass is batch-invariant, the output
 // is token-for-token the output without speculation, sampled or greedy.
+// Drafts sampled from a draft model's distribution q (ScheduledSequence::
+// draft_probs, sampled requests) are verified by the rejection sampler
+// (engine/spec/rejection_sampler.h): accept with min(1, p/q), else a draw
+// from norm(max(0, p - q)), a bonus draw from p after k accepted; p is the
+// processed distribution plain sampling draws from and the draws are keyed
+// by (seed, position), so the output has the distribution of plain sampling
+// and does not depend on the batch. Greedy drafts of any source verify by
+// argmax, token-identical to plain greedy decoding.
 //
 // Thread safety: none; the engine thread owns the runner. The executor is not
 // owned and must outlive the runner.
@@ -78,12 +86,19 @@ class ModelRunner {
   int64_t num_steps() const { return num_steps_; }
 
  private:
+  // Rejection sampling of drafts with a distribution q (sampled requests).
+  void VerifySampled(const ScheduledSequence& s, int64_t first_row,
+                     const SamplingContext& context, SampledToken* out);
+
   Executor* executor_;
   const std::atomic<bool>* abort_ = nullptr;
   int64_t vocab_size_;
   std::vector<int32_t> eos_token_ids_;
   Sampler sampler_;
   std::vector<float> logits_;  // [num sampling sequences, vocab]
+  std::vector<float> processed_;      // [k + 1, vocab] VerifySampled scratch
+  std::vector<double> target_probs_;  // [k + 1, vocab]
+  std::vector<double> draft_probs_;   // [k, vocab]
   int64_t num_computed_tokens_ = 0;
   int64_t num_steps_ = 0;
 };

@@ -100,6 +100,12 @@ class Sampler {
   void Candidates(absl::Span<const float> logits, const SamplingParams& params,
                   std::vector<int32_t>* ids, std::vector<double>* probs);
 
+  // Fills result->logprob (of result->token_id) and top_logprobs from
+  // already-processed logits, as Sample() does (speculative verification).
+  void Logprobs(absl::Span<const float> processed, int num_top, SampleResult* result) {
+    FillLogprobs(processed, num_top, result);
+  }
+
  private:
   // Fills ids_ / probs_; when `sorted` is false the order may be id order
   // (pure temperature sampling, which needs no sort).

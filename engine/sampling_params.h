@@ -30,6 +30,7 @@ inline constexpr int64_t kMaxMaxTokens = int64_t{1} << 20;
 inline constexpr size_t kMaxStopTokenIds = 64;
 inline constexpr size_t kMaxStopStrings = 16;
 inline constexpr size_t kMaxStopStringBytes = 128;
+inline constexpr int64_t kMaxRequestSpecTokens = 16;  // engine::kMaxSpeculativeTokens
 
 // When a sequence stops. Enforced by StopChecker (stop_checker.h), except
 // min_tokens, which the Sampler also enforces by masking EOS / stop tokens.
@@ -81,6 +82,12 @@ struct SamplingParams {
   std::optional<int> num_logprobs = std::nullopt;
 
   StopParams stop = {};
+
+  // Speculative decoding for this request (docs/speculative.md): draft
+  // tokens per step at most; 0 turns speculation off for the request, a
+  // value above the server's --spec-tokens is capped to it. nullopt = the
+  // server's setting. [0, kMaxRequestSpecTokens].
+  std::optional<int64_t> num_speculative_tokens = std::nullopt;
 
   // InvalidArgument naming the field for every out-of-range value (NaN,
   // negatives, top_p outside (0, 1], oversized lists). Token ids (logit_bias,

@@ -74,9 +74,11 @@ absl::Status Scheduler::AddRequest(std::unique_ptr<Sequence> seq) {
 SchedulerOutput Scheduler::Schedule() {
   SchedulerOutput out;
   int64_t budget = config_.max_num_batched_tokens;
-  ScheduleRunning(&out, &budget);
+  std::vector<size_t> batch_indices;  // entries waiting for BatchProposer drafts
+  ScheduleRunning(&out, &budget, &batch_indices);
   // After a preemption the pool is short: admitting now would only thrash.
-  if (out.preempted.empty()) ScheduleWaiting(&out, &budget);
+  if (out.preempted.empty()) ScheduleWaiting(&out, &budget, &batch_indices);
+  if (!batch_indices.empty()) ProposeBatch(&out, batch_indices, &budget);
   out.num_batched_tokens = config_.max_num_batched_tokens - budget;
   return out;
 }
@@ -94,12 +96,16 @@ int64_t Scheduler::TokensToRun(const Sequence& seq, int64_t num_computed, int64_
   return std::max<int64_t>(0, std::min(n, budget));
 }
 
-std::vector<int32_t> Scheduler::Drafts(Sequence* seq, int64_t budget) {
-  if (config_.num_speculative_tokens == 0 || !proposer_) return {};
-  if (seq->num_uncomputed_tokens() != 1) return {};  // prefill or replay
-  if (seq->spec_skip_steps() > 0) {
-    seq->set_spec_backoff(seq->spec_skip_steps() - 1, seq->spec_misses());
-    return {};
+int64_t Scheduler::WantedDrafts(const Sequence& seq, bool* backing_off) const {
+  *backing_off = false;
+  int64_t limit = config_.num_speculative_tokens;
+  if (const std::optional<int64_t> r = seq.sampling_params().num_speculative_tokens) {
+    limit = std::min(limit, *r);
+  }
+  if (limit <= 0) return 0;
+  if (seq.spec_skip_steps() > 0) {
+    *backing_off = true;
+    return 0;
   }
   // Never draft past what the sequence may still emit (max_tokens: the
   // sampled token comes on top of the drafts) or the KV cache could hold.
@@ -107,15 +113,84 @@ std::vector<int32_t> Scheduler::Drafts(Sequence* seq, int64_t budget) {
   // accepted, so a verification step does not pay for drafts that will not
   // stick (on a compute-bound CPU each draft costs about one token).
   const int64_t wanted = static_cast<int64_t>(std::ceil(
-      std::min<double>(seq->spec_accept_ema(), double(config_.num_speculative_tokens)))) + 1;
-  int64_t k = std::min({config_.num_speculative_tokens, wanted, budget - 1});
-  const std::optional<int64_t> max_tokens = seq->sampling_params().stop.max_tokens;
-  if (max_tokens.has_value()) k = std::min(k, *max_tokens - seq->num_output_tokens() - 1);
-  k = std::min(k, max_num_tokens_per_sequence() - seq->num_tokens());
+      std::min<double>(seq.spec_accept_ema(), double(limit)))) + 1;
+  int64_t k = std::min(limit, wanted);
+  const std::optional<int64_t> max_tokens = seq.sampling_params().stop.max_tokens;
+  if (max_tokens.has_value()) k = std::min(k, *max_tokens - seq.num_output_tokens() - 1);
+  k = std::min(k, max_num_tokens_per_sequence() - seq.num_tokens());
+  return std::max<int64_t>(k, 0);
+}
+
+void Scheduler::SkipDraftStep(Sequence* seq) {
+  seq->set_spec_backoff(seq->spec_skip_steps() - 1, seq->spec_misses());
+}
+
+std::vector<int32_t> Scheduler::Drafts(Sequence* seq, int64_t budget) {
+  if (config_.num_speculative_tokens == 0 || !proposer_) return {};
+  if (seq->num_uncomputed_tokens() != 1) return {};  // prefill or replay
+  bool backing_off = false;
+  const int64_t k = std::min(WantedDrafts(*seq, &backing_off), budget - 1);
+  if (backing_off) SkipDraftStep(seq);
   if (k <= 0) return {};
   std::vector<int32_t> drafts = proposer_(*seq, k);
   if (static_cast<int64_t>(drafts.size()) > k) drafts.resize(k);
   return drafts;
+}
+
+bool Scheduler::PlanBatchDrafts(const Sequence& seq, int64_t start, int64_t budget, int64_t* n,
+                                int64_t* num_drafts, bool* backing_off) const {
+  const int64_t rem = seq.num_tokens() - start;
+  *num_drafts = 0;
+  *backing_off = false;
+  // Only a step that samples verifies drafts; the first output token never
+  // has any (as on a prefill worker, so colocated and disaggregated agree).
+  if (*n != rem || seq.num_output_tokens() == 0) return true;
+  // A step of the whole budget can always hold a decode's 1 + k.
+  const int64_t k = std::min(WantedDrafts(seq, backing_off), config_.max_num_batched_tokens - 1);
+  if (k <= 0) return true;
+  if (rem + k <= budget) {
+    *num_drafts = k;
+    return true;
+  }
+  if (seq.sampling_params().temperature == 0.0) {  // greedy: any k gives the same tokens
+    *num_drafts = std::max<int64_t>(0, budget - rem);
+    return true;
+  }
+  // Sampled: fewer drafts would change the tokens drawn (header), so compute
+  // all but the last token now (a recompute after preemption) or wait.
+  if (rem > 1) {
+    *n = rem - 1;
+    return true;
+  }
+  return false;
+}
+
+void Scheduler::ProposeBatch(SchedulerOutput* out, const std::vector<size_t>& indices,
+                             int64_t* budget) {
+  std::vector<BatchProposer::Request> requests;
+  requests.reserve(indices.size());
+  for (size_t i : indices) {
+    const ScheduledSequence& s = out->scheduled[i];
+    requests.push_back({s.seq, s.num_spec_tokens});
+  }
+  std::vector<BatchProposer::Proposal> proposals = batch_proposer_->Propose(requests);
+  TANDEM_CHECK(proposals.size() == requests.size());
+  for (size_t j = 0; j < indices.size(); ++j) {
+    ScheduledSequence& s = out->scheduled[indices[j]];
+    BatchProposer::Proposal& p = proposals[j];
+    const int64_t wanted = s.num_spec_tokens;
+    const int64_t got = std::min<int64_t>(wanted, static_cast<int64_t>(p.token_ids.size()));
+    if (!p.probs.empty() && got > 0) {
+      const size_t vocab = p.probs.size() / p.token_ids.size();
+      p.probs.resize(static_cast<size_t>(got) * vocab);
+      s.draft_probs = std::move(p.probs);
+    }
+    s.token_ids.insert(s.token_ids.end(), p.token_ids.begin(), p.token_ids.begin() + got);
+    s.num_tokens += got - wanted;
+    s.num_spec_tokens = got;
+    // Slots allocated for missing drafts stay with the sequence (used later).
+    *budget += wanted - got;
+  }
 }
 
 ScheduledSequence Scheduler::MakeScheduled(const Sequence& seq, int64_t start, int64_t n) const {
@@ -132,17 +207,31 @@ ScheduledSequence Scheduler::MakeScheduled(const Sequence& seq, int64_t start, i
   return s;
 }
 
-void Scheduler::ScheduleRunning(SchedulerOutput* out, int64_t* budget) {
+void Scheduler::ScheduleRunning(SchedulerOutput* out, int64_t* budget,
+                                std::vector<size_t>* batch_indices) {
+  const bool batched = batch_proposer_ != nullptr && config_.num_speculative_tokens > 0;
   // running_ shrinks from the back when sequences are preempted; victims are
   // always behind i, so nothing already scheduled is taken back.
   for (size_t i = 0; i < running_.size() && *budget > 0; ++i) {
     Sequence* seq = running_[i];
     const int64_t start = seq->num_computed_tokens();
-    const std::vector<int32_t> drafts = Drafts(seq, *budget);
-    const int64_t n = drafts.empty() ? TokensToRun(*seq, start, *budget) : 1 + drafts.size();
+    std::vector<int32_t> drafts;
+    int64_t n = 0;  // sequence tokens to compute
+    int64_t num_drafts = 0;
+    bool backing_off = false;
+    if (batched) {
+      n = TokensToRun(*seq, start, *budget);
+      if (!PlanBatchDrafts(*seq, start, *budget, &n, &num_drafts, &backing_off)) {
+        continue;  // waits for a step with room for its drafts
+      }
+    } else {
+      drafts = Drafts(seq, *budget);
+      num_drafts = static_cast<int64_t>(drafts.size());
+      n = num_drafts == 0 ? TokensToRun(*seq, start, *budget) : 1;
+    }
     if (n == 0) continue;
     bool self_preempted = false;
-    while (!kv_->AllocateSlots(seq->id(), start, n, &out->block_copies)) {
+    while (!kv_->AllocateSlots(seq->id(), start, n + num_drafts, &out->block_copies)) {
       Sequence* victim = running_.back();
       Preempt(victim, out);
       if (victim == seq) {
@@ -151,31 +240,47 @@ void Scheduler::ScheduleRunning(SchedulerOutput* out, int64_t* budget) {
       }
     }
     if (self_preempted) break;
-    if (drafts.empty()) {
-      out->scheduled.push_back(MakeScheduled(*seq, start, n));
-    } else {
-      ScheduledSequence s = MakeScheduled(*seq, start, 1);
-      s.num_tokens = n;
-      s.num_spec_tokens = static_cast<int64_t>(drafts.size());
+    if (backing_off) SkipDraftStep(seq);
+    ScheduledSequence s = MakeScheduled(*seq, start, n);
+    if (num_drafts > 0) {
+      s.num_tokens = n + num_drafts;
+      s.num_spec_tokens = num_drafts;
       s.token_ids.insert(s.token_ids.end(), drafts.begin(), drafts.end());
-      out->scheduled.push_back(std::move(s));
+      if (batched) batch_indices->push_back(out->scheduled.size());
     }
-    *budget -= n;
+    out->scheduled.push_back(std::move(s));
+    *budget -= n + num_drafts;
   }
 }
 
-void Scheduler::ScheduleWaiting(SchedulerOutput* out, int64_t* budget) {
+void Scheduler::ScheduleWaiting(SchedulerOutput* out, int64_t* budget,
+                                std::vector<size_t>* batch_indices) {
+  const bool batched = batch_proposer_ != nullptr && config_.num_speculative_tokens > 0;
   while (!waiting_.empty() && *budget > 0 && num_running() < config_.max_num_seqs) {
     Sequence* seq = waiting_.front();
     const int64_t cached = kv_->FindCachedPrefix(seq->token_ids(), seq->extra_key());
     // Imported K/V costs blocks but no compute budget.
     const int64_t start = std::max(cached, seq->num_imported_tokens());
-    const int64_t n = TokensToRun(*seq, start, *budget);
+    int64_t n = TokensToRun(*seq, start, *budget);
     if (n == 0) break;
+    // A recomputed (preempted) or handed-off sequence may sample at
+    // admission: drafts as for a running one.
+    int64_t num_drafts = 0;
+    bool backing_off = false;
+    if (batched && !PlanBatchDrafts(*seq, start, *budget, &n, &num_drafts, &backing_off)) break;
     if (!kv_->AllocateNew(seq->id(), seq->token_ids(), seq->extra_key(), cached,
                           start - cached + n)) {
       break;
     }
+    if (num_drafts > 0 &&
+        !kv_->AllocateSlots(seq->id(), start + n, num_drafts, &out->block_copies)) {
+      if (seq->sampling_params().temperature > 0.0) {  // all or nothing (see header)
+        kv_->Free(seq->id());
+        break;
+      }
+      num_drafts = 0;
+    }
+    if (backing_off) SkipDraftStep(seq);
     waiting_.pop_front();
     num_waiting_tokens_ -= seq->num_tokens();
     if (start > cached) out->kv_imports.push_back(KvImport{seq->id(), cached, start});
@@ -184,8 +289,14 @@ void Scheduler::ScheduleWaiting(SchedulerOutput* out, int64_t* budget) {
     seq->set_num_cached_tokens(cached);
     seq->set_status(SequenceStatus::kRunning);
     running_.push_back(seq);
-    out->scheduled.push_back(MakeScheduled(*seq, start, n));
-    *budget -= n;
+    ScheduledSequence s = MakeScheduled(*seq, start, n);
+    if (num_drafts > 0) {
+      s.num_tokens = n + num_drafts;
+      s.num_spec_tokens = num_drafts;
+      batch_indices->push_back(out->scheduled.size());
+    }
+    out->scheduled.push_back(std::move(s));
+    *budget -= n + num_drafts;
   }
 }
 
@@ -193,6 +304,7 @@ void Scheduler::Preempt(Sequence* seq, SchedulerOutput* out) {
   TANDEM_CHECK(!running_.empty() && running_.back() == seq);
   running_.pop_back();
   kv_->Free(seq->id());
+  if (batch_proposer_ != nullptr) batch_proposer_->Release(seq->id());
   seq->set_num_computed_tokens(0);
   seq->set_num_cached_tokens(0);
   seq->set_status(SequenceStatus::kPreempted);
@@ -267,6 +379,7 @@ void Scheduler::RemoveFromQueues(Sequence* seq) {
 void Scheduler::Finish(Sequence* seq, FinishReason reason) {
   RemoveFromQueues(seq);
   kv_->Free(seq->id());
+  if (batch_proposer_ != nullptr) batch_proposer_->Release(seq->id());
   seq->set_status(FinishedStatus(reason));
 }
 

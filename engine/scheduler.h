@@ -29,6 +29,24 @@
 // the rejected drafts' K/V slots are simply overwritten later. A sequence
 // whose drafts keep being rejected backs off (skips proposing for 1, 2, 4,
 // ... up to 16 steps), so speculation that does not pay is turned down.
+// A request's SamplingParams::num_speculative_tokens lowers k (0 = off).
+//
+// A BatchProposer (the draft model, engine/spec/draft_proposer.h) is asked
+// once per step, after the running sequences are scheduled, for all the
+// sequences that want drafts together; it returns exactly the k drafts asked
+// (fewer only on failure) with the draft's distribution q per draft. Its
+// Release() is called whenever a sequence leaves the running set (finished,
+// cancelled, preempted), so it can free the sequence's draft state. With a
+// BatchProposer the drafts are attached to whichever step samples the
+// sequence, whatever its chunk (one decode token, or the tail of a
+// recompute after preemption), except the first output token (never
+// drafted, as on a prefill worker). For a sampled request (temperature > 0)
+// the number of drafts then depends on the sequence's own state alone,
+// never on chunking or what else is in the step: when the step's remaining
+// budget cannot hold the chunk and k drafts, the chunk stops one token short
+// (or, at one token, the sequence waits for the next step) instead of
+// drafting fewer, since with a draft distribution q the tokens drawn depend
+// on where drafts were verified.
 //
 // Thread safety: none; the engine thread owns it. The KvCacheManager is not
 // owned and must outlive the Scheduler; the Scheduler is its only mutator.
@@ -50,7 +68,7 @@
 
 namespace tandem::engine {
 
-inline constexpr int64_t kMaxSpeculativeTokens = 16;
+inline constexpr int64_t kMaxSpeculativeTokens = kMaxRequestSpecTokens;
 
 struct SchedulerConfig {
   int64_t max_num_batched_tokens = 512;  // token budget of one step
@@ -82,6 +100,10 @@ struct ScheduledSequence {
   // tokens (not in the sequence); the caller computes logits for the last
   // num_spec_tokens + 1 positions and verifies the drafts.
   int64_t num_spec_tokens = 0;
+  // The draft model's distribution of each draft, [num_spec_tokens, vocab]
+  // row major, when the drafts were sampled from one (BatchProposer, sampled
+  // requests); empty for deterministic drafts (n-gram, greedy: q one-hot).
+  std::vector<float> draft_probs;
   // What the executor needs, so the runner never calls back into the
   // scheduler or the block manager per sequence:
   // token_ids[start_position, start_position + num_tokens) of the sequence,
@@ -127,6 +149,26 @@ struct SequenceResult {
   std::vector<int32_t> accepted_draft_ids;
 };
 
+// A draft source asked once per step for a batch of sequences (a draft
+// model). Engine thread only.
+class BatchProposer {
+ public:
+  struct Request {
+    const Sequence* seq = nullptr;
+    int64_t num_drafts = 0;  // >= 1: drafts wanted after seq's tokens
+  };
+  struct Proposal {
+    std::vector<int32_t> token_ids;  // [<= num_drafts]; fewer only on failure
+    std::vector<float> probs;        // [token_ids.size(), vocab] or empty (one-hot)
+  };
+  virtual ~BatchProposer() = default;
+  // One proposal per request, in order.
+  virtual std::vector<Proposal> Propose(absl::Span<const Request> requests) = 0;
+  // The sequence left the running set (finished, cancelled or preempted):
+  // drop its drafting state. No-op when it has none.
+  virtual void Release(SeqId seq_id) = 0;
+};
+
 class Scheduler {
  public:
   // REQUIRES: config.Validate().ok(); kv outlives the Scheduler.
@@ -142,6 +184,8 @@ class Scheduler {
   using Proposer =
       std::function<std::vector<int32_t>(const Sequence& seq, int64_t max_tokens)>;
   void set_proposer(Proposer proposer) { proposer_ = std::move(proposer); }
+  // A batched draft source instead (not owned; must outlive the Scheduler).
+  void set_batch_proposer(BatchProposer* proposer) { batch_proposer_ = proposer; }
   // The most tokens one sequence can hold (the whole KV cache). The caller's
   // stop checks must finish a sequence (kLength) before it grows past this,
   // or it can never be scheduled again.
@@ -187,8 +231,24 @@ class Scheduler {
   // Draft tokens for a running sequence in its decode phase ({} when off,
   // backing off, or nothing to propose), at most budget - 1 of them.
   std::vector<int32_t> Drafts(Sequence* seq, int64_t budget);
-  void ScheduleRunning(SchedulerOutput* out, int64_t* budget);
-  void ScheduleWaiting(SchedulerOutput* out, int64_t* budget);
+  // BatchProposer: *n sequence tokens to compute and *num_drafts drafts to
+  // verify after them this step; false when the sequence must wait for a
+  // step with room for its drafts (sampled).
+  // *n comes in as TokensToRun; *backing_off: the step that runs must call
+  // SkipDraftStep (only once it is scheduled).
+  bool PlanBatchDrafts(const Sequence& seq, int64_t start, int64_t budget, int64_t* n,
+                       int64_t* num_drafts, bool* backing_off) const;
+  // Asks the BatchProposer for the drafts of out->scheduled[indices[i]] and
+  // fills them in; drafts it could not give return to *budget.
+  void ProposeBatch(SchedulerOutput* out, const std::vector<size_t>& indices, int64_t* budget);
+  // Drafts a sequence may take by its own state (config, request cap,
+  // adaptive k, max_tokens, KV capacity); 0 and *backing_off when it is
+  // pausing proposals (then the step that samples calls SkipDraftStep).
+  int64_t WantedDrafts(const Sequence& seq, bool* backing_off) const;
+  void SkipDraftStep(Sequence* seq);
+  // batch_indices: entries of out->scheduled that wait for BatchProposer drafts.
+  void ScheduleRunning(SchedulerOutput* out, int64_t* budget, std::vector<size_t>* batch_indices);
+  void ScheduleWaiting(SchedulerOutput* out, int64_t* budget, std::vector<size_t>* batch_indices);
   // Tokens `seq` may run this step under `budget` (0 = none).
   int64_t TokensToRun(const Sequence& seq, int64_t num_computed, int64_t budget) const;
   void Preempt(Sequence* seq, SchedulerOutput* out);
@@ -198,6 +258,7 @@ class Scheduler {
 
   SchedulerConfig config_;
   Proposer proposer_;
+  BatchProposer* batch_proposer_ = nullptr;  // not owned
   KvCacheManager* kv_;                                          // not owned
   absl::flat_hash_map<SeqId, std::unique_ptr<Sequence>> seqs_;  // unfinished
   std::deque<Sequence*> waiting_;

@@ -9,6 +9,10 @@ from tools/setup_ref_env.sh), llama.cpp runs the same prompts in the same run
 without and with its prompt-lookup decoding (llama_cpp.llama_speculative.
 LlamaPromptLookupDecoding), for the ratio against the peer.
 
+With --draft-model PATH (or "self": the benchmarked model as its own draft)
+it also runs --spec-method draft (draft kernels --draft-kernels, default
+fast-int8) and adds its tokens/s, speedup and acceptance columns.
+
 Prints, per workload, the median over --reps runs of: tokens generated,
 decode tokens/s (1000 / TPOT), the [spec] acceptance numbers, the speedup.
 
@@ -43,10 +47,12 @@ print(json.dumps({"chunks": n, "decode_tps": (n - 1) / (t1 - first) if n > 1 and
 """
 
 
-def run_tandem(tandem, model, threads, max_tokens, prompt, method, k):
+def run_tandem(tandem, model, threads, max_tokens, prompt, method, k, draft=None):
     cmd = [tandem, "generate", "--chat", "--json", "--prompt", prompt, "--max-tokens",
            str(max_tokens), "--threads", str(threads), "--spec-method", method,
            "--spec-tokens", str(k)]
+    if draft:
+        cmd += ["--spec-draft-model", draft[0], "--spec-draft-kernels", draft[1]]
     if model:
         cmd += ["--model", model]
     p = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -67,20 +73,28 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--spec-tokens", type=int, default=4)
     ap.add_argument("--llama-python", default="")
+    ap.add_argument("--draft-model", default="", help='a draft GGUF, or "self"')
+    ap.add_argument("--draft-kernels", default="fast-int8")
     a = ap.parse_args()
     model = a.model or os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    draft = None
+    if a.draft_model:
+        draft = (model if a.draft_model == "self" else a.draft_model, a.draft_kernels)
     print(f"speculative decoding benchmark: {os.path.basename(model)}, {a.threads} threads, "
           f"greedy, max {a.max_tokens} tokens, k={a.spec_tokens}, median of {a.reps}",
           file=sys.stderr)
     rows = []
     for w in WORKLOADS:
         prompt = open(os.path.join(ROOT, "tools", "spec_workloads", w + ".txt")).read().strip()
-        off, on = [], []
+        off, on, dr = [], [], []
         for r in range(a.reps):
             print(f"  {w}: run {r + 1}/{a.reps}", file=sys.stderr)
             off.append(run_tandem(a.tandem, a.model, a.threads, a.max_tokens, prompt, "off", a.spec_tokens))
             on.append(run_tandem(a.tandem, a.model, a.threads, a.max_tokens, prompt, "ngram", a.spec_tokens))
-        same = all(x["ids"] == off[0]["ids"] for x in off + on)
+            if draft:
+                dr.append(run_tandem(a.tandem, a.model, a.threads, a.max_tokens, prompt, "draft",
+                                     a.spec_tokens, draft))
+        same = all(x["ids"] == off[0]["ids"] for x in off + on + dr)
         row = {
             "workload": w, "tokens": off[0]["tokens"], "identical": same,
             "off_tps": statistics.median(x["tps"] for x in off),
@@ -88,6 +102,10 @@ def main():
             "acceptance_pct": on[0]["acc"][0] if on[0]["acc"] else 0.0,
             "mean_accept_len": on[0]["acc"][1] if on[0]["acc"] else 1.0,
         }
+        if draft:
+            row["draft_tps"] = statistics.median(x["tps"] for x in dr)
+            row["draft_acceptance_pct"] = dr[0]["acc"][0] if dr[0]["acc"] else 0.0
+            row["draft_accept_len"] = dr[0]["acc"][1] if dr[0]["acc"] else 1.0
         if a.llama_python:
             for lookup in (0, 1):
                 vals = []
@@ -99,6 +117,8 @@ def main():
                 row["llama_lookup_tps" if lookup else "llama_tps"] = statistics.median(vals)
         rows.append(row)
     hdr = f"{'workload':<11}{'tokens':>7}{'same':>6}{'off tok/s':>11}{'ngram tok/s':>13}{'speedup':>9}{'accept %':>10}{'len':>6}"
+    if draft:
+        hdr += f"{'draft tok/s':>13}{'speedup':>9}{'accept %':>10}{'len':>6}"
     if a.llama_python:
         hdr += f"{'llama.cpp':>11}{'+lookup':>9}{'ngram/lookup':>14}"
     print(hdr)
@@ -106,6 +126,9 @@ def main():
         line = (f"{r['workload']:<11}{r['tokens']:>7}{'yes' if r['identical'] else 'NO':>6}"
                 f"{r['off_tps']:>11.1f}{r['ngram_tps']:>13.1f}{r['ngram_tps'] / r['off_tps']:>8.2f}x"
                 f"{r['acceptance_pct']:>10.1f}{r['mean_accept_len']:>6.2f}")
+        if draft:
+            line += (f"{r['draft_tps']:>13.1f}{r['draft_tps'] / r['off_tps']:>8.2f}x"
+                     f"{r['draft_acceptance_pct']:>10.1f}{r['draft_accept_len']:>6.2f}")
         if a.llama_python:
             line += (f"{r['llama_tps']:>11.1f}{r['llama_lookup_tps']:>9.1f}"
                      f"{r['ngram_tps'] / r['llama_lookup_tps']:>13.2f}x")

@@ -4,7 +4,8 @@
 // engine's n-gram path does not need it: for one-hot drafts ModelRunner
 // verifies by sample-and-compare, which is this rule exactly and keeps the
 // output token-for-token identical to plain decoding (docs/speculative.md).
-// This is the building block of the draft-model proposer (not wired yet).
+// ModelRunner uses it for drafts sampled from a draft model
+// (engine/spec/draft_proposer.h, sampled requests).
 //
 // Inputs for one sequence with k draft tokens d[0, k):
 //   * The target model's logits at k + 1 positions: row i scores the token

@@ -191,6 +191,13 @@ int RunGenerate(int argc, char** argv) {
                           ? static_cast<int>(flags.threads)
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ThreadPool pool(threads);
+  if (flags.spec.method == "draft") {
+    auto target = ResolveModelPath(flags.model);
+    if (!target.ok()) return UsageError(std::string(target.status().message()));
+    if (absl::Status s = CheckDraftVocab(flags.spec, *target); !s.ok()) {
+      return UsageError(std::string(s.message()));
+    }
+  }
   auto loaded = LoadModel(flags.model, &pool, /*verbose=*/true);
   if (!loaded.ok()) return UsageError(std::string(loaded.status().message()));
   const tokenizer::Tokenizer& tok = *loaded->tokenizer;
@@ -223,6 +230,9 @@ int RunGenerate(int argc, char** argv) {
   if (!eng.ok()) return UsageError(std::string(eng.status().message()));
   std::fprintf(stderr, "[engine] %s\n[engine] %s\n", (*eng)->kv_cache_description().c_str(),
                (*eng)->executor_description().c_str());
+  if (!(*eng)->draft_description().empty()) {
+    std::fprintf(stderr, "[engine] %s\n", (*eng)->draft_description().c_str());
+  }
 
   EventQueue queue;
   const bool stream_text = !from_file && !flags.json;

@@ -256,6 +256,10 @@ int RunServe(int argc, char** argv) {
     std::fprintf(stderr, "tandem serve: %s\n", std::string(model_path.status().message()).c_str());
     return kExitUsage;
   }
+  if (absl::Status s = CheckDraftVocab(f.spec, *model_path); !s.ok()) {
+    std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  }
   LogInit("serve");
   BlockStopSignals();
 

@@ -98,6 +98,7 @@ int RunWorker(const char* role, int argc, char** argv) {
   if (!spec.ok()) return usage(std::string(spec.status().message()));
   auto path = ResolveModelPath(f.model);
   if (!path.ok()) return usage(std::string(path.status().message()));
+  if (absl::Status s = CheckDraftVocab(f.spec, *path); !s.ok()) return usage(std::string(s.message()));
   auto kv_bytes = engine::ParseMemorySize(f.kv_cache_memory);
   if (!kv_bytes.ok())
     return usage("--kv-cache-memory: " + std::string(kv_bytes.status().message()));

@@ -25,6 +25,9 @@ absl::StatusOr<engine::SamplingParams> FromProto(const tandem::v1::WorkerSamplin
   p.stop.ignore_eos = proto.ignore_eos();
   p.stop.stop_token_ids.assign(proto.stop_token_ids().begin(), proto.stop_token_ids().end());
   p.stop.stop_strings.assign(proto.stop().begin(), proto.stop().end());
+  if (proto.has_num_speculative_tokens()) {
+    p.num_speculative_tokens = proto.num_speculative_tokens();
+  }
   TANDEM_RETURN_IF_ERROR(p.Validate(vocab_size));
   return p;
 }
@@ -49,6 +52,11 @@ void ToProto(const engine::SamplingParams& p, tandem::v1::WorkerSamplingParams* 
   for (int32_t id : p.stop.stop_token_ids) proto->add_stop_token_ids(id);
   proto->clear_stop();
   for (const std::string& s : p.stop.stop_strings) proto->add_stop(s);
+  if (p.num_speculative_tokens.has_value()) {
+    proto->set_num_speculative_tokens(static_cast<int32_t>(*p.num_speculative_tokens));
+  } else {
+    proto->clear_num_speculative_tokens();
+  }
 }
 
 tandem::v1::FinishReason ToProto(engine::RequestFinishReason reason) {

@@ -316,6 +316,15 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const tandem::v1::GenerateRequest
                     &out.params.stop);
       !s.ok())
     return s;
+  if (request.speculative().has_num_speculative_tokens()) {
+    const int32_t k = request.speculative().num_speculative_tokens();
+    if (k < 0 || k > engine::kMaxRequestSpecTokens) {
+      return InvalidArgumentError(absl::StrFormat(
+          "speculative.num_speculative_tokens must be in [0, %d] (0 = off), got %d",
+          engine::kMaxRequestSpecTokens, k));
+    }
+    out.params.num_speculative_tokens = k;
+  }
   const auto& lp = request.logprobs();
   if (lp.has_top_logprobs() && (lp.top_logprobs() < 0 || lp.top_logprobs() > kMaxTopLogprobs)) {
     return InvalidArgumentError(absl::StrFormat("logprobs.top_logprobs must be in [0, %d], got %d",

@@ -219,7 +219,9 @@ TEST(SpecDecodeConfigTest, ValidatesAndParses) {
   EXPECT_EQ(m, SpecDecodeConfig::Method::kNgram);
   EXPECT_TRUE(ParseSpecMethod("off", &m));
   EXPECT_EQ(m, SpecDecodeConfig::Method::kOff);
-  EXPECT_FALSE(ParseSpecMethod("draft", &m));
+  EXPECT_TRUE(ParseSpecMethod("draft", &m));
+  EXPECT_EQ(m, SpecDecodeConfig::Method::kDraft);
+  EXPECT_FALSE(ParseSpecMethod("medusa", &m));
   EXPECT_FALSE(ParseSpecMethod("", &m));
 }
 

@@ -139,6 +139,72 @@ TEST(GenerateCliTest, SpeculativeNgramGivesTheSameTokens) {
   }
 }
 
+// --spec-method draft with the bundled model as its own draft on fast-int8
+// kernels: the greedy tokens of the golden prompts equal the references,
+// alone and as a batch (--prompts-file), drafts are accepted, and every bad
+// draft setup is one error line with exit 2 (generate, decode, serve).
+TEST(GenerateCliTest, SpeculativeDraftModelGivesTheGoldenTokens) {
+  Json golden = Json::Parse(ReadFileOrEmpty(TestDataPath("logits_smollm2.json")));
+  const std::string file = ::testing::TempDir() + "/spec_draft_prompts.jsonl";
+  std::vector<std::vector<int>> expected;
+  {
+    std::ofstream out(file);
+    for (const Json& c : golden["cases"].array) {
+      if (c["text"].str.find('\n') != std::string::npos) continue;  // one prompt per line
+      out << c["text"].str << "\n";
+      expected.push_back(c["greedy"].As<int>());
+      std::vector<int> first32(expected.back().begin(),
+                               expected.back().begin() + std::min<size_t>(32, expected.back().size()));
+      expected.back() = first32;
+    }
+  }
+  ASSERT_GE(expected.size(), 2u);
+  const std::vector<std::string> draft = {"--spec-method", "draft", "--spec-draft-model",
+                                          DefaultModelPath(), "--spec-draft-kernels", "fast-int8"};
+  std::vector<std::string> args = {"generate", "--prompts-file", file, "--max-tokens", "32",
+                                   "--json", "--ignore-eos", "--concurrency", "4"};
+  args.insert(args.end(), draft.begin(), draft.end());
+  ProcessResult batch = Tandem(args);
+  ASSERT_EQ(batch.exit_code, 0) << batch.err;
+  std::vector<std::vector<int>> got;
+  std::istringstream lines(batch.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty()) got.push_back(Json::Parse(line)["token_ids"].As<int>());
+  }
+  EXPECT_EQ(got, expected);
+  const size_t at = batch.err.find("[spec] ");
+  ASSERT_NE(at, std::string::npos) << batch.err;
+  EXPECT_EQ(batch.err.find(" 0 accepted", at), std::string::npos) << batch.err;
+  EXPECT_NE(batch.err.find("[engine] draft model"), std::string::npos) << batch.err;
+
+  const std::string other_vocab = TestDataPath("tiny_spm.gguf");
+  struct Bad {
+    std::vector<std::string> args;
+    std::string says;
+  };
+  const std::vector<Bad> bad = {
+      {{"--spec-method", "draft"}, "--spec-draft-model"},
+      {{"--spec-method", "draft", "--spec-draft-model", "/nonexistent/draft.gguf"},
+       "/nonexistent/draft.gguf"},
+      {{"--spec-method", "ngram", "--spec-draft-model", DefaultModelPath()}, "--spec-method draft"},
+      {{"--spec-method", "draft", "--spec-draft-model", DefaultModelPath(), "--spec-draft-kernels",
+        "turbo"},
+       "--spec-draft-kernels"},
+      {{"--spec-method", "draft", "--spec-draft-model", other_vocab}, "vocabulary"},
+  };
+  for (const std::string& cmd : {"generate", "decode", "serve"}) {
+    for (const Bad& b : bad) {
+      std::vector<std::string> a = {cmd};
+      if (cmd == "generate") a.insert(a.end(), {"--prompt", "hi"});
+      a.insert(a.end(), b.args.begin(), b.args.end());
+      ProcessResult r = Tandem(a);
+      EXPECT_EQ(r.exit_code, 2) << cmd << " " << b.says << ": " << r.err;
+      EXPECT_EQ(CountLines(r.err), 1) << cmd << ": " << r.err;
+      EXPECT_NE(r.err.find(b.says), std::string::npos) << cmd << ": " << r.err;
+    }
+  }
+}
+
 TEST(GenerateCliTest, NotAGgufFileNamesTheProblem) {
   ProcessResult r = Tandem({"generate", "--prompt", "hi", "--model", TestDataPath("tokenizer_smollm2.jsonl")});
   EXPECT_EQ(r.exit_code, 2);

@@ -15,6 +15,7 @@
 #include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/support/sync_stream.h"
 #include "gtest/gtest.h"
+#include "services/common/convert.h"
 #include "services/router/router_server.h"
 #include "tandem/v1/generation.grpc.pb.h"
 #include "tandem/v1/worker.pb.h"
@@ -153,6 +154,12 @@ TEST_F(RouterTest, BadInputTableGetsDocumentedCodesAndServerKeepsServing) {
        "sampling.top_p"},
       {"top_k < 0", [](GenerateRequest* r) { r->mutable_sampling()->set_top_k(-1); }, kInvalid,
        "sampling.top_k"},
+      {"speculative tokens > 16",
+       [](GenerateRequest* r) { r->mutable_speculative()->set_num_speculative_tokens(17); },
+       kInvalid, "speculative.num_speculative_tokens"},
+      {"speculative tokens < 0",
+       [](GenerateRequest* r) { r->mutable_speculative()->set_num_speculative_tokens(-1); },
+       kInvalid, "speculative.num_speculative_tokens"},
       {"min_p > 1", [](GenerateRequest* r) { r->mutable_sampling()->set_min_p(2); }, kInvalid,
        "sampling.min_p"},
       {"repetition_penalty 0",
@@ -235,6 +242,55 @@ TEST_F(RouterTest, BadInputTableGetsDocumentedCodesAndServerKeepsServing) {
   ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
   EXPECT_EQ(ok.token_ids.size(), 4u);
   EXPECT_EQ(ok.finish_reason, tandem::v1::FINISH_REASON_LENGTH);
+}
+
+// speculative.num_speculative_tokens reaches the engine (colocated) and the
+// worker protocol (disaggregated: WorkerSamplingParams) and is honoured: 0
+// turns a server's speculation off for the request, unset leaves it on.
+TEST(RouterSpecTest, PerRequestSpeculationIsCarriedAndHonoured) {
+  engine::SamplingParams p;
+  tandem::v1::WorkerSamplingParams wire;
+  services::ToProto(p, &wire);
+  EXPECT_FALSE(wire.has_num_speculative_tokens());
+  auto back = services::FromProto(wire, 1000);
+  ASSERT_TRUE(back.ok());
+  EXPECT_FALSE(back->num_speculative_tokens.has_value());
+  p.num_speculative_tokens = 0;
+  services::ToProto(p, &wire);
+  ASSERT_TRUE(wire.has_num_speculative_tokens());
+  back = services::FromProto(wire, 1000);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->num_speculative_tokens, 0);
+  wire.set_num_speculative_tokens(99);  // a bad worker message is refused too
+  EXPECT_FALSE(services::FromProto(wire, 1000).ok());
+
+  engine::EngineConfig config;
+  config.model_path = testing::DefaultModelPath();
+  config.kv_cache_memory_bytes = 64 << 20;
+  config.spec.method = engine::SpecDecodeConfig::Method::kNgram;
+  auto eng = engine::Engine::Create(config);
+  ASSERT_TRUE(eng.ok()) << eng.status();
+  RouterServer::Options o = BaseOptions(**eng);
+  o.local_engine = eng->get();
+  auto server = RouterServer::Start(std::move(o));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = tandem::v1::Generation::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", (*server)->port()), grpc::InsecureChannelCredentials()));
+  GenerateRequest req;
+  req.set_text("Copy: red green blue red green blue red green blue red green blue red green");
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_stop()->set_max_tokens(24);
+  req.mutable_stop()->set_ignore_eos(true);
+  req.mutable_speculative()->set_num_speculative_tokens(0);
+  StreamResult off = Call(*stub, req);
+  ASSERT_TRUE(off.status.ok()) << off.status.error_message();
+  EXPECT_EQ((*eng)->Stats().spec.num_drafts, 0);
+  req.clear_speculative();
+  StreamResult on = Call(*stub, req);
+  ASSERT_TRUE(on.status.ok()) << on.status.error_message();
+  EXPECT_GT((*eng)->Stats().spec.num_drafts, 0);
+  EXPECT_EQ(off.token_ids, on.token_ids);  // greedy: the same tokens either way
+  (*server)->Shutdown();
 }
 
 TEST_F(RouterTest, InvalidUtf8OnTheWireIsRejected) {
