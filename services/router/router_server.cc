@@ -64,6 +64,9 @@ class ParseErrorInterceptorFactory final
   }
 };
 
+// Threads of the router's sync RPCs (short unary calls); Generate needs none.
+constexpr int kMaxSyncThreads = 64;
+
 }  // namespace
 
 void ApplyServerDefaults(grpc::ServerBuilder* builder, int max_threads) {
@@ -155,9 +158,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
   grpc::ServerBuilder builder;
   const std::string address = absl::StrFormat("%s:%d", options.host, options.port);
   builder.AddListeningPort(address, *server_creds, &r->port_);
-  // Every admitted Generate holds a thread; the rest serve Tokenize,
-  // registry, health and the RESOURCE_EXHAUSTED answers past the bound.
-  ApplyServerDefaults(&builder, options.max_inflight + 32);
+  // Generate is a callback reactor (generate_reactor.h) and holds no thread
+  // while it streams; this bounds the sync handlers' threads (Tokenize,
+  // GetModelInfo, registry, health), independent of --max-inflight.
+  ApplyServerDefaults(&builder, kMaxSyncThreads);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>());
   // gRPC's own thread-quota RESOURCE_EXHAUSTED gets the retry hints too.
