@@ -36,15 +36,20 @@ class RegistryServiceImpl final : public tandem::v1::WorkerRegistry::Service {
 };
 
 // gRPC answers a request it cannot parse (in proto3: a string field that is
-// not valid UTF-8) with INTERNAL and no message, before any handler runs.
-// That is the client's fault: say so, as INVALID_ARGUMENT.
+// not valid UTF-8) with INTERNAL and no message before any handler runs; on
+// a callback method (Generate) with UNIMPLEMENTED and no message, since our
+// handler always returns a reactor. That is the client's fault: say so, as
+// INVALID_ARGUMENT.
 class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
  public:
+  explicit ParseErrorInterceptor(bool callback_method) : callback_method_(callback_method) {}
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
       const grpc::Status s = methods->GetSendStatus();
-      if (s.error_code() == grpc::StatusCode::INTERNAL && s.error_message().empty()) {
+      const grpc::StatusCode parse_failure =
+          callback_method_ ? grpc::StatusCode::UNIMPLEMENTED : grpc::StatusCode::INTERNAL;
+      if (s.error_code() == parse_failure && s.error_message().empty()) {
         methods->ModifySendStatus(grpc::Status(
             grpc::StatusCode::INVALID_ARGUMENT,
             "the request could not be parsed: string fields (text, request_id, messages, stop, "
@@ -53,6 +58,9 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
     }
     methods->Proceed();
   }
+
+ private:
+  const bool callback_method_;
 };
 
 class ParseErrorInterceptorFactory final
@@ -60,7 +68,8 @@ class ParseErrorInterceptorFactory final
  public:
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
-    return new ParseErrorInterceptor();
+    return new ParseErrorInterceptor(std::string_view(info->method()) ==
+                                     "/tandem.v1.Generation/Generate");
   }
 };
 
