@@ -107,8 +107,9 @@ class CallQueue {
   int num_notifying_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// One running request. Destroying it cancels it (if still running) and waits
-// for the backend to stop touching the queue.
+// One running request. Destroying it cancels it (if still running) and
+// returns without waiting (it may run on a gRPC callback thread); the backend
+// may still push into the queue, which it shares, while it winds down.
 class BackendCall {
  public:
   virtual ~BackendCall() = default;

@@ -64,7 +64,7 @@ absl::Status GenerationServiceImpl::AuthenticateHeader(const std::string* author
 }
 
 GenerationServiceImpl::AdmittedCall::~AdmittedCall() {
-  call_.reset();  // cancels a running call and waits until it stops touching the queue
+  call_.reset();  // cancels a running call (never blocks)
   if (service_ == nullptr) return;
   if (metrics::TandemMetrics* m = service_->options_.metrics; m != nullptr) {
     m->num_requests_running->Dec();
