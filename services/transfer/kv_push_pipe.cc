@@ -83,8 +83,10 @@ void KvPushPipe::Run() {
       stream_ = nullptr;
       result_ = std::move(r);
     }
-    // A copy: on_done may destroy the pipe.
-    if (on_done_) std::function<void()>(on_done_)();
+    if (on_done_) {
+      const std::function<void()> notify = on_done_;  // a copy: on_done may destroy the pipe
+      notify();
+    }
   };
   if (!stream.ok()) {
     done(stream.status());
