@@ -157,6 +157,10 @@ void PrefillReactor::OnPipeDone() {
 
 bool PrefillReactor::DecideLocked() {
   if (finished_ || writing_) return false;
+  if (final_status_.has_value()) {  // decided; waiting for the pipe's thread
+    TryFinishLocked();
+    return false;
+  }
   if (first_.has_value() && !cancelled_) {
     response_ = *std::move(first_);
     first_.reset();
@@ -254,14 +258,31 @@ bool PrefillReactor::DecideLocked() {
 }
 
 void PrefillReactor::FinishLastLocked(tandem::v1::PrefillResponse last) {
-  finished_ = true;
-  response_ = std::move(last);
-  StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+  final_last_ = std::move(last);
+  final_status_ = grpc::Status::OK;
+  TryFinishLocked();
 }
 
 void PrefillReactor::FinishLocked(const grpc::Status& status) {
+  final_status_ = status;
+  TryFinishLocked();
+}
+
+void PrefillReactor::TryFinishLocked() {
+  if (finished_) return;
+  // The push's thread uses this call's context (KvTransferTarget::parent),
+  // which gRPC frees after Finish: end the push first; OnPipeDone comes back.
+  if (pipe_started_ && !pipe_done_) {
+    pipe_->Cancel();
+    return;
+  }
   finished_ = true;
-  Finish(status);
+  if (final_last_.has_value()) {
+    response_ = *std::move(final_last_);
+    StartWriteAndFinish(&response_, grpc::WriteOptions(), *final_status_);
+  } else {
+    Finish(*final_status_);
+  }
 }
 
 void PrefillReactor::OnWriteDone(bool ok) {

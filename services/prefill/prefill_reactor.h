@@ -14,6 +14,9 @@
 // the push; the RPC ends CANCELLED or DEADLINE_EXCEEDED once the engine has
 // finished the request.
 //
+// The RPC is finished only after the push's thread has ended (it uses the
+// call's context); a push still running then is cancelled first.
+//
 // Lifetime: the reactor deletes itself once gRPC is done with it (OnDone),
 // the engine has delivered the FinishEvent and the pipe's thread (if it
 // started) has ended; it counts as an active RPC (drain) until then.
@@ -63,6 +66,8 @@ class PrefillReactor final : public grpc::ServerWriteReactor<tandem::v1::Prefill
   bool DecideLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLastLocked(tandem::v1::PrefillResponse last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the RPC with the decided outcome once the pipe's thread has ended.
+  void TryFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Client gone: cancel the engine request and the push (once).
   void CancelAll();
   void CancelEngineRequest();
@@ -95,6 +100,9 @@ class PrefillReactor final : public grpc::ServerWriteReactor<tandem::v1::Prefill
   bool push_failed_ ABSL_GUARDED_BY(mu_) = false;     // stopped computing: the push failed
   bool engine_cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_recorded_ ABSL_GUARDED_BY(mu_) = false;  // the finish metrics
+  // The decided outcome: the last message (OK) or the status.
+  std::optional<tandem::v1::PrefillResponse> final_last_ ABSL_GUARDED_BY(mu_);
+  std::optional<grpc::Status> final_status_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::prefill
