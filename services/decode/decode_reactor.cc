@@ -46,13 +46,13 @@ DecodeReactor* DecodeReactor::Start(DecodeServiceImpl* service,
   }
   engine::EngineRequest req;
   req.request_id = request.request_id();
-  req.prompt_token_ids.assign(request.prompt_token_ids().begin(),
-                              request.prompt_token_ids().end());
+  req.prompt_token_ids.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
   req.params = *std::move(params);
   req.extra_key = request.params().cache_key();
   req.prefix_output_token_ids.assign(request.prefix_output_token_ids().begin(),
                                      request.prefix_output_token_ids().end());
-  if (request.first_token_id() >= 0) req.prefix_output_token_ids.push_back(request.first_token_id());
+  if (request.first_token_id() >= 0)
+    req.prefix_output_token_ids.push_back(request.first_token_id());
   if (!request.kv_handle().empty()) {
     absl::StatusOr<std::shared_ptr<const engine::KvExport>> kv =
         service->leases_.Claim(request.kv_handle());

@@ -54,8 +54,9 @@ PrefillReactor* PrefillReactor::Start(PrefillServiceImpl* service,
                                       const tandem::v1::PrefillRequest& request) {
   auto* r = new PrefillReactor(service, context, request);
   if (service->draining_.load()) {
-    r->FinishEarly(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                "this prefill worker is draining (shutting down); retry on another"));
+    r->FinishEarly(
+        grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                     "this prefill worker is draining (shutting down); retry on another"));
     return r;
   }
   engine::Engine& engine = service->runtime_->engine();
@@ -68,8 +69,7 @@ PrefillReactor* PrefillReactor::Start(PrefillServiceImpl* service,
   r->push_ = !request.decode_address().empty();
   engine::EngineRequest req;
   req.request_id = request.request_id();
-  req.prompt_token_ids.assign(request.prompt_token_ids().begin(),
-                              request.prompt_token_ids().end());
+  req.prompt_token_ids.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
   req.params = *std::move(params);
   req.extra_key = request.params().cache_key();
   req.export_kv = true;
@@ -171,10 +171,10 @@ bool PrefillReactor::DecideLocked() {
   metrics::TandemMetrics& m = service_->runtime_->metrics();
   if (cancelled_) {
     if (!finish_.has_value()) return false;  // the engine frees the blocks first
-    FinishLocked(DeadlinePassed(*context_) ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                                                          "deadline exceeded in prefill")
-                                           : grpc::Status(grpc::StatusCode::CANCELLED,
-                                                          "prefill cancelled"));
+    FinishLocked(
+        DeadlinePassed(*context_)
+            ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded in prefill")
+            : grpc::Status(grpc::StatusCode::CANCELLED, "prefill cancelled"));
     return false;
   }
   if (!finish_.has_value()) {
@@ -237,8 +237,8 @@ bool PrefillReactor::DecideLocked() {
   if (!sent->ok()) {
     m.kv_transfer_failures->Inc();
     if (context_->IsCancelled()) {
-      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED,
-                                "prefill cancelled during the transfer"));
+      FinishLocked(
+          grpc::Status(grpc::StatusCode::CANCELLED, "prefill cancelled during the transfer"));
     } else {
       FinishLocked(TransferFailed(sent->status(), decode_address_, context_));
     }

@@ -81,11 +81,11 @@ class PrefillReactor final : public grpc::ServerWriteReactor<tandem::v1::Prefill
   // gRPC's OnDone, the engine's callback until its FinishEvent, and the
   // pipe's thread until on_done.
   std::atomic<int> refs_{1};
-  bool push_ = false;                          // set in Start
+  bool push_ = false;                           // set in Start
   std::unique_ptr<transfer::KvPushPipe> pipe_;  // set in Start
 
   absl::Mutex mu_;
-  engine::RequestHandle handle_ ABSL_GUARDED_BY(mu_);  // set after Submit
+  engine::RequestHandle handle_ ABSL_GUARDED_BY(mu_);                      // set after Submit
   std::optional<tandem::v1::PrefillResponse> first_ ABSL_GUARDED_BY(mu_);  // not yet written
   std::optional<absl::Time> first_sent_ ABSL_GUARDED_BY(mu_);
   int64_t overlapped_bytes_ ABSL_GUARDED_BY(mu_) = 0;
@@ -96,8 +96,8 @@ class PrefillReactor final : public grpc::ServerWriteReactor<tandem::v1::Prefill
   tandem::v1::PrefillResponse response_ ABSL_GUARDED_BY(mu_);  // the write in flight
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;       // client gone
-  bool push_failed_ ABSL_GUARDED_BY(mu_) = false;     // stopped computing: the push failed
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;    // client gone
+  bool push_failed_ ABSL_GUARDED_BY(mu_) = false;  // stopped computing: the push failed
   bool engine_cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_recorded_ ABSL_GUARDED_BY(mu_) = false;  // the finish metrics
   // The decided outcome: the last message (OK) or the status.

@@ -24,9 +24,9 @@ GenerateReactor* GenerateReactor::Start(GenerationServiceImpl* service,
     absl::MutexLock lock(&reactor->mu_);
     reactor->finished_ = true;
     // RESOURCE_EXHAUSTED also gets RetryInfo details and the retry-after-ms trailer.
-    reactor->Finish(auth.ok() ? services::ToGrpcStatus(call.status(), context,
-                                                       service->options().retry_after)
-                              : auth);
+    reactor->Finish(
+        auth.ok() ? services::ToGrpcStatus(call.status(), context, service->options().retry_after)
+                  : auth);
     return reactor;
   }
   reactor->Begin(*std::move(call));

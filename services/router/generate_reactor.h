@@ -79,8 +79,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<tandem::v1::Genera
   std::optional<GenerateResponseBuilder> builder_ ABSL_GUARDED_BY(mu_);
   tandem::v1::GenerateResponse response_ ABSL_GUARDED_BY(mu_);  // the write in flight
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;       // Finish or StartWriteAndFinish called
-  bool deadline_hit_ ABSL_GUARDED_BY(mu_) = false;   // finish with DEADLINE next
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;      // Finish or StartWriteAndFinish called
+  bool deadline_hit_ ABSL_GUARDED_BY(mu_) = false;  // finish with DEADLINE next
 };
 
 }  // namespace tandem::router

@@ -51,8 +51,7 @@ int NumThreads(int pid) {
 
 // Value of the first sample of `name` with `phase="router"` and `also` in its
 // labels in the router's /metrics; -1 when absent.
-double RouterMetric(const Endpoint& router, const std::string& name,
-                    const std::string& also = "") {
+double RouterMetric(const Endpoint& router, const std::string& name, const std::string& also = "") {
   const int port = std::stoi(router.metrics_address.substr(router.metrics_address.rfind(':') + 1));
   const std::string body = HttpGetBody(port, "/metrics");
   const std::string prefix = name + "{phase=\"router\"";
@@ -131,15 +130,15 @@ TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
   for (int c = 0; c < 8; ++c) {
     grpc::ChannelArguments args;
     args.SetInt("tandem.test.channel", c);  // distinct args: a connection each
-    stubs.push_back(tandem::v1::Generation::NewStub(grpc::CreateCustomChannel(
-        router.grpc_address, grpc::InsecureChannelCredentials(), args)));
+    stubs.push_back(tandem::v1::Generation::NewStub(
+        grpc::CreateCustomChannel(router.grpc_address, grpc::InsecureChannelCredentials(), args)));
   }
   {  // warm: connections, the router's first call
     std::atomic<int> done{0};
     std::vector<std::unique_ptr<StreamReader>> warm;
     for (auto& stub : stubs) warm.push_back(std::make_unique<StreamReader>(stub.get(), req, &done));
-    ASSERT_TRUE(WaitFor([&] { return done.load() == static_cast<int>(warm.size()); },
-                        absl::Seconds(60)));
+    ASSERT_TRUE(
+        WaitFor([&] { return done.load() == static_cast<int>(warm.size()); }, absl::Seconds(60)));
     for (auto& w : warm) ASSERT_TRUE(w->status().ok()) << w->status().error_message();
   }
   ASSERT_TRUE(WaitFor([&] { return RouterMetric(router, "tandem_num_requests_running") == 0; }));
@@ -163,7 +162,8 @@ TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
   streams.reserve(n);
   for (int i = 0; i < n; ++i) {
     req.mutable_sampling()->set_seed(static_cast<uint64_t>(i + 1));
-    streams.push_back(std::make_unique<StreamReader>(stubs[i % stubs.size()].get(), req, &num_done));
+    streams.push_back(
+        std::make_unique<StreamReader>(stubs[i % stubs.size()].get(), req, &num_done));
   }
   const bool all_done = WaitFor([&] { return num_done.load() == n; }, absl::Seconds(240));
   const double wall_s = std::chrono::duration<double>(Clock::now() - start).count();
