@@ -8,14 +8,13 @@
 #include "common/status.h"
 #include "services/common/convert.h"
 #include "services/common/grpc_status.h"
+#include "services/decode/decode_reactor.h"
 #include "services/transfer/kv_push_receiver.h"
 #include "services/transfer/kv_transport.h"
 #include "services/transfer/nccl_kv_transport.h"
 
 namespace tandem::decode {
 namespace {
-
-constexpr absl::Duration kPoll = absl::Milliseconds(20);
 
 // Free KV capacity in bytes (engine blocks not in use).
 int64_t FreeKvBytes(engine::Engine& engine, int32_t block_size) {
@@ -37,19 +36,12 @@ transfer::KvPushLimits PushLimits(engine::Engine& engine, const tandem::v1::KvCo
   return l;
 }
 
-grpc::Status Draining() {
+}  // namespace
+
+grpc::Status DrainingStatus() {
   return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                       "this decode worker is draining (shutting down); retry on another");
 }
-
-grpc::Status EndedStatus(grpc::ServerContext* context) {
-  if (context->deadline() <= std::chrono::system_clock::now()) {
-    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded mid-decode");
-  }
-  return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
-}
-
-}  // namespace
 
 DecodeServiceImpl::DecodeServiceImpl(services::WorkerRuntime* runtime, absl::Duration kv_lease)
     : runtime_(runtime), leases_(kv_lease, runtime->compat().block_size()) {}
@@ -71,7 +63,7 @@ grpc::Status DecodeServiceImpl::PushKv(grpc::ServerContext* context,
   transfer::KvPushReceiver receiver(&leases_, PushLimits(engine, runtime_->compat()));
   absl::Status st = receiver.Validate(chunk.header());
   if (!st.ok()) return services::ToGrpcStatus(st);
-  if (draining_.load()) return Draining();
+  if (draining_.load()) return DrainingStatus();
   st = receiver.Reserve(FreeKvBytes(engine, runtime_->compat().block_size()));
   if (!st.ok()) return services::ToGrpcStatus(st, context);
 
@@ -94,72 +86,9 @@ grpc::Status DecodeServiceImpl::PushKv(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status DecodeServiceImpl::Decode(grpc::ServerContext* context,
-                                       const tandem::v1::DecodeRequest* request,
-                                       grpc::ServerWriter<tandem::v1::DecodeResponse>* writer) {
-  services::ActiveRpc active(&active_rpcs_);
-  engine::Engine& engine = runtime_->engine();
-  // Draining: handoffs already leased here still run (their prefill is
-  // done); new work goes elsewhere.
-  if (draining_.load() && request->kv_handle().empty()) return Draining();
-  absl::StatusOr<engine::SamplingParams> params =
-      services::FromProto(request->params(), engine.model().config().vocab_size);
-  if (!params.ok()) return services::ToGrpcStatus(params.status());
-  engine::EngineRequest req;
-  req.request_id = request->request_id();
-  req.prompt_token_ids.assign(request->prompt_token_ids().begin(),
-                              request->prompt_token_ids().end());
-  req.params = *std::move(params);
-  req.extra_key = request->params().cache_key();
-  req.prefix_output_token_ids.assign(request->prefix_output_token_ids().begin(),
-                                     request->prefix_output_token_ids().end());
-  if (request->first_token_id() >= 0) req.prefix_output_token_ids.push_back(request->first_token_id());
-  if (!request->kv_handle().empty()) {
-    absl::StatusOr<std::shared_ptr<const engine::KvExport>> kv =
-        leases_.Claim(request->kv_handle());
-    if (!kv.ok()) return services::ToGrpcStatus(kv.status());
-    req.import_kv = *std::move(kv);
-  }
-  absl::StatusOr<engine::RequestHandle> handle = engine.Submit(std::move(req));
-  if (!handle.ok()) return services::ToGrpcStatus(handle.status(), context);
-
-  bool cancelled = false;
-  while (true) {
-    if (!cancelled && context->IsCancelled()) {
-      engine.Cancel(*handle);
-      cancelled = true;
-    }
-    std::optional<engine::EngineEvent> ev = (*handle)->Next(kPoll);
-    if (!ev.has_value()) {
-      if ((*handle)->finished() && !(*handle)->Next(absl::ZeroDuration()).has_value()) break;
-      continue;
-    }
-    tandem::v1::DecodeResponse out;
-    if (auto* tok = std::get_if<engine::TokenEvent>(&*ev)) {
-      out.add_token_ids(tok->token_id);
-      out.set_text(tok->text);
-      if (tok->logprobs.has_value()) services::ToProto(*tok->logprobs, out.add_logprobs());
-      if (!cancelled && !writer->Write(out)) {
-        engine.Cancel(*handle);
-        cancelled = true;
-      }
-      continue;
-    }
-    const engine::FinishEvent& finish = std::get<engine::FinishEvent>(*ev);
-    runtime_->metrics().RequestSuccess(engine::RequestFinishReasonName(finish.reason))->Inc();
-    runtime_->metrics().request_queue_time->Observe(finish.usage.queue_time_s);
-    if (cancelled) return EndedStatus(context);
-    if (finish.reason == engine::RequestFinishReason::kError) {
-      return services::ToGrpcStatus(finish.status);
-    }
-    out.set_text(finish.text);
-    out.set_finish_reason(services::ToProto(finish.reason));
-    out.set_num_cached_tokens(static_cast<int32_t>(finish.usage.num_cached_tokens));
-    out.set_queue_seconds(finish.usage.queue_time_s);
-    writer->Write(out);
-    return grpc::Status::OK;
-  }
-  return grpc::Status(grpc::StatusCode::INTERNAL, "engine stream ended without a finish");
+grpc::ServerWriteReactor<tandem::v1::DecodeResponse>* DecodeServiceImpl::Decode(
+    grpc::CallbackServerContext* context, const tandem::v1::DecodeRequest* request) {
+  return DecodeReactor::Start(this, context, *request);
 }
 
 grpc::Status DecodeServiceImpl::ReleaseKv(grpc::ServerContext* context,

@@ -38,15 +38,22 @@
 
 namespace tandem::decode {
 
-class DecodeServiceImpl final : public tandem::v1::DecodeWorker::Service {
+// UNAVAILABLE: new work goes to another decode worker.
+grpc::Status DrainingStatus();
+
+// Decode is on gRPC's callback API (decode_reactor.h: no thread per stream,
+// woken by the engine); the other methods are sync.
+class DecodeServiceImpl final
+    : public tandem::v1::DecodeWorker::WithCallbackMethod_Decode<
+          tandem::v1::DecodeWorker::Service> {
  public:
   // runtime: not owned.
   DecodeServiceImpl(services::WorkerRuntime* runtime, absl::Duration kv_lease);
 
   grpc::Status PushKv(grpc::ServerContext* context, grpc::ServerReader<tandem::v1::KvChunk>* reader,
                       tandem::v1::PushKvResponse* response) override;
-  grpc::Status Decode(grpc::ServerContext* context, const tandem::v1::DecodeRequest* request,
-                      grpc::ServerWriter<tandem::v1::DecodeResponse>* writer) override;
+  grpc::ServerWriteReactor<tandem::v1::DecodeResponse>* Decode(
+      grpc::CallbackServerContext* context, const tandem::v1::DecodeRequest* request) override;
   grpc::Status ReleaseKv(grpc::ServerContext* context, const tandem::v1::ReleaseKvRequest* request,
                          tandem::v1::ReleaseKvResponse* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const tandem::v1::WorkerStatsRequest* request,
@@ -68,6 +75,7 @@ class DecodeServiceImpl final : public tandem::v1::DecodeWorker::Service {
   int active_rpcs() const { return active_rpcs_.load(); }
 
  private:
+  friend class DecodeReactor;
   services::WorkerRuntime* runtime_;
   transfer::KvLeaseTable leases_;
   std::atomic<bool> draining_{false};

@@ -46,13 +46,17 @@
 
 namespace tandem::prefill {
 
-class PrefillServiceImpl final : public tandem::v1::PrefillWorker::Service {
+// Prefill is on gRPC's callback API (prefill_reactor.h: no thread per
+// stream, woken by the engine and the push); GetStats is sync.
+class PrefillServiceImpl final
+    : public tandem::v1::PrefillWorker::WithCallbackMethod_Prefill<
+          tandem::v1::PrefillWorker::Service> {
  public:
   // runtime, transport: not owned.
   PrefillServiceImpl(services::WorkerRuntime* runtime, transfer::KvTransport* transport);
 
-  grpc::Status Prefill(grpc::ServerContext* context, const tandem::v1::PrefillRequest* request,
-                       grpc::ServerWriter<tandem::v1::PrefillResponse>* writer) override;
+  grpc::ServerWriteReactor<tandem::v1::PrefillResponse>* Prefill(
+      grpc::CallbackServerContext* context, const tandem::v1::PrefillRequest* request) override;
   grpc::Status GetStats(grpc::ServerContext* context, const tandem::v1::WorkerStatsRequest* request,
                         tandem::v1::WorkerStats* response) override;
 
@@ -60,6 +64,7 @@ class PrefillServiceImpl final : public tandem::v1::PrefillWorker::Service {
   int active_rpcs() const { return active_rpcs_.load(); }
 
  private:
+  friend class PrefillReactor;
   services::WorkerRuntime* runtime_;
   transfer::KvTransport* transport_;
   std::atomic<bool> draining_{false};

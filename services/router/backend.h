@@ -3,8 +3,9 @@
 // DisaggregatedBackend (PrefillWorker.Prefill, then DecodeWorker.Decode).
 //
 // A backend call pushes BackendEvents into a CallQueue: zero or more token
-// events, then exactly one finish event. The router's handler thread pops
-// them and writes the client stream; backends never block on the client.
+// events, then exactly one finish event. The gRPC Generate reactor is woken
+// by each push (no thread waits); the HTTP handler thread pops them. Either
+// way backends never block on the client.
 //
 // Thread safety: Backend::Start and BackendCall::Cancel are thread-safe;
 // CallQueue is thread-safe.
@@ -12,6 +13,7 @@
 #define TANDEM_SERVICES_ROUTER_BACKEND_H_
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,30 +42,74 @@ struct BackendEvent {
   double queue_seconds = 0;  // time the request waited in the workers' queues
 };
 
+// The events of one call, from the backend to whoever writes the client
+// stream. Two ways to consume: Pop (blocking, the HTTP server's handler
+// thread) or a notifier (the gRPC reactor, generate_reactor.h): SetNotify
+// registers a function that runs after every Push, on the pushing thread
+// (the engine thread, a backend call thread), without the queue's lock held;
+// it then drains the queue with TryPop. It must be quick and never block.
 class CallQueue {
  public:
   void Push(BackendEvent event) {
     absl::MutexLock lock(&mu_);
     events_.push_back(std::move(event));
+    if (!notify_) return;
+    ++num_notifying_;
+    const std::function<void()> notify = notify_;
+    mu_.Unlock();
+    notify();
+    mu_.Lock();
+    --num_notifying_;
   }
   // Waits until `deadline` for an event; nullopt on timeout.
   std::optional<BackendEvent> Pop(absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_.empty(); };
     mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+    return PopLocked();
+  }
+  // The next event if one is there; never waits.
+  std::optional<BackendEvent> TryPop() {
+    absl::MutexLock lock(&mu_);
+    return PopLocked();
+  }
+  // Registers `notify` (see above) and runs it once now, on this thread, so
+  // events pushed before are not missed.
+  void SetNotify(std::function<void()> notify) {
+    absl::MutexLock lock(&mu_);
+    notify_ = notify;
+    ++num_notifying_;
+    mu_.Unlock();
+    notify();
+    mu_.Lock();
+    --num_notifying_;
+  }
+  // Unregisters the notifier and waits until no call of it is running, so
+  // whatever it points to may go. REQUIRES: not called from the notifier.
+  void ClearNotify() {
+    absl::MutexLock lock(&mu_);
+    notify_ = nullptr;
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return num_notifying_ == 0; };
+    mu_.Await(absl::Condition(&idle));
+  }
+
+ private:
+  std::optional<BackendEvent> PopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (events_.empty()) return std::nullopt;
     BackendEvent e = std::move(events_.front());
     events_.pop_front();
     return e;
   }
 
- private:
   absl::Mutex mu_;
   std::deque<BackendEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> notify_ ABSL_GUARDED_BY(mu_);
+  int num_notifying_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// One running request. Destroying it cancels it (if still running) and waits
-// for the backend to stop touching the queue.
+// One running request. Destroying it cancels it (if still running) and
+// returns without waiting (it may run on a gRPC callback thread); the backend
+// may still push into the queue, which it shares, while it winds down.
 class BackendCall {
  public:
   virtual ~BackendCall() = default;

@@ -55,26 +55,31 @@ bool WorkerFault(grpc::StatusCode code) {
   }
 }
 
-class DisaggregatedCall final : public BackendCall {
+class DisaggregatedCall final {
  public:
   DisaggregatedCall(PreparedRequest request, std::shared_ptr<CallQueue> queue, WorkerPool* pool,
-                    const DisaggregatedBackend::Options& options, std::shared_ptr<Worker> prefill,
-                    std::shared_ptr<Worker> decode, std::string handle_base)
+                    const DisaggregatedBackend::Options& options, std::string handle_base)
       : request_(std::move(request)),
         queue_(std::move(queue)),
         pool_(pool),
         options_(options),
-        handle_base_(std::move(handle_base)) {
-    thread_ = std::thread([this, p = std::move(prefill), d = std::move(decode)]() mutable {
-      Run(std::move(p), std::move(d));
-    });
-  }
-  ~DisaggregatedCall() override {
-    Cancel();
-    thread_.join();
+        handle_base_(std::move(handle_base)) {}
+
+  // Runs `call` on a thread of its own that owns it (a reference) until the
+  // call has ended, ReleaseKv included; `live` counts it meanwhile.
+  static void Launch(std::shared_ptr<DisaggregatedCall> call, std::shared_ptr<Worker> prefill,
+                     std::shared_ptr<Worker> decode, std::shared_ptr<LiveCalls> live) {
+    live->Add();
+    std::thread([call = std::move(call), p = std::move(prefill), d = std::move(decode),
+                 live = std::move(live)]() mutable {
+      std::shared_ptr<DisaggregatedCall> self = std::move(call);
+      self->Run(std::move(p), std::move(d));
+      self.reset();  // the call is gone before the backend may be
+      live->Done();
+    }).detach();
   }
 
-  void Cancel() override {
+  void Cancel() {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
     if (active_ != nullptr) active_->TryCancel();
@@ -378,10 +383,41 @@ class DisaggregatedCall final : public BackendCall {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   const Worker* failed_worker_ ABSL_GUARDED_BY(mu_) = nullptr;  // set by the pool's watch
   grpc::ClientContext* active_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::thread thread_;
+};
+
+// What the router holds: destroying it cancels the call and returns at once
+// (a gRPC reaction must not block); the call's thread winds down (TryCancel,
+// ReleaseKv) on its own.
+class DisaggregatedCallHandle final : public BackendCall {
+ public:
+  explicit DisaggregatedCallHandle(std::shared_ptr<DisaggregatedCall> call)
+      : call_(std::move(call)) {}
+  ~DisaggregatedCallHandle() override { call_->Cancel(); }
+  void Cancel() override { call_->Cancel(); }
+
+ private:
+  std::shared_ptr<DisaggregatedCall> call_;
 };
 
 }  // namespace
+
+void LiveCalls::Add() {
+  absl::MutexLock lock(&mu_);
+  ++n_;
+}
+
+void LiveCalls::Done() {
+  absl::MutexLock lock(&mu_);
+  --n_;
+}
+
+void LiveCalls::WaitNone() {
+  absl::MutexLock lock(&mu_);
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return n_ == 0; };
+  mu_.Await(absl::Condition(&none));
+}
+
+DisaggregatedBackend::~DisaggregatedBackend() { live_->WaitNone(); }
 
 bool DisaggregatedBackend::Ready() const {
   // Decode workers can prefill themselves; a prefill worker alone cannot serve.
@@ -407,9 +443,10 @@ absl::StatusOr<std::unique_ptr<BackendCall>> DisaggregatedBackend::Start(
     options_.metrics->PrefillDecisions(prefill != nullptr ? "remote" : "local")->Inc();
   }
   std::string handle = absl::StrFormat("%s/%d", request.request_id, next_handle_.fetch_add(1));
-  return std::make_unique<DisaggregatedCall>(request, std::move(queue), pool_, options_,
-                                             std::move(prefill), std::move(decode),
-                                             std::move(handle));
+  auto call = std::make_shared<DisaggregatedCall>(request, std::move(queue), pool_, options_,
+                                                  std::move(handle));
+  DisaggregatedCall::Launch(call, std::move(prefill), std::move(decode), live_);
+  return std::make_unique<DisaggregatedCallHandle>(std::move(call));
 }
 
 }  // namespace tandem::router

@@ -36,7 +36,12 @@
 // tandem_migration_recovery_seconds.
 //
 // Each call runs on its own thread (bounded by the router's admission
-// limit); Cancel() TryCancels the RPC in flight.
+// limit, plus calls still winding down after the router let go of them);
+// Cancel() TryCancels the RPC in flight. Destroying the BackendCall cancels
+// and returns at once; the thread ends by itself (after ReleaseKv), and the
+// backend's destructor waits for every such thread. The client side is sync
+// gRPC on that thread, not a reactor chain (docs/architecture.md,
+// "Threads").
 //
 // Thread safety: thread-safe.
 #ifndef TANDEM_SERVICES_ROUTER_DISAGGREGATED_BACKEND_H_
@@ -44,6 +49,9 @@
 
 #include <atomic>
 #include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 #include "common/metrics/tandem_metrics.h"
 #include "services/router/backend.h"
@@ -54,6 +62,18 @@ namespace tandem::router {
 // Below this many uncached prompt tokens a handoff costs more than it saves
 // (docs/architecture.md, "Where a prompt is prefilled").
 inline constexpr int64_t kDefaultRemotePrefillMinTokens = 64;
+
+// Threads of calls still running (the backend's destructor waits for none).
+class LiveCalls {
+ public:
+  void Add();
+  void Done();
+  void WaitNone();
+
+ private:
+  absl::Mutex mu_;
+  int n_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 class DisaggregatedBackend final : public Backend {
  public:
@@ -69,6 +89,7 @@ class DisaggregatedBackend final : public Backend {
   // `pool` (and options.metrics) must outlive the backend and every call.
   explicit DisaggregatedBackend(WorkerPool* pool) : DisaggregatedBackend(pool, Options()) {}
   DisaggregatedBackend(WorkerPool* pool, Options options) : pool_(pool), options_(options) {}
+  ~DisaggregatedBackend() override;  // waits until every call's thread has ended
   absl::StatusOr<std::unique_ptr<BackendCall>> Start(const PreparedRequest& request,
                                                      std::shared_ptr<CallQueue> queue) override;
   bool Ready() const override;
@@ -77,6 +98,8 @@ class DisaggregatedBackend final : public Backend {
   WorkerPool* pool_;
   const Options options_;
   std::atomic<uint64_t> next_handle_{1};
+  // Shared with the call threads: the last one may still be leaving it.
+  const std::shared_ptr<LiveCalls> live_ = std::make_shared<LiveCalls>();
 };
 
 }  // namespace tandem::router

@@ -7,6 +7,7 @@
 #include "common/utf8.h"
 #include "services/common/convert.h"
 #include "services/common/grpc_status.h"
+#include "services/router/generate_reactor.h"
 
 namespace tandem::router {
 namespace {
@@ -14,6 +15,8 @@ namespace {
 using tandem::v1::FinishReason;
 using tandem::v1::GenerateResponse;
 
+// The HTTP path (Stream) checks its connection this often; gRPC streams are
+// woken instead (generate_reactor.h).
 constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
 
 }  // namespace
@@ -44,7 +47,7 @@ absl::Status GenerationServiceImpl::Fail(const absl::Status& status) {
       "%s; retry after %s", status.message(), absl::FormatDuration(options_.retry_after)));
 }
 
-grpc::Status GenerationServiceImpl::Authenticate(const grpc::ServerContext* context) {
+grpc::Status GenerationServiceImpl::Authenticate(const grpc::ServerContextBase* context) {
   grpc::Status s = options_.api_keys.Check(*context);
   if (!s.ok() && options_.metrics != nullptr) {
     options_.metrics->RequestErrors(absl::StatusCode::kUnauthenticated)->Inc();
@@ -61,7 +64,7 @@ absl::Status GenerationServiceImpl::AuthenticateHeader(const std::string* author
 }
 
 GenerationServiceImpl::AdmittedCall::~AdmittedCall() {
-  call_.reset();  // cancels a running call and waits until it stops touching the queue
+  call_.reset();  // cancels a running call (never blocks)
   if (service_ == nullptr) return;
   if (metrics::TandemMetrics* m = service_->options_.metrics; m != nullptr) {
     m->num_requests_running->Dec();
@@ -131,88 +134,82 @@ absl::StatusOr<std::unique_ptr<GenerationServiceImpl::AdmittedCall>> GenerationS
   return admitted;
 }
 
-namespace {
-
-// The gRPC stream as a GenerateSink.
-class GrpcSink final : public GenerateSink {
- public:
-  GrpcSink(grpc::ServerContext* context, grpc::ServerWriter<GenerateResponse>* writer)
-      : context_(context), writer_(writer) {}
-  bool Write(const GenerateResponse& response) override { return writer_->Write(response); }
-  void WriteLast(const GenerateResponse& response) override {
-    writer_->WriteLast(response, grpc::WriteOptions());
+GenerateResponse GenerateResponseBuilder::Token(BackendEvent& ev) {
+  metrics::TandemMetrics* m = metrics_;
+  const absl::Time t = absl::Now();
+  const int64_t n = static_cast<int64_t>(ev.token_ids.size());
+  if (n > 0) {
+    if (num_tokens_ == 0) {
+      first_token_time_ = t;
+      if (m != nullptr) m->time_to_first_token->Observe(absl::ToDoubleSeconds(t - start_));
+      if (m != nullptr && n > 1) {
+        for (int64_t i = 1; i < n; ++i) m->inter_token_latency->Observe(0);
+      }
+    } else if (m != nullptr) {
+      const double gap = absl::ToDoubleSeconds(t - last_token_time_) / static_cast<double>(n);
+      for (int64_t i = 0; i < n; ++i) m->inter_token_latency->Observe(gap);
+    }
+    last_token_time_ = t;
+    num_tokens_ += n;
+    if (m != nullptr) m->generation_tokens->Inc(static_cast<double>(n));
   }
-  bool IsCancelled() override { return context_->IsCancelled(); }
+  GenerateResponse resp;
+  resp.set_request_id(request_.request_id);
+  resp.mutable_token_ids()->Add(ev.token_ids.begin(), ev.token_ids.end());
+  resp.set_text(std::move(ev.text));
+  for (auto& lp : ev.logprobs) *resp.add_logprobs() = std::move(lp);
+  return resp;
+}
 
- private:
-  grpc::ServerContext* context_;
-  grpc::ServerWriter<GenerateResponse>* writer_;
-};
-
-}  // namespace
-
-grpc::Status GenerationServiceImpl::Generate(grpc::ServerContext* context,
-                                             const tandem::v1::GenerateRequest* request,
-                                             grpc::ServerWriter<GenerateResponse>* writer) {
-  if (grpc::Status auth = Authenticate(context); !auth.ok()) return auth;
-  absl::StatusOr<std::unique_ptr<AdmittedCall>> call = Admit(*request);
-  // RESOURCE_EXHAUSTED also gets RetryInfo details and the retry-after-ms trailer.
-  if (!call.ok()) return services::ToGrpcStatus(call.status(), context, options_.retry_after);
-  absl::Time deadline = absl::InfiniteFuture();
-  const auto chrono_deadline = context->deadline();
-  if (chrono_deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
-    deadline = absl::FromChrono(chrono_deadline);
+GenerateResponse GenerateResponseBuilder::Final(FinishReason reason, const std::string& tail,
+                                                int32_t num_cached_tokens,
+                                                double backend_queue_s) {
+  const int64_t num_prompt = static_cast<int64_t>(request_.prompt_token_ids.size());
+  GenerateResponse resp;
+  resp.set_request_id(request_.request_id);
+  resp.set_text(tail);
+  resp.set_finish_reason(reason);
+  resp.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(num_prompt));
+  resp.mutable_usage()->set_cached_tokens(num_cached_tokens);
+  resp.mutable_usage()->set_completion_tokens(static_cast<int32_t>(num_tokens_));
+  const absl::Time now = absl::Now();
+  auto* t = resp.mutable_timings();
+  t->set_queue_seconds(backend_queue_s);
+  t->set_ttft_seconds(num_tokens_ > 0 ? absl::ToDoubleSeconds(first_token_time_ - start_) : 0);
+  t->set_mean_tpot_seconds(num_tokens_ > 1
+                               ? absl::ToDoubleSeconds(last_token_time_ - first_token_time_) /
+                                     static_cast<double>(num_tokens_ - 1)
+                               : 0);
+  t->set_e2e_seconds(absl::ToDoubleSeconds(now - start_));
+  if (metrics_ != nullptr) {
+    metrics_->RequestSuccess(services::FinishReasonName(reason))->Inc();
+    metrics_->e2e_request_latency->Observe(t->e2e_seconds());
+    metrics_->request_queue_time->Observe(backend_queue_s);
+    metrics_->prompt_tokens->Inc(static_cast<double>(num_prompt));
   }
-  GrpcSink sink(context, writer);
-  absl::Status s = Stream(**call, deadline, &sink);
-  return services::ToGrpcStatus(s, context, options_.retry_after);
+  return resp;
+}
+
+absl::Time FinishBy(absl::Time start, absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) return absl::InfiniteFuture();
+  const absl::Duration margin =
+      std::clamp((deadline - start) / 10, absl::Milliseconds(20), absl::Milliseconds(200));
+  return deadline - margin;
+}
+
+grpc::ServerWriteReactor<GenerateResponse>* GenerationServiceImpl::Generate(
+    grpc::CallbackServerContext* context, const tandem::v1::GenerateRequest* request) {
+  return GenerateReactor::Start(this, context, *request);
 }
 
 absl::Status GenerationServiceImpl::Stream(AdmittedCall& admitted, absl::Time deadline,
                                            GenerateSink* sink) {
-  const PreparedRequest& request = admitted.request_;
-  const absl::Time start = admitted.start_;
   CallQueue* queue = admitted.queue_.get();
   BackendCall* call = admitted.call_.get();
   // Finish cleanly (DEADLINE) a little before the client's deadline fires.
-  absl::Time finish_by = absl::InfiniteFuture();
-  if (deadline != absl::InfiniteFuture()) {
-    const absl::Duration margin =
-        std::clamp((deadline - start) / 10, absl::Milliseconds(20), absl::Milliseconds(200));
-    finish_by = deadline - margin;
-  }
-
+  const absl::Time finish_by = FinishBy(admitted.start_, deadline);
   metrics::TandemMetrics* m = options_.metrics;
-  const int64_t num_prompt = static_cast<int64_t>(request.prompt_token_ids.size());
-  int64_t num_tokens = 0;
-  absl::Time first_token_time, last_token_time;
-  auto final_message = [&](FinishReason reason, const std::string& tail, int32_t cached,
-                           double backend_queue_s) {
-    GenerateResponse resp;
-    resp.set_request_id(request.request_id);
-    resp.set_text(tail);
-    resp.set_finish_reason(reason);
-    resp.mutable_usage()->set_prompt_tokens(static_cast<int32_t>(num_prompt));
-    resp.mutable_usage()->set_cached_tokens(cached);
-    resp.mutable_usage()->set_completion_tokens(static_cast<int32_t>(num_tokens));
-    const absl::Time now = absl::Now();
-    auto* t = resp.mutable_timings();
-    t->set_queue_seconds(backend_queue_s);
-    t->set_ttft_seconds(num_tokens > 0 ? absl::ToDoubleSeconds(first_token_time - start) : 0);
-    t->set_mean_tpot_seconds(num_tokens > 1
-                                 ? absl::ToDoubleSeconds(last_token_time - first_token_time) /
-                                       (num_tokens - 1)
-                                 : 0);
-    t->set_e2e_seconds(absl::ToDoubleSeconds(now - start));
-    if (m != nullptr) {
-      m->RequestSuccess(services::FinishReasonName(reason))->Inc();
-      m->e2e_request_latency->Observe(t->e2e_seconds());
-      m->request_queue_time->Observe(backend_queue_s);
-      m->prompt_tokens->Inc(static_cast<double>(num_prompt));
-    }
-    sink->WriteLast(resp);
-  };
-
+  GenerateResponseBuilder builder(admitted.request_, admitted.start_, m);
   while (true) {
     const absl::Time now = absl::Now();
     std::optional<BackendEvent> ev = queue->Pop(std::min(now + kPollInterval, finish_by));
@@ -224,39 +221,18 @@ absl::Status GenerationServiceImpl::Stream(AdmittedCall& admitted, absl::Time de
       }
       if (absl::Now() >= finish_by) {
         call->Cancel();
-        final_message(tandem::v1::FINISH_REASON_DEADLINE, "", 0, 0);
+        sink->WriteLast(builder.Final(tandem::v1::FINISH_REASON_DEADLINE, "", 0, 0));
         return absl::OkStatus();
       }
       continue;
     }
     if (ev->finished) {
       if (!ev->status.ok()) return Fail(ev->status);
-      final_message(ev->finish_reason, ev->text, ev->num_cached_tokens, ev->queue_seconds);
+      sink->WriteLast(
+          builder.Final(ev->finish_reason, ev->text, ev->num_cached_tokens, ev->queue_seconds));
       return absl::OkStatus();
     }
-    const absl::Time t = absl::Now();
-    const int64_t n = static_cast<int64_t>(ev->token_ids.size());
-    if (n > 0) {
-      if (num_tokens == 0) {
-        first_token_time = t;
-        if (m != nullptr) m->time_to_first_token->Observe(absl::ToDoubleSeconds(t - start));
-        if (m != nullptr && n > 1) {
-          for (int64_t i = 1; i < n; ++i) m->inter_token_latency->Observe(0);
-        }
-      } else if (m != nullptr) {
-        const double gap = absl::ToDoubleSeconds(t - last_token_time) / static_cast<double>(n);
-        for (int64_t i = 0; i < n; ++i) m->inter_token_latency->Observe(gap);
-      }
-      last_token_time = t;
-      num_tokens += n;
-      if (m != nullptr) m->generation_tokens->Inc(static_cast<double>(n));
-    }
-    GenerateResponse resp;
-    resp.set_request_id(request.request_id);
-    resp.mutable_token_ids()->Add(ev->token_ids.begin(), ev->token_ids.end());
-    resp.set_text(std::move(ev->text));
-    for (auto& lp : ev->logprobs) *resp.add_logprobs() = std::move(lp);
-    if (!sink->Write(resp)) {  // the client went away
+    if (!sink->Write(builder.Token(*ev))) {  // the client went away
       call->Cancel();
       if (m != nullptr) m->RequestErrors(absl::StatusCode::kCancelled)->Inc();
       return absl::CancelledError("the client stream closed");

@@ -13,9 +13,13 @@
 // instead of DEADLINE_EXCEEDED. If the client cancels (or goes away), the
 // backend call is cancelled (workers free the KV) and the RPC ends CANCELLED.
 //
-// Threading: the sync API; each Generate holds one server thread (bounded
-// by the server's ResourceQuota, sized from max_inflight) and waits on its
-// CallQueue. The engine / worker threads only push into that queue.
+// Threading: Generate is on gRPC's callback API: one GenerateReactor per call
+// (generate_reactor.h), woken by its CallQueue when the backend pushes an
+// event and by an alarm at the deadline; no thread waits for a stream, so an
+// idle or slow stream costs memory, not a thread. Tokenize and GetModelInfo
+// stay on the sync API (short, bounded by the server's ResourceQuota). The
+// HTTP server (services/http/) streams through Stream() on its own
+// connection thread.
 //
 // Thread safety: thread-safe. Everything passed in Options must outlive it.
 #ifndef TANDEM_SERVICES_ROUTER_GENERATION_SERVICE_H_
@@ -46,7 +50,35 @@ class GenerateSink {
   virtual bool IsCancelled() = 0;
 };
 
-class GenerationServiceImpl final : public tandem::v1::Generation::Service {
+// Turns one call's BackendEvents into GenerateResponses and records the
+// router's per-request metrics (TTFT, inter-token latency, e2e, queue time,
+// success by finish reason) as it goes; used by the gRPC reactor and by
+// Stream(). Not thread-safe: one consumer at a time.
+class GenerateResponseBuilder {
+ public:
+  GenerateResponseBuilder(const PreparedRequest& request, absl::Time start,
+                  metrics::TandemMetrics* metrics)
+      : request_(request), start_(start), metrics_(metrics) {}
+  // A token message for `event` (moved from); counts its tokens.
+  tandem::v1::GenerateResponse Token(BackendEvent& event);
+  // The final message: finish reason, usage, timings.
+  tandem::v1::GenerateResponse Final(tandem::v1::FinishReason reason, const std::string& tail,
+                                     int32_t num_cached_tokens, double backend_queue_s);
+
+ private:
+  const PreparedRequest& request_;
+  const absl::Time start_;
+  metrics::TandemMetrics* const metrics_;
+  int64_t num_tokens_ = 0;
+  absl::Time first_token_time_, last_token_time_;
+};
+
+// When a call with client deadline `deadline` (InfiniteFuture = none) that
+// started at `start` is finished with FINISH_REASON_DEADLINE.
+absl::Time FinishBy(absl::Time start, absl::Time deadline);
+
+class GenerationServiceImpl final
+    : public tandem::v1::Generation::WithCallbackMethod_Generate<tandem::v1::Generation::Service> {
  public:
   struct Options {
     const tokenizer::Tokenizer* tokenizer = nullptr;  // required
@@ -67,8 +99,8 @@ class GenerationServiceImpl final : public tandem::v1::Generation::Service {
   };
   explicit GenerationServiceImpl(Options options);
 
-  grpc::Status Generate(grpc::ServerContext* context, const tandem::v1::GenerateRequest* request,
-                        grpc::ServerWriter<tandem::v1::GenerateResponse>* writer) override;
+  grpc::ServerWriteReactor<tandem::v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const tandem::v1::GenerateRequest* request) override;
   grpc::Status Tokenize(grpc::ServerContext* context, const tandem::v1::TokenizeRequest* request,
                         tandem::v1::TokenizeResponse* response) override;
   grpc::Status GetModelInfo(grpc::ServerContext* context,
@@ -83,6 +115,9 @@ class GenerationServiceImpl final : public tandem::v1::Generation::Service {
    public:
     ~AdmittedCall();
     const PreparedRequest& request() const { return request_; }
+    absl::Time start() const { return start_; }
+    CallQueue& queue() const { return *queue_; }
+    BackendCall& call() const { return *call_; }
 
    private:
     friend class GenerationServiceImpl;
@@ -115,11 +150,12 @@ class GenerationServiceImpl final : public tandem::v1::Generation::Service {
   int64_t num_inflight_tokens() const { return inflight_tokens_.load(); }
 
  private:
+  friend class GenerateReactor;
   // Counts `status` in the request-error metric; a backend's
   // RESOURCE_EXHAUSTED gets the router's retry hint in its message.
   absl::Status Fail(const absl::Status& status);
   // OK, or UNAUTHENTICATED (counted) when the API key is missing / wrong.
-  grpc::Status Authenticate(const grpc::ServerContext* context);
+  grpc::Status Authenticate(const grpc::ServerContextBase* context);
 
   const Options options_;
   std::atomic<int> inflight_{0};

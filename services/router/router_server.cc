@@ -36,15 +36,20 @@ class RegistryServiceImpl final : public tandem::v1::WorkerRegistry::Service {
 };
 
 // gRPC answers a request it cannot parse (in proto3: a string field that is
-// not valid UTF-8) with INTERNAL and no message, before any handler runs.
-// That is the client's fault: say so, as INVALID_ARGUMENT.
+// not valid UTF-8) with INTERNAL and no message before any handler runs; on
+// a callback method (Generate) with UNIMPLEMENTED and no message, since our
+// handler always returns a reactor. That is the client's fault: say so, as
+// INVALID_ARGUMENT.
 class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
  public:
+  explicit ParseErrorInterceptor(bool callback_method) : callback_method_(callback_method) {}
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
       const grpc::Status s = methods->GetSendStatus();
-      if (s.error_code() == grpc::StatusCode::INTERNAL && s.error_message().empty()) {
+      const grpc::StatusCode parse_failure =
+          callback_method_ ? grpc::StatusCode::UNIMPLEMENTED : grpc::StatusCode::INTERNAL;
+      if (s.error_code() == parse_failure && s.error_message().empty()) {
         methods->ModifySendStatus(grpc::Status(
             grpc::StatusCode::INVALID_ARGUMENT,
             "the request could not be parsed: string fields (text, request_id, messages, stop, "
@@ -53,6 +58,9 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
     }
     methods->Proceed();
   }
+
+ private:
+  const bool callback_method_;
 };
 
 class ParseErrorInterceptorFactory final
@@ -60,9 +68,13 @@ class ParseErrorInterceptorFactory final
  public:
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
-    return new ParseErrorInterceptor();
+    return new ParseErrorInterceptor(std::string_view(info->method()) ==
+                                     "/tandem.v1.Generation/Generate");
   }
 };
+
+// Threads of the router's sync RPCs (short unary calls); Generate needs none.
+constexpr int kMaxSyncThreads = 64;
 
 }  // namespace
 
@@ -155,9 +167,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
   grpc::ServerBuilder builder;
   const std::string address = absl::StrFormat("%s:%d", options.host, options.port);
   builder.AddListeningPort(address, *server_creds, &r->port_);
-  // Every admitted Generate holds a thread; the rest serve Tokenize,
-  // registry, health and the RESOURCE_EXHAUSTED answers past the bound.
-  ApplyServerDefaults(&builder, options.max_inflight + 32);
+  // Generate is a callback reactor (generate_reactor.h) and holds no thread
+  // while it streams; this bounds the sync handlers' threads (Tokenize,
+  // GetModelInfo, registry, health), independent of --max-inflight.
+  ApplyServerDefaults(&builder, kMaxSyncThreads);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>());
   // gRPC's own thread-quota RESOURCE_EXHAUSTED gets the retry hints too.

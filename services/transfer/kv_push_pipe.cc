@@ -5,16 +5,25 @@
 namespace tandem::transfer {
 
 KvPushPipe::KvPushPipe(KvTransport* transport, KvTransferTarget target,
-                       tandem::v1::KvCompatibility compat, KvSendPlan plan, absl::Time deadline)
+                       tandem::v1::KvCompatibility compat, KvSendPlan plan, absl::Time deadline,
+                       std::function<void()> on_done)
     : transport_(transport),
       target_(std::move(target)),
       compat_(std::move(compat)),
       plan_(std::move(plan)),
-      deadline_(deadline) {}
+      deadline_(deadline),
+      on_done_(std::move(on_done)) {}
 
 KvPushPipe::~KvPushPipe() {
   if (!finished_) Cancel();
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return;
+  // Destroyed from on_done, the thread's last act: nothing of the pipe is
+  // touched after it.
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
 }
 
 void KvPushPipe::Push(std::string bytes) {
@@ -39,6 +48,24 @@ absl::StatusOr<KvSendResult> KvPushPipe::Finish() {
   return *std::move(result_);
 }
 
+bool KvPushPipe::Close() {
+  finished_ = true;
+  absl::MutexLock lock(&mu_);
+  if (!thread_.joinable()) {
+    if (!result_.has_value()) {
+      result_ = absl::FailedPreconditionError("KV push: finish without any piece");
+    }
+    return false;
+  }
+  closed_ = true;
+  return true;
+}
+
+std::optional<absl::StatusOr<KvSendResult>> KvPushPipe::TryResult() {
+  absl::MutexLock lock(&mu_);
+  return result_;
+}
+
 void KvPushPipe::Cancel() {
   absl::MutexLock lock(&mu_);
   cancelled_ = true;
@@ -51,9 +78,15 @@ void KvPushPipe::Run() {
       transport_->Open(target_, compat_, plan_, deadline_);
   auto done = [&](absl::StatusOr<KvSendResult> r) {
     if (!r.ok()) failed_.store(true);
-    absl::MutexLock lock(&mu_);
-    stream_ = nullptr;
-    result_ = std::move(r);
+    {
+      absl::MutexLock lock(&mu_);
+      stream_ = nullptr;
+      result_ = std::move(r);
+    }
+    if (on_done_) {
+      const std::function<void()> notify = on_done_;  // a copy: on_done may destroy the pipe
+      notify();
+    }
   };
   if (!stream.ok()) {
     done(stream.status());

@@ -15,13 +15,20 @@
 // Once the handoff failed, failed() is true and Push drops its bytes, so the
 // producer can stop early; Finish returns the error.
 //
-// Thread safety: Push, Finish and Cancel are called by one producer thread;
-// failed() from any thread.
+// Without waiting (the Prefill reactor): give `on_done` at construction;
+// it runs on the pipe's thread once the handoff has ended (accepted, failed
+// or cancelled), as the thread's last act. Then Close() instead of Finish():
+// it returns at once, and TryResult() holds the result after on_done ran.
+// The pipe may be destroyed from on_done itself.
+//
+// Thread safety: Push, Finish, Close and Cancel are called by one producer
+// at a time; failed() and TryResult() from any thread.
 #ifndef TANDEM_SERVICES_TRANSFER_KV_PUSH_PIPE_H_
 #define TANDEM_SERVICES_TRANSFER_KV_PUSH_PIPE_H_
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,7 +45,7 @@ namespace tandem::transfer {
 class KvPushPipe {
  public:
   KvPushPipe(KvTransport* transport, KvTransferTarget target, tandem::v1::KvCompatibility compat,
-             KvSendPlan plan, absl::Time deadline);
+             KvSendPlan plan, absl::Time deadline, std::function<void()> on_done = nullptr);
   ~KvPushPipe();  // Cancel() unless finished
 
   KvPushPipe(const KvPushPipe&) = delete;
@@ -49,6 +56,12 @@ class KvPushPipe {
   // Every piece was pushed: waits until the receiver accepted them all (or
   // the handoff failed) and returns the result. Call at most once.
   absl::StatusOr<KvSendResult> Finish();
+  // Every piece was pushed; returns at once (see on_done). Without a piece
+  // the result is FailedPrecondition at once and on_done does not run.
+  // Returns whether the pipe's thread is running (on_done will come).
+  bool Close();
+  // The result once the handoff has ended, else nullopt.
+  std::optional<absl::StatusOr<KvSendResult>> TryResult();
   // Ends the handoff (idempotent): the receiver drops it.
   void Cancel();
 
@@ -62,6 +75,7 @@ class KvPushPipe {
   const tandem::v1::KvCompatibility compat_;
   const KvSendPlan plan_;
   const absl::Time deadline_;
+  const std::function<void()> on_done_;
   std::thread thread_;
   bool finished_ = false;                 // producer thread only
   std::atomic<bool> failed_{false};

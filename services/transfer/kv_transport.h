@@ -39,7 +39,7 @@ struct KvTransferTarget {
   // The Prefill call this transfer serves: when set, its cancellation (the
   // router aborted the request) and deadline propagate to the transfer, so
   // the receiver drops the partial push at once. Not owned; may be null.
-  const grpc::ServerContext* parent = nullptr;
+  const grpc::ServerContextBase* parent = nullptr;
 };
 
 struct KvSendResult {

@@ -214,7 +214,7 @@ TEST(OverloadTest, RouterInflightBoundRejectsBurstFastWithBoundedMemory) {
   EXPECT_LT(t.max_rejected_s, 1.0);
   EXPECT_GT(t.max_ok_s, t.max_rejected_s);
   // Memory: the router keeps nothing per refused call, and per admitted call
-  // a thread and a few KiB of tokens. 64 MiB covers gRPC's thread stacks
+  // a call thread (disaggregated backend) and a few KiB of tokens. 64 MiB covers gRPC's thread stacks
   // and arenas for the burst's ~40 server threads; a router that queued
   // the burst instead would also stay under it, which the timing above
   // rules out. ASan builds hold freed memory in a 256 MiB quarantine.

@@ -1,0 +1,156 @@
+#include "services/router/generate_reactor.h"
+
+#include <chrono>
+#include <utility>
+
+#include "services/common/grpc_status.h"
+
+namespace tandem::router {
+
+using tandem::v1::GenerateResponse;
+
+GenerateReactor::GenerateReactor(GenerationServiceImpl* service,
+                                 grpc::CallbackServerContext* context)
+    : service_(service), context_(context) {}
+
+GenerateReactor* GenerateReactor::Start(GenerationServiceImpl* service,
+                                        grpc::CallbackServerContext* context,
+                                        const tandem::v1::GenerateRequest& request) {
+  auto* reactor = new GenerateReactor(service, context);
+  grpc::Status auth = service->Authenticate(context);
+  absl::StatusOr<std::unique_ptr<GenerationServiceImpl::AdmittedCall>> call =
+      auth.ok() ? service->Admit(request) : absl::UnauthenticatedError("");
+  if (!auth.ok() || !call.ok()) {
+    absl::MutexLock lock(&reactor->mu_);
+    reactor->finished_ = true;
+    // RESOURCE_EXHAUSTED also gets RetryInfo details and the retry-after-ms trailer.
+    reactor->Finish(
+        auth.ok() ? services::ToGrpcStatus(call.status(), context, service->options().retry_after)
+                  : auth);
+    return reactor;
+  }
+  reactor->Begin(*std::move(call));
+  return reactor;
+}
+
+void GenerateReactor::Begin(std::unique_ptr<GenerationServiceImpl::AdmittedCall> call) {
+  call_ = std::move(call);
+  {
+    absl::MutexLock lock(&mu_);
+    builder_.emplace(call_->request(), call_->start(), service_->options().metrics);
+  }
+  absl::Time deadline = absl::InfiniteFuture();
+  const auto chrono_deadline = context_->deadline();
+  if (chrono_deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    deadline = absl::FromChrono(chrono_deadline);
+  }
+  // Finish cleanly (DEADLINE) a little before the client's deadline fires.
+  const absl::Time finish_by = FinishBy(call_->start(), deadline);
+  if (finish_by != absl::InfiniteFuture()) {
+    refs_.fetch_add(1);
+    alarm_set_ = true;
+    deadline_alarm_.Set(absl::ToChronoTime(finish_by), [this](bool fired) { OnDeadline(fired); });
+  }
+  // From here every backend push writes (Pump); this also writes what is
+  // already queued.
+  call_->queue().SetNotify([this] { Pump(); });
+}
+
+void GenerateReactor::Pump() {
+  absl::MutexLock lock(&mu_);
+  PumpLocked();
+}
+
+void GenerateReactor::PumpLocked() {
+  if (finished_ || writing_) return;
+  if (deadline_hit_) {
+    FinishWithLocked(builder_->Final(tandem::v1::FINISH_REASON_DEADLINE, "", 0, 0));
+    return;
+  }
+  std::optional<BackendEvent> ev = call_->queue().TryPop();
+  if (!ev.has_value()) return;
+  if (ev->finished) {
+    if (!ev->status.ok()) {
+      FinishWithErrorLocked(service_->Fail(ev->status));
+      return;
+    }
+    FinishWithLocked(
+        builder_->Final(ev->finish_reason, ev->text, ev->num_cached_tokens, ev->queue_seconds));
+    return;
+  }
+  response_ = builder_->Token(*ev);
+  writing_ = true;
+  StartWrite(&response_);
+}
+
+void GenerateReactor::FinishWithErrorLocked(const absl::Status& status) {
+  finished_ = true;
+  Finish(services::ToGrpcStatus(status, context_, service_->options().retry_after));
+}
+
+void GenerateReactor::FinishWithLocked(GenerateResponse final) {
+  response_ = std::move(final);
+  finished_ = true;
+  StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+}
+
+void GenerateReactor::OnWriteDone(bool ok) {
+  {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (finished_) return;
+    if (ok) {
+      PumpLocked();
+      return;
+    }
+  }
+  CancelStream("the client stream closed");
+}
+
+void GenerateReactor::OnCancel() { CancelStream("cancelled by the client"); }
+
+void GenerateReactor::CancelStream(const char* why) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    finished_ = true;  // nothing else writes from here
+  }
+  call_->call().Cancel();  // the workers free the request's KV
+  if (metrics::TandemMetrics* m = service_->options().metrics; m != nullptr) {
+    m->RequestErrors(absl::StatusCode::kCancelled)->Inc();
+  }
+  absl::MutexLock lock(&mu_);
+  Finish(services::ToGrpcStatus(absl::CancelledError(why)));
+}
+
+void GenerateReactor::OnDeadline(bool fired) {
+  if (fired) {
+    bool cancel = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!finished_) {
+        deadline_hit_ = true;
+        cancel = true;
+      }
+    }
+    if (cancel) {
+      call_->call().Cancel();
+      Pump();  // the DEADLINE final message, now or after the write in flight
+    }
+  }
+  Unref();
+}
+
+void GenerateReactor::OnDone() {
+  // No notification runs or starts after this, and the alarm's callback has
+  // run or will run with fired = false.
+  if (call_ != nullptr) call_->queue().ClearNotify();
+  if (alarm_set_) deadline_alarm_.Cancel();
+  Unref();
+}
+
+void GenerateReactor::Unref() {
+  if (refs_.fetch_sub(1) == 1) delete this;  // the AdmittedCall goes with it
+}
+
+}  // namespace tandem::router
