@@ -36,13 +36,13 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-#define BENCH_CHECK(expr)                                                       \
-  do {                                                                          \
-    const absl::Status _st = (expr);                                            \
-    if (!_st.ok()) {                                                            \
+#define BENCH_CHECK(expr)                                                         \
+  do {                                                                            \
+    const absl::Status _st = (expr);                                              \
+    if (!_st.ok()) {                                                              \
       std::fprintf(stderr, "gpu_bench: %s: %s\n", #expr, _st.ToString().c_str()); \
-      std::exit(1);                                                             \
-    }                                                                           \
+      std::exit(1);                                                               \
+    }                                                                             \
   } while (0)
 
 struct Options {
@@ -119,8 +119,9 @@ void Bench(const std::string& name, engine::Executor* ex, const engine::ModelCon
     const double ctx = o.context + o.decode_steps / 2.0;
     const double bytes = weight_bytes + B * ctx * kv_token_bytes;
     const double bound = gbs * 1e9 / bytes * B;
-    std::printf("  decode batch %3lld: %8.0f tok/s (%.2f ms/step); HBM bound %8.0f tok/s (%.0f%%)\n",
-                (long long)B, B / dt, dt * 1e3, bound, 100.0 * (B / dt) / bound);
+    std::printf(
+        "  decode batch %3lld: %8.0f tok/s (%.2f ms/step); HBM bound %8.0f tok/s (%.0f%%)\n",
+        (long long)B, B / dt, dt * 1e3, bound, 100.0 * (B / dt) / bound);
   }
 }
 
@@ -132,8 +133,8 @@ int64_t BlocksNeeded(const Options& o, int64_t block_size) {
 
 double MatrixBytes(const engine::ModelConfig& c, gguf::TensorType t) {
   const double per_elem = double(*gguf::RowBytes(t, 32)) / 32.0;
-  const double layer = double(c.hidden_size) * (2 * c.q_dim() + 2 * c.kv_dim()) +
-                       3.0 * c.hidden_size * c.ffn_size;
+  const double layer =
+      double(c.hidden_size) * (2 * c.q_dim() + 2 * c.kv_dim()) + 3.0 * c.hidden_size * c.ffn_size;
   return per_elem * (c.num_layers * layer + double(c.vocab_size) * c.hidden_size);
 }
 
@@ -204,8 +205,8 @@ int Main(int argc, char** argv) {
   for (gguf::TensorType t : {gguf::TensorType::kBF16, gguf::TensorType::kQ4_0}) {
     auto ex = engine::cuda::MakeSyntheticCudaExecutor(c, t, eo, 1234);
     BENCH_CHECK(ex.status());
-    Bench(std::string(c.name) + (t == gguf::TensorType::kBF16 ? " (BF16)" : " (Q4_0)"),
-          ex->get(), c, MatrixBytes(c, t), *gbs, o);
+    Bench(std::string(c.name) + (t == gguf::TensorType::kBF16 ? " (BF16)" : " (Q4_0)"), ex->get(),
+          c, MatrixBytes(c, t), *gbs, o);
   }
   return 0;
 }

@@ -33,7 +33,8 @@ std::string Reason(std::string what) {
       what = what.substr(colon + 2);
     }
   }
-  if (size_t dash = what.find(" - "); what.rfind("syntax error", 0) == 0 && dash != std::string::npos) {
+  if (size_t dash = what.find(" - ");
+      what.rfind("syntax error", 0) == 0 && dash != std::string::npos) {
     what = what.substr(dash + 3);
   }
   if (size_t lr = what.find("; last read: '"); lr != std::string::npos) {

@@ -7,10 +7,9 @@
 #define TANDEM_COMMON_JSON_H_
 
 #include <cstddef>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 

@@ -1,10 +1,10 @@
 #include "common/log.h"
 
-#include <cstdlib>
-#include <memory>
-
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 
@@ -22,9 +22,9 @@ absl::Status InitLogging(const std::string& component) {
   const spdlog::level::level_enum level = spdlog::level::from_str(env);
   // from_str answers "off" for any name it does not know.
   if (level == spdlog::level::off && std::string(env) != "off") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "TANDEM_LOG_LEVEL: unknown level '", env,
-        "' (trace, debug, info, warn, error, critical or off); logging at info"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("TANDEM_LOG_LEVEL: unknown level '", env,
+                     "' (trace, debug, info, warn, error, critical or off); logging at info"));
   }
   logger->set_level(level);
   return absl::OkStatus();

@@ -16,10 +16,10 @@
 #define TANDEM_STATUS_CONCAT_(a, b) TANDEM_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` is not OK.
-#define TANDEM_RETURN_IF_ERROR(expr)                  \
-  do {                                                \
-    ::absl::Status tandem_status_ = (expr);           \
-    if (!tandem_status_.ok()) return tandem_status_;  \
+#define TANDEM_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::absl::Status tandem_status_ = (expr);          \
+    if (!tandem_status_.ok()) return tandem_status_; \
   } while (0)
 
 // `lhs` = value of the StatusOr `rexpr`, or returns its error.
@@ -31,13 +31,12 @@
   lhs = std::move(tmp).value()
 
 // Internal invariant. Never use on untrusted input.
-#define TANDEM_CHECK(cond)                                                        \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
-      std::fprintf(stderr, "%s:%d: TANDEM_CHECK failed: %s\n", __FILE__, __LINE__, \
-                   #cond);                                                        \
-      std::abort();                                                               \
-    }                                                                             \
+#define TANDEM_CHECK(cond)                                                                 \
+  do {                                                                                     \
+    if (!(cond)) {                                                                         \
+      std::fprintf(stderr, "%s:%d: TANDEM_CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                        \
+    }                                                                                      \
   } while (0)
 
 #endif  // TANDEM_COMMON_STATUS_H_

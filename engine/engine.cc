@@ -34,10 +34,10 @@ struct Engine::ActiveRequest {
   bool export_kv = false;
   bool stream_kv_export = false;
   bool kv_exported = false;  // the request ends because its K/V was exported
-  int64_t kv_streamed = 0;  // stream_kv_export: tokens whose K/V went out as chunks
+  int64_t kv_streamed = 0;   // stream_kv_export: tokens whose K/V went out as chunks
   std::shared_ptr<const KvExport> import_kv;  // until admitted
   std::shared_ptr<const KvExport> kv_export;  // set when exported
-  absl::Status error;                          // with finish == kError
+  absl::Status error;                         // with finish == kError
 };
 
 namespace {
@@ -201,15 +201,15 @@ absl::Status Engine::InitDraft(int64_t num_blocks) {
     owned->pool = std::make_unique<ThreadPool>(threads);
     auto file = gguf::GgufFile::Open(spec.draft_model_path);
     if (!file.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("draft model ", spec.draft_model_path, ": ",
-                                                     file.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("draft model ", spec.draft_model_path, ": ", file.status().message()));
     }
     owned->file = *std::move(file);
     if (tokenizer_ != nullptr) {
       auto vocab = tokenizer::VocabFromGguf(*owned->file);
       if (!vocab.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "draft model ", spec.draft_model_path, ": tokenizer: ", vocab.status().message()));
+        return absl::InvalidArgumentError(absl::StrCat("draft model ", spec.draft_model_path,
+                                                       ": tokenizer: ", vocab.status().message()));
       }
       const std::vector<std::string>& mine = tokenizer_->vocab().tokens;
       if (vocab->tokens.size() != mine.size()) {
@@ -231,8 +231,8 @@ absl::Status Engine::InitDraft(int64_t num_blocks) {
     lo.kernels = spec.draft_kernels;
     auto model = LlamaModel::Load(*owned->file, lo);
     if (!model.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("draft model ", spec.draft_model_path, ": ",
-                                                     model.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("draft model ", spec.draft_model_path, ": ", model.status().message()));
     }
     owned->model = *std::move(model);
     draft = owned->model.get();
@@ -324,9 +324,8 @@ absl::StatusOr<RequestHandle> Engine::Submit(EngineRequest request) {
   if (stopping_) return absl::FailedPreconditionError("engine is shut down");
   const SchedulerConfig& sc = config_.scheduler;
   if (n > sc.max_waiting_tokens) {  // could never be queued: not retryable
-    return absl::InvalidArgumentError(absl::StrCat("request of ", n,
-                                                   " tokens exceeds max_waiting_tokens ",
-                                                   sc.max_waiting_tokens));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request of ", n, " tokens exceeds max_waiting_tokens ", sc.max_waiting_tokens));
   }
   if (num_waiting_ + 1 > sc.max_waiting_requests ||
       num_waiting_tokens_ + n > sc.max_waiting_tokens) {
@@ -444,9 +443,9 @@ void Engine::Admit(std::vector<Pending> submits) {
     for (size_t i = 0; i < prefix.size() && !replay_finish.has_value(); ++i) {
       replay_finish = active->output->Process(prefix[i]).finish;
       if (replay_finish.has_value() && i + 1 < prefix.size()) {
-        st = absl::InvalidArgumentError(absl::StrCat(
-            "prefix_output_token_ids[", i, "] finishes the request; ", prefix.size() - i - 1,
-            " tokens follow it"));
+        st = absl::InvalidArgumentError(absl::StrCat("prefix_output_token_ids[", i,
+                                                     "] finishes the request; ",
+                                                     prefix.size() - i - 1, " tokens follow it"));
       }
     }
     if (st.ok() && replay_finish.has_value()) {
@@ -534,7 +533,8 @@ void Engine::Step() {
   for (const KvImport& imp : out.kv_imports) {
     ActiveRequest& a = *active_.at(imp.seq_id);
     TANDEM_CHECK(a.import_kv != nullptr);
-    absl::Status imported = ImportKv(*a.import_kv, imp.begin, imp.end, *kv_, imp.seq_id, *executor_);
+    absl::Status imported =
+        ImportKv(*a.import_kv, imp.begin, imp.end, *kv_, imp.seq_id, *executor_);
     a.import_kv.reset();  // written; a preempted sequence recomputes
     if (!imported.ok()) {
       // The request ends with the error; the step runs without it.
@@ -557,8 +557,9 @@ void Engine::Step() {
     }
     // Stats show the step being run (a long prefill is visible as running).
     MirrorQueueStats();
-    abort_step_.store(!step_ids_.empty() && (step_cancelled_.size() == step_ids_.size() ||
-                                             (stopping_ && shutdown_mode_ == ShutdownMode::kCancel)));
+    abort_step_.store(!step_ids_.empty() &&
+                      (step_cancelled_.size() == step_ids_.size() ||
+                       (stopping_ && shutdown_mode_ == ShutdownMode::kCancel)));
   }
   absl::StatusOr<std::vector<SampledToken>> sampled = runner_->Execute(out);
   const bool aborted = abort_step_.exchange(false) && absl::IsCancelled(sampled.status());
@@ -674,7 +675,8 @@ absl::Status Engine::StreamKv(ActiveRequest& a, SeqId seq_id, int64_t end) {
   KvChunkEvent chunk;
   chunk.begin = a.kv_streamed;
   chunk.end = end;
-  TANDEM_RETURN_IF_ERROR(ReadKvRange(*executor_, *kv_, seq_id, chunk.begin, chunk.end, &chunk.bytes));
+  TANDEM_RETURN_IF_ERROR(
+      ReadKvRange(*executor_, *kv_, seq_id, chunk.begin, chunk.end, &chunk.bytes));
   a.kv_streamed = end;
   a.stream->Push(std::move(chunk));
   return absl::OkStatus();

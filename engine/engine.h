@@ -129,7 +129,7 @@ struct EngineStats {
     int64_t num_accepted_tokens = 0;
     std::vector<int64_t> accepted_per_position;
   } spec;
-  absl::Status integrity;            // see check_integrity_every_step
+  absl::Status integrity;  // see check_integrity_every_step
 };
 
 enum class ShutdownMode {

@@ -77,8 +77,8 @@ absl::Status ValidateBlockCopies(const KvCacheShape& shape, absl::Span<const Blo
   const int64_t n = shape.layout.num_blocks;
   for (const BlockCopy& c : copies) {
     if (c.src < 0 || c.src >= n || c.dst < 0 || c.dst >= n) {
-      return absl::InvalidArgumentError(absl::StrCat("block copy ", c.src, " -> ", c.dst,
-                                                     " outside the cache's ", n, " blocks"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("block copy ", c.src, " -> ", c.dst, " outside the cache's ", n, " blocks"));
     }
   }
   return absl::OkStatus();

@@ -8,8 +8,7 @@
 
 namespace tandem::engine {
 
-ModelRunner::ModelRunner(Executor* executor, int64_t vocab_size,
-                         std::vector<int32_t> eos_token_ids)
+ModelRunner::ModelRunner(Executor* executor, int64_t vocab_size, std::vector<int32_t> eos_token_ids)
     : executor_(executor), vocab_size_(vocab_size), eos_token_ids_(std::move(eos_token_ids)) {
   TANDEM_CHECK(executor_ != nullptr && vocab_size_ > 0);
 }
@@ -113,9 +112,8 @@ void ModelRunner::VerifySampled(const ScheduledSequence& s, int64_t first_row,
   spec::ProcessDraftLogits(rows, vocab_size_, params, context, drafts, &processed_);
   spec::TargetProbs(processed_, vocab_size_, params, &sampler_, &target_probs_);
   draft_probs_.assign(s.draft_probs.begin(), s.draft_probs.end());
-  const spec::VerifyResult v = spec::RejectionSample(target_probs_, vocab_size_, drafts,
-                                                     draft_probs_, params.seed,
-                                                     s.seq->num_tokens());
+  const spec::VerifyResult v = spec::RejectionSample(
+      target_probs_, vocab_size_, drafts, draft_probs_, params.seed, s.seq->num_tokens());
   for (size_t i = 0; i < v.token_ids.size(); ++i) {
     SampleResult r;
     r.token_id = v.token_ids[i];

@@ -55,8 +55,8 @@ namespace tandem::engine {
 struct SampledToken {
   SeqId seq_id = 0;
   std::vector<SampleResult> accepted;  // verified drafts, in order
-  SampleResult result;  // token_id, and logprobs when the params ask for them
-  int64_t num_drafts = 0;  // drafts proposed for this sequence this step
+  SampleResult result;                 // token_id, and logprobs when the params ask for them
+  int64_t num_drafts = 0;              // drafts proposed for this sequence this step
 };
 
 class ModelRunner {
@@ -87,15 +87,15 @@ class ModelRunner {
 
  private:
   // Rejection sampling of drafts with a distribution q (sampled requests).
-  void VerifySampled(const ScheduledSequence& s, int64_t first_row,
-                     const SamplingContext& context, SampledToken* out);
+  void VerifySampled(const ScheduledSequence& s, int64_t first_row, const SamplingContext& context,
+                     SampledToken* out);
 
   Executor* executor_;
   const std::atomic<bool>* abort_ = nullptr;
   int64_t vocab_size_;
   std::vector<int32_t> eos_token_ids_;
   Sampler sampler_;
-  std::vector<float> logits_;  // [num sampling sequences, vocab]
+  std::vector<float> logits_;         // [num sampling sequences, vocab]
   std::vector<float> processed_;      // [k + 1, vocab] VerifySampled scratch
   std::vector<double> target_probs_;  // [k + 1, vocab]
   std::vector<double> draft_probs_;   // [k, vocab]

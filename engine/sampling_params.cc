@@ -116,9 +116,9 @@ absl::Status SamplingParams::Validate(int64_t vocab_size) const {
   }
   if (num_speculative_tokens.has_value() &&
       !(*num_speculative_tokens >= 0 && *num_speculative_tokens <= kMaxRequestSpecTokens)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "num_speculative_tokens must be in [0, %d], got %d", kMaxRequestSpecTokens,
-        *num_speculative_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("num_speculative_tokens must be in [0, %d], got %d", kMaxRequestSpecTokens,
+                        *num_speculative_tokens));
   }
   return stop.Validate(vocab_size);
 }

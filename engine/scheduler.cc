@@ -22,8 +22,8 @@ absl::Status SchedulerConfig::Validate() const {
     return absl::InvalidArgumentError("long_prefill_token_threshold must be >= 0");
   }
   if (num_speculative_tokens < 0 || num_speculative_tokens > kMaxSpeculativeTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("num_speculative_tokens must be in [0, ",
-                                                   kMaxSpeculativeTokens, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_speculative_tokens must be in [0, ", kMaxSpeculativeTokens, "]"));
   }
   return absl::OkStatus();
 }
@@ -112,8 +112,8 @@ int64_t Scheduler::WantedDrafts(const Sequence& seq, bool* backing_off) const {
   // Adaptive k: about one more draft than this sequence has been getting
   // accepted, so a verification step does not pay for drafts that will not
   // stick (on a compute-bound CPU each draft costs about one token).
-  const int64_t wanted = static_cast<int64_t>(std::ceil(
-      std::min<double>(seq.spec_accept_ema(), double(limit)))) + 1;
+  const int64_t wanted =
+      static_cast<int64_t>(std::ceil(std::min<double>(seq.spec_accept_ema(), double(limit)))) + 1;
   int64_t k = std::min(limit, wanted);
   const std::optional<int64_t> max_tokens = seq.sampling_params().stop.max_tokens;
   if (max_tokens.has_value()) k = std::min(k, *max_tokens - seq.num_output_tokens() - 1);
@@ -351,8 +351,9 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::Update(const SchedulerOutput& 
       // Back-off: a draft with nothing accepted doubles the pause (1, 2, 4,
       // ... 16 steps) before the next proposal; any acceptance resets it.
       const int64_t misses = accepted == 0 ? seq->spec_misses() + 1 : 0;
-      const double ema = seq->spec_accept_ema() > 1e8 ? double(accepted)
-                                                       : 0.7 * seq->spec_accept_ema() + 0.3 * accepted;
+      const double ema = seq->spec_accept_ema() > 1e8
+                             ? double(accepted)
+                             : 0.7 * seq->spec_accept_ema() + 0.3 * accepted;
       seq->set_spec_accept_ema(ema);
       seq->set_spec_backoff(misses == 0 ? 0 : std::min<int64_t>(16, int64_t{1} << (misses - 1)),
                             misses);

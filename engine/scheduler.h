@@ -181,8 +181,7 @@ class Scheduler {
 
   // Speculative decoding's draft source: up to max_tokens draft tokens that
   // would follow the sequence's tokens (may return fewer or none).
-  using Proposer =
-      std::function<std::vector<int32_t>(const Sequence& seq, int64_t max_tokens)>;
+  using Proposer = std::function<std::vector<int32_t>(const Sequence& seq, int64_t max_tokens)>;
   void set_proposer(Proposer proposer) { proposer_ = std::move(proposer); }
   // A batched draft source instead (not owned; must outlive the Scheduler).
   void set_batch_proposer(BatchProposer* proposer) { batch_proposer_ = proposer; }
@@ -258,7 +257,7 @@ class Scheduler {
 
   SchedulerConfig config_;
   Proposer proposer_;
-  BatchProposer* batch_proposer_ = nullptr;  // not owned
+  BatchProposer* batch_proposer_ = nullptr;                     // not owned
   KvCacheManager* kv_;                                          // not owned
   absl::flat_hash_map<SeqId, std::unique_ptr<Sequence>> seqs_;  // unfinished
   std::deque<Sequence*> waiting_;

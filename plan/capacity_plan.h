@@ -68,9 +68,9 @@ struct PlanInputs {
   double kv_bytes_per_element = 2;
   double kv_scale_bytes_per_head = 0;  // per (token, layer, K|V, KV head): int8/fp8 scales
   std::string kv_dtype;                // the --kv-cache-dtype it came from; empty: --kv-bytes
-  int64_t context_length = 2048;  // KV reserved per sequence, in tokens
-  int64_t batch = 0;              // running sequences per decode step; 0: max that fit
-  int64_t decode_context = 0;     // cached tokens per sequence read each step; 0: seed's rule
+  int64_t context_length = 2048;       // KV reserved per sequence, in tokens
+  int64_t batch = 0;                   // running sequences per decode step; 0: max that fit
+  int64_t decode_context = 0;          // cached tokens per sequence read each step; 0: seed's rule
   double usd_per_hour = 2;
   double reserve_bytes = 4e9;          // activations, CUDA context, buffers
   double bandwidth_efficiency = 0.75;  // achieved / peak bandwidth in decode (MBU)
@@ -114,8 +114,8 @@ struct Plan {
     int64_t max_concurrent_sequences = 0;
   };
   std::vector<KvDtypeCapacity> kv_dtype_capacity;  // in KvDtypeSpecs() order
-  int64_t batch = 0;        // the batch the throughput is computed for
-  bool batch_fits = false;  // batch <= max_concurrent_sequences
+  int64_t batch = 0;                               // the batch the throughput is computed for
+  bool batch_fits = false;                         // batch <= max_concurrent_sequences
   double kv_bytes_for_batch = 0;
   // Decode.
   int64_t decode_context = 0;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # README command 2: installs everything, builds, and runs the whole test suite:
-# static checks (architecture.md vs the tree, clang -Wthread-safety),
+# static checks (clang-format, architecture.md vs the tree, the layering,
+# clang -Wthread-safety),
 # unit + integration tests (ctest), the same under ASan + UBSan
 # (scripts/test_sanitizers.sh), the deployment checks (deploy/check.sh),
 # then every fuzz target for a bounded time on its seed corpus (clang +
@@ -12,10 +13,12 @@ FUZZ_SECONDS=${TANDEM_FUZZ_SECONDS:-140}
 bash scripts/bootstrap.sh
 bash scripts/build.sh
 
-# Static checks: docs/architecture.md names every source directory and only
+# Static checks: every C++ source clang-formatted; docs/architecture.md names
+# every source directory and only
 # paths that exist; every include is of a target the includer links; clang's -Wthread-safety over every C++ source (GCC
 # ignores the ABSL_GUARDED_BY annotations).
 echo "[test] static checks" >&2
+bash scripts/check_format.sh
 python3 scripts/check_architecture.py
 python3 scripts/check_layers.py build
 python3 scripts/check_thread_safety.py build/compile_commands.json

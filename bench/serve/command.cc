@@ -20,12 +20,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "common/status.h"
-#include "services/cli/args.h"
 #include "bench/serve/backend.h"
 #include "bench/serve/report.h"
 #include "bench/serve/stats.h"
 #include "bench/serve/workload.h"
+#include "common/status.h"
+#include "services/cli/args.h"
 #include "services/cli/commands.h"
 #include "services/cli/security_flags.h"
 
@@ -195,7 +195,6 @@ int Fail(int code, const std::string& msg) {
   return code;
 }
 
-
 void AddBenchFlags(ArgParser& p, BenchFlags& f) {
   p.AddString("server", &f.server, "Tandem router address host:port (gRPC backend)");
   p.AddString("backend", &f.backend,
@@ -303,9 +302,8 @@ std::vector<RunSummary> RunRates(Backend& backend, const std::vector<BenchReques
       Progress progress(!f.no_progress,
                         rate > 0 ? absl::StrCat("rate ", rate) : absl::StrCat("c=", workers),
                         static_cast<int64_t>(measured.size()));
-      s = RunLoad(backend, measured, rate, f.burstiness, workers,
-                  static_cast<uint64_t>(f.seed) + 1, absl::Seconds(f.timeout_s),
-                  absl::Seconds(f.max_duration_s), ctx.slo, &progress);
+      s = RunLoad(backend, measured, rate, f.burstiness, workers, static_cast<uint64_t>(f.seed) + 1,
+                  absl::Seconds(f.timeout_s), absl::Seconds(f.max_duration_s), ctx.slo, &progress);
     }
     s.max_concurrency = workers;
     bench::PrintRun(s, ctx, stdout);

@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "grpcpp/create_channel.h"
 #include "bench/serve/backend.h"
+#include "grpcpp/create_channel.h"
 #include "services/common/api_key.h"
 #include "services/common/convert.h"
 #include "tandem/v1/generation.grpc.pb.h"

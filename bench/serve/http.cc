@@ -12,8 +12,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/json.h"
 #include "bench/serve/backend.h"
+#include "common/json.h"
 
 namespace tandem::bench {
 
@@ -70,8 +70,8 @@ class OpenAiHttpBackend : public Backend {
     // Any HTTP answer shows the server is up (it may not serve GET /).
     httplib::Result res = c.Get("/health");
     if (!res) {
-      return absl::UnavailableError(absl::StrCat("connect ", host_, ":", port_, " failed: ",
-                                                 httplib::to_string(res.error())));
+      return absl::UnavailableError(absl::StrCat("connect ", host_, ":", port_,
+                                                 " failed: ", httplib::to_string(res.error())));
     }
     ServerInfo info;
     info.model = model_;
@@ -172,7 +172,8 @@ class OpenAiHttpBackend : public Backend {
         return false;
       }
       if (status != 200) {
-        error_body.append(data, std::min<size_t>(n, 200 - std::min<size_t>(200, error_body.size())));
+        error_body.append(data,
+                          std::min<size_t>(n, 200 - std::min<size_t>(200, error_body.size())));
         return true;
       }
       for (const std::string& event : sse.Feed(std::string_view(data, n))) {

@@ -67,7 +67,8 @@ absl::StatusOr<std::vector<BenchRequest>> BuildWorkload(const WorkloadOptions& o
     engine::SamplingParams defaults;
     defaults.stop.max_tokens = o.output_len;
     defaults.stop.ignore_eos = o.ignore_eos;
-    absl::StatusOr<std::vector<cli::PromptSpec>> prompts = cli::ReadPromptsFile(o.dataset, defaults);
+    absl::StatusOr<std::vector<cli::PromptSpec>> prompts =
+        cli::ReadPromptsFile(o.dataset, defaults);
     if (!prompts.ok()) return prompts.status();
     if (prompts->empty()) {
       return absl::InvalidArgumentError(absl::StrCat("--dataset ", o.dataset, ": no prompts"));

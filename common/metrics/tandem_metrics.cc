@@ -26,8 +26,8 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
                                                                      std::string_view model) {
   if (phase != kPhaseRouter && phase != kPhasePrefill && phase != kPhaseDecode &&
       phase != kPhaseColocated) {
-    return absl::InvalidArgumentError(
-        "unknown phase \"" + std::string(phase) + "\" (router|prefill|decode|colocated)");
+    return absl::InvalidArgumentError("unknown phase \"" + std::string(phase) +
+                                      "\" (router|prefill|decode|colocated)");
   }
   auto m = std::make_unique<TandemMetrics>();
   m->phase = std::string(phase);
@@ -109,9 +109,10 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
               "KV handoffs that failed (rejected header, timeout, expired lease, peer error)."));
   TANDEM_ASSIGN_OR_RETURN(
       m->kv_transfer_overlapped_bytes,
-      counter("tandem_kv_transfer_overlapped_bytes_total",
-              "Prefill worker: KV bytes handed to the transfer while the prompt was still being "
-              "computed (before its first token): the share of the handoff that overlaps prefill."));
+      counter(
+          "tandem_kv_transfer_overlapped_bytes_total",
+          "Prefill worker: KV bytes handed to the transfer while the prompt was still being "
+          "computed (before its first token): the share of the handoff that overlaps prefill."));
   TANDEM_ASSIGN_OR_RETURN(m->prompt_tokens,
                           counter("tandem_prompt_tokens_total", "Prompt tokens processed."));
   TANDEM_ASSIGN_OR_RETURN(m->generation_tokens,
@@ -147,9 +148,9 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
   // dashboards and rules see the series before the first draft is accepted.
   if (phase == kPhaseDecode) {
     for (int position = 0; position < kSpecMaxPositions; ++position) {
-      TANDEM_RETURN_IF_ERROR(m->spec_accepted_per_pos_family
-                                 ->WithLabelValues({phase, model, absl::StrCat(position)})
-                                 .status());
+      TANDEM_RETURN_IF_ERROR(
+          m->spec_accepted_per_pos_family->WithLabelValues({phase, model, absl::StrCat(position)})
+              .status());
     }
   }
   TANDEM_ASSIGN_OR_RETURN(
@@ -173,17 +174,19 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
                    {"phase", "model", "reason"}));
   if (phase == "router") {
     for (std::string_view reason : {"decode_failed", "prefill_failed", "transfer_failed"}) {
-      TANDEM_RETURN_IF_ERROR(m->migrations_family->WithLabelValues({phase, model, reason}).status());
+      TANDEM_RETURN_IF_ERROR(
+          m->migrations_family->WithLabelValues({phase, model, reason}).status());
     }
   }
 
   TANDEM_ASSIGN_OR_RETURN(
       m->prefill_decisions_family,
-      r.AddCounter("tandem_router_prefill_decisions_total",
-                   "Router: where each disaggregated request's prompt was prefilled: remote (a "
-                   "prefill worker, KV handed over) or local (on its decode worker: a short "
-                   "prompt or one mostly in that worker's prefix cache, --remote-prefill-min-tokens).",
-                   {"phase", "model", "where"}));
+      r.AddCounter(
+          "tandem_router_prefill_decisions_total",
+          "Router: where each disaggregated request's prompt was prefilled: remote (a "
+          "prefill worker, KV handed over) or local (on its decode worker: a short "
+          "prompt or one mostly in that worker's prefix cache, --remote-prefill-min-tokens).",
+          {"phase", "model", "where"}));
   if (phase == "router") {
     for (std::string_view where : {"remote", "local"}) {
       TANDEM_RETURN_IF_ERROR(
@@ -207,8 +210,9 @@ absl::StatusOr<std::unique_ptr<TandemMetrics>> TandemMetrics::Create(MetricsRegi
                           gauge("tandem_num_leased_blocks", "KV blocks held by unexpired leases."));
   TANDEM_ASSIGN_OR_RETURN(
       m->num_inflight_tokens,
-      gauge("tandem_num_inflight_tokens",
-            "Router: prompt tokens + max_tokens of the requests admitted (--max-inflight-tokens)."));
+      gauge(
+          "tandem_num_inflight_tokens",
+          "Router: prompt tokens + max_tokens of the requests admitted (--max-inflight-tokens)."));
   TANDEM_ASSIGN_OR_RETURN(
       m->healthy_workers_family,
       r.AddGauge("tandem_router_healthy_workers",

@@ -104,14 +104,14 @@ struct TandemMetrics {
   Histogram* time_to_first_token = nullptr;  // router (user-visible) and colocated
   Histogram* inter_token_latency = nullptr;  // gap between streamed tokens (TPOT)
   Histogram* e2e_request_latency = nullptr;
-  Histogram* request_queue_time = nullptr;    // waiting before the first scheduled step
-  Histogram* request_prefill_time = nullptr;  // first scheduled step -> first token
-  Histogram* request_decode_time = nullptr;   // first token -> finished
-  Histogram* kv_transfer_time = nullptr;      // tandem_kv_transfer_seconds, per request
+  Histogram* request_queue_time = nullptr;             // waiting before the first scheduled step
+  Histogram* request_prefill_time = nullptr;           // first scheduled step -> first token
+  Histogram* request_decode_time = nullptr;            // first token -> finished
+  Histogram* kv_transfer_time = nullptr;               // tandem_kv_transfer_seconds, per request
   Histogram* kv_transfer_after_first_token = nullptr;  // prefill: first token sent -> KV landed
-  Histogram* iteration_tokens = nullptr;      // tokens per engine step
-  Histogram* batch_size = nullptr;            // sequences per engine step
-  Histogram* migration_recovery_time = nullptr;  // router: failure seen -> next token
+  Histogram* iteration_tokens = nullptr;               // tokens per engine step
+  Histogram* batch_size = nullptr;                     // sequences per engine step
+  Histogram* migration_recovery_time = nullptr;        // router: failure seen -> next token
 
   // Counters.
   Counter* kv_transfer_bytes = nullptr;
@@ -120,24 +120,24 @@ struct TandemMetrics {
   Counter* prompt_tokens = nullptr;
   Counter* generation_tokens = nullptr;
   Counter* num_preemptions = nullptr;
-  Counter* prefix_cache_queries = nullptr;          // in tokens, as vLLM
-  Counter* prefix_cache_hits = nullptr;             // in tokens
-  Counter* spec_num_drafts = nullptr;               // speculative decoding
+  Counter* prefix_cache_queries = nullptr;  // in tokens, as vLLM
+  Counter* prefix_cache_hits = nullptr;     // in tokens
+  Counter* spec_num_drafts = nullptr;       // speculative decoding
   Counter* spec_num_draft_tokens = nullptr;
   Counter* spec_num_accepted_tokens = nullptr;
   CounterFamily* spec_accepted_per_pos_family = nullptr;  // {phase, model, position}
-  CounterFamily* request_success_family = nullptr;  // {phase, model, finish_reason}
-  CounterFamily* request_errors_family = nullptr;   // {phase, model, code}
-  CounterFamily* migrations_family = nullptr;       // {phase, model, reason}
-  CounterFamily* prefill_decisions_family = nullptr;  // {phase, model, where}
+  CounterFamily* request_success_family = nullptr;        // {phase, model, finish_reason}
+  CounterFamily* request_errors_family = nullptr;         // {phase, model, code}
+  CounterFamily* migrations_family = nullptr;             // {phase, model, reason}
+  CounterFamily* prefill_decisions_family = nullptr;      // {phase, model, where}
 
   // Gauges (Set/Inc/Dec, or SetCallback to compute them at scrape time).
   Gauge* kv_cache_usage_ratio = nullptr;  // 0..1
   Gauge* num_requests_running = nullptr;
   Gauge* num_requests_waiting = nullptr;
-  Gauge* num_kv_leases = nullptr;      // decode: KV handoffs held, not yet adopted
-  Gauge* num_leased_blocks = nullptr;  // decode: blocks held by those leases
-  Gauge* num_inflight_tokens = nullptr;  // router: prompt + max_tokens of admitted calls
+  Gauge* num_kv_leases = nullptr;                 // decode: KV handoffs held, not yet adopted
+  Gauge* num_leased_blocks = nullptr;             // decode: blocks held by those leases
+  Gauge* num_inflight_tokens = nullptr;           // router: prompt + max_tokens of admitted calls
   GaugeFamily* healthy_workers_family = nullptr;  // router: {phase, model, role}
 
  private:

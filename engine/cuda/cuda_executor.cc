@@ -103,9 +103,8 @@ absl::StatusOr<std::unique_ptr<Executor>> CudaExecutor::Create(const ModelConfig
                                                                const ExecutorOptions& options,
                                                                const WeightsFn& make_weights) {
   if (options.num_blocks <= 0 || options.block_size <= 0 || options.block_size > (1 << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat("cuda executor: bad KV geometry, ",
-                                                   options.num_blocks, " blocks of ",
-                                                   options.block_size));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda executor: bad KV geometry, ", options.num_blocks, " blocks of ", options.block_size));
   }
   // The device kernels (rope_kv.cu, attention.cu, kv_ops.cu) read and write
   // f32 rows only.
@@ -143,16 +142,18 @@ std::string CudaExecutor::Describe() const {
   for (const auto& [name, count] : weights_.device_types) {
     absl::StrAppend(&types, types.empty() ? "" : ", ", name, " x", count);
   }
-  return absl::StrFormat("cuda:%d (%s): weights %.2f GiB on device [%s], KV cache f32 in device "
-                         "memory (%.1f MiB)",
-                         device_index_, kc::DeviceDescription(device_index_),
-                         weights_.bytes / 1073741824.0, types, kv_cache_bytes() / 1048576.0);
+  return absl::StrFormat(
+      "cuda:%d (%s): weights %.2f GiB on device [%s], KV cache f32 in device "
+      "memory (%.1f MiB)",
+      device_index_, kc::DeviceDescription(device_index_), weights_.bytes / 1073741824.0, types,
+      kv_cache_bytes() / 1048576.0);
 }
 
 absl::Status CudaExecutor::CopyBlocks(absl::Span<const BlockCopy> copies) {
   TANDEM_RETURN_IF_ERROR(ValidateBlockCopies(shape_, copies));
   // One launch per copy, in stream order: a later copy may read an earlier dst.
-  for (const BlockCopy& c : copies) TANDEM_RETURN_IF_ERROR(kc::CopyBlock(kv_, c.src, c.dst, stream_));
+  for (const BlockCopy& c : copies)
+    TANDEM_RETURN_IF_ERROR(kc::CopyBlock(kv_, c.src, c.dst, stream_));
   return absl::OkStatus();
 }
 
@@ -213,14 +214,16 @@ absl::Status CudaExecutor::Forward(const ForwardBatch& b, float* logits) {
   const int64_t T = b.num_tokens(), S = b.num_seqs();
   const int64_t L = static_cast<int64_t>(b.logits_indices.size());
   if (T == 0) return absl::OkStatus();
-  if (T > 65535) return absl::InvalidArgumentError("cuda executor: more than 65535 tokens in a step");
+  if (T > 65535)
+    return absl::InvalidArgumentError("cuda executor: more than 65535 tokens in a step");
 
   // Step metadata: one pinned staging buffer, one upload.
   int64_t max_blocks = 1, max_pos = 0;
   for (const auto& table : b.block_tables) max_blocks = std::max<int64_t>(max_blocks, table.size());
   for (int32_t p : b.positions) max_pos = std::max<int64_t>(max_pos, p);
-  const int64_t off_tokens = 0, off_pos = Align(off_tokens + T * 4), off_seq = Align(off_pos + T * 4),
-                off_logits = Align(off_seq + T * 4), off_tables = Align(off_logits + L * 4),
+  const int64_t off_tokens = 0, off_pos = Align(off_tokens + T * 4),
+                off_seq = Align(off_pos + T * 4), off_logits = Align(off_seq + T * 4),
+                off_tables = Align(off_logits + L * 4),
                 off_slots = Align(off_tables + S * max_blocks * 4), meta_bytes = off_slots + T * 8;
   TANDEM_ASSIGN_OR_RETURN(char* host, staging_.Get(meta_bytes));
   std::copy(b.token_ids.begin(), b.token_ids.end(), reinterpret_cast<int32_t*>(host + off_tokens));
@@ -244,10 +247,16 @@ absl::Status CudaExecutor::Forward(const ForwardBatch& b, float* logits) {
 
   // Activations (float offsets into one buffer).
   const int64_t H = c.hidden_size, W = c.q_dim() + 2 * c.kv_dim();
-  const int64_t attn_ws =
-      kc::PagedAttentionWorkspaceFloats(T, c.num_heads, c.head_dim, max_pos);
-  const int64_t sizes[] = {T * H, T * H, T * W, T * c.q_dim(), T * 2 * c.ffn_size,
-                           T * c.ffn_size, L * H, L * c.vocab_size, attn_ws};
+  const int64_t attn_ws = kc::PagedAttentionWorkspaceFloats(T, c.num_heads, c.head_dim, max_pos);
+  const int64_t sizes[] = {T * H,
+                           T * H,
+                           T * W,
+                           T * c.q_dim(),
+                           T * 2 * c.ffn_size,
+                           T * c.ffn_size,
+                           L * H,
+                           L * c.vocab_size,
+                           attn_ws};
   int64_t total = 0;
   for (int64_t s : sizes) total += Align(s * 4);
   TANDEM_ASSIGN_OR_RETURN(char* acts, acts_.Get(total));
@@ -281,8 +290,8 @@ absl::Status CudaExecutor::Forward(const ForwardBatch& b, float* logits) {
     TANDEM_RETURN_IF_ERROR(RunLayer(layer, T, attn));
   }
   if (L > 0) {
-    TANDEM_RETURN_IF_ERROR(kc::GatherRows(x_, H, reinterpret_cast<const int32_t*>(meta + off_logits),
-                                          L, rows, stream_));
+    TANDEM_RETURN_IF_ERROR(kc::GatherRows(
+        x_, H, reinterpret_cast<const int32_t*>(meta + off_logits), L, rows, stream_));
     TANDEM_RETURN_IF_ERROR(kc::RmsNorm(rows, weights_.output_norm, L, H, c.rms_eps, rows, stream_));
     TANDEM_RETURN_IF_ERROR(MatMul(weights_.lm_head, rows, L, d_logits, c.vocab_size, false));
     TANDEM_RETURN_IF_ERROR(
@@ -337,8 +346,8 @@ absl::Status CheckDevice(int device_index) {
         "--device cuda: no CUDA device is visible (cudaGetDeviceCount: 0 devices)");
   }
   if (device_index < 0 || device_index >= n) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--device cuda: device ", device_index, " is not visible (", n, " devices)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device cuda: device ", device_index, " is not visible (", n, " devices)"));
   }
   return absl::OkStatus();
 }
@@ -347,14 +356,14 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeCudaExecutor(const LlamaModel* mod
                                                            const ExecutorOptions& options) {
   if (model == nullptr) return absl::InvalidArgumentError("null model");
   TANDEM_RETURN_IF_ERROR(CheckDevice(options.device_index));
-  return CudaExecutor::Create(model->config(), options, [model](kc::Stream stream) {
-    return UploadWeights(*model, stream);
-  });
+  return CudaExecutor::Create(model->config(), options,
+                              [model](kc::Stream stream) { return UploadWeights(*model, stream); });
 }
 
-absl::StatusOr<std::unique_ptr<Executor>> MakeSyntheticCudaExecutor(
-    const ModelConfig& config, gguf::TensorType matrix_type, const ExecutorOptions& options,
-    uint64_t seed) {
+absl::StatusOr<std::unique_ptr<Executor>> MakeSyntheticCudaExecutor(const ModelConfig& config,
+                                                                    gguf::TensorType matrix_type,
+                                                                    const ExecutorOptions& options,
+                                                                    uint64_t seed) {
   TANDEM_RETURN_IF_ERROR(config.Validate());
   TANDEM_RETURN_IF_ERROR(CheckDevice(options.device_index));
   return CudaExecutor::Create(config, options, [&](kc::Stream stream) {

@@ -15,9 +15,10 @@
 namespace tandem::engine::cuda {
 
 // matrix_type: Q4_0, Q4_1, Q8_0 or BF16. FailedPrecondition without a device.
-absl::StatusOr<std::unique_ptr<Executor>> MakeSyntheticCudaExecutor(
-    const ModelConfig& config, gguf::TensorType matrix_type, const ExecutorOptions& options,
-    uint64_t seed);
+absl::StatusOr<std::unique_ptr<Executor>> MakeSyntheticCudaExecutor(const ModelConfig& config,
+                                                                    gguf::TensorType matrix_type,
+                                                                    const ExecutorOptions& options,
+                                                                    uint64_t seed);
 
 }  // namespace tandem::engine::cuda
 

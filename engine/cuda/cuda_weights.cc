@@ -78,7 +78,8 @@ class Uploader {
     std::vector<MatrixPart> parts;
     const TensorType dt = MatrixTypeOf(views[0]->type);
     bool same = true;
-    for (const auto* v : views) same = same && MatrixTypeOf(v->type) == dt && v->cols == views[0]->cols;
+    for (const auto* v : views)
+      same = same && MatrixTypeOf(v->type) == dt && v->cols == views[0]->cols;
     int64_t offset = 0;
     if (!same) {
       for (const auto* v : views) {
@@ -150,8 +151,8 @@ absl::StatusOr<DeviceWeights> UploadWeights(const LlamaModel& model, kc::Stream 
   return w;
 }
 
-absl::StatusOr<DeviceWeights> SyntheticWeights(const ModelConfig& c, TensorType type,
-                                               uint64_t seed, kc::Stream stream) {
+absl::StatusOr<DeviceWeights> SyntheticWeights(const ModelConfig& c, TensorType type, uint64_t seed,
+                                               kc::Stream stream) {
   if (!kc::IsMatrixType(type)) {
     return absl::InvalidArgumentError("synthetic model: matrix type must be Q4_0/Q4_1/Q8_0/BF16");
   }

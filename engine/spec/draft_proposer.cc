@@ -14,8 +14,8 @@ struct DraftProposer::Work {
   size_t index = 0;  // into the requests / proposals
   const Sequence* seq = nullptr;
   SeqState* state = nullptr;
-  int64_t num_drafts = 0;    // wanted
-  int64_t next = 0;          // next position to run in the catch-up
+  int64_t num_drafts = 0;        // wanted
+  int64_t next = 0;              // next position to run in the catch-up
   std::vector<int32_t> history;  // the sequence's tokens, then the drafts so far
   Proposal* proposal = nullptr;
   bool ok = false;

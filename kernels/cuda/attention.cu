@@ -8,8 +8,8 @@ namespace tandem::kernels::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kMaxGroup = 8;      // query heads per CTA
-constexpr int kMaxDims = 8;       // head_dim / 32 per lane (head_dim <= 256)
+constexpr int kMaxGroup = 8;  // query heads per CTA
+constexpr int kMaxDims = 8;   // head_dim / 32 per lane (head_dim <= 256)
 constexpr int kMaxHeadDim = 256;
 
 // Partials of (token t, head h, split s) at index (t * H + h) * max_splits + s:
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (g >= ng) continue;
       const float sg = valid ? s[g] : -INFINITY;
       const float new_m = fmaxf(m[g], WarpMax(sg));  // finite: lane 0 is valid
-      const float corr = expf(m[g] - new_m);       // 0 when m[g] is -inf
+      const float corr = expf(m[g] - new_m);         // 0 when m[g] is -inf
       p[g] = valid ? expf(sg - new_m) : 0.f;
       l[g] = l[g] * corr + WarpSum(p[g]);
       m[g] = new_m;
@@ -192,7 +192,8 @@ absl::Status PagedAttention(const DeviceAttentionArgs& a, Stream stream) {
       PagedAttentionWorkspaceFloats(a.num_tokens, a.num_heads, hd, a.max_position)) {
     return absl::InvalidArgumentError("cuda PagedAttention: workspace too small");
   }
-  if (a.num_tokens > 65535) return absl::InvalidArgumentError("cuda PagedAttention: too many tokens");
+  if (a.num_tokens > 65535)
+    return absl::InvalidArgumentError("cuda PagedAttention: too many tokens");
   const int64_t splits = MaxSplits(a.max_position);
   const int64_t n = a.num_tokens * a.num_heads * splits;
   Partials part{a.d_workspace, a.d_workspace + n, a.d_workspace + 2 * n, splits};

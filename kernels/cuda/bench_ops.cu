@@ -67,11 +67,20 @@ __global__ void CopyKernel(const float4* src, float4* dst, int64_t n) {
 absl::Status FillRandom(const DeviceMatrix& w, float scale, uint64_t seed, Stream stream) {
   int type = 0;
   switch (w.type) {
-    case gguf::TensorType::kQ4_0: type = kTypeQ4_0; break;
-    case gguf::TensorType::kQ4_1: type = kTypeQ4_1; break;
-    case gguf::TensorType::kQ8_0: type = kTypeQ8_0; break;
-    case gguf::TensorType::kBF16: type = kTypeBF16; break;
-    default: return absl::InvalidArgumentError("cuda FillRandom: unsupported type");
+    case gguf::TensorType::kQ4_0:
+      type = kTypeQ4_0;
+      break;
+    case gguf::TensorType::kQ4_1:
+      type = kTypeQ4_1;
+      break;
+    case gguf::TensorType::kQ8_0:
+      type = kTypeQ8_0;
+      break;
+    case gguf::TensorType::kBF16:
+      type = kTypeBF16;
+      break;
+    default:
+      return absl::InvalidArgumentError("cuda FillRandom: unsupported type");
   }
   if (w.cols % kQK != 0) return absl::InvalidArgumentError("cuda FillRandom: cols % 32 != 0");
   const int64_t blocks = w.rows * (w.cols / kQK);

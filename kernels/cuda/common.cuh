@@ -20,12 +20,12 @@ inline absl::Status CudaStatus(cudaError_t e, const char* what) {
   return absl::InternalError(std::string("cuda: ") + what + ": " + cudaGetErrorString(e));
 }
 // After a <<<...>>> launch: the launch error (bad config), if any.
-inline absl::Status LaunchStatus(const char* what) {
-  return CudaStatus(cudaGetLastError(), what);
-}
+inline absl::Status LaunchStatus(const char* what) { return CudaStatus(cudaGetLastError(), what); }
 inline cudaStream_t AsStream(Stream s) { return static_cast<cudaStream_t>(s); }
 __host__ __device__ __forceinline__ int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
-inline unsigned Blocks(int64_t n, int64_t per) { return static_cast<unsigned>((n + per - 1) / per); }
+inline unsigned Blocks(int64_t n, int64_t per) {
+  return static_cast<unsigned>((n + per - 1) / per);
+}
 
 // GGUF legacy quant block sizes (32 elements).
 constexpr int kQK = 32;

@@ -44,8 +44,8 @@ int DeviceCount(std::string* error);
 std::string DeviceDescription(int index);
 absl::Status SetDevice(int index);
 
-absl::StatusOr<void*> Malloc(int64_t bytes);  // device memory, 256-byte aligned
-void Free(void* d_ptr);                       // null is a no-op
+absl::StatusOr<void*> Malloc(int64_t bytes);      // device memory, 256-byte aligned
+void Free(void* d_ptr);                           // null is a no-op
 absl::StatusOr<void*> MallocHost(int64_t bytes);  // pinned host memory
 void FreeHost(void* ptr);
 absl::StatusOr<Stream> StreamCreate();
@@ -122,7 +122,7 @@ constexpr int64_t kGemvMaxTokens = 8;
 int64_t MatMulWorkspaceBytes(int64_t n, int64_t max_cols);
 
 struct GemmContext {
-  void* blas = nullptr;       // from CreateBlasHandle
+  void* blas = nullptr;  // from CreateBlasHandle
   void* d_workspace = nullptr;
   int64_t workspace_bytes = 0;  // >= MatMulWorkspaceBytes(n, w.cols)
 };
@@ -142,7 +142,7 @@ struct QkvRopeArgs {
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
-  const float* d_bias = nullptr;  // [q_dim + 2 * kv_dim] or null (added before RoPE)
+  const float* d_bias = nullptr;         // [q_dim + 2 * kv_dim] or null (added before RoPE)
   const int32_t* d_positions = nullptr;  // [n]
   const int64_t* d_slots = nullptr;      // [n] cache slot of each token
   RopeStyle style = RopeStyle::kAdjacentPairs;
@@ -150,7 +150,7 @@ struct QkvRopeArgs {
   float freq_base = 10000.f;
   float freq_scale = 1.f;
   const float* d_freq_factors = nullptr;  // [rot_dim / 2] or null
-  float* d_k_cache = nullptr;  // one layer, [num_slots, num_kv_heads * head_dim]
+  float* d_k_cache = nullptr;             // one layer, [num_slots, num_kv_heads * head_dim]
   float* d_v_cache = nullptr;
 };
 // Bias, RoPE of Q and K in place (angles as kernels::ref::Rope computes
@@ -168,7 +168,7 @@ struct DeviceAttentionArgs {
   const int32_t* d_token_seq = nullptr;     // [num_tokens] sequence index of each token
   const int32_t* d_block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
   int64_t max_blocks_per_seq = 0;
-  int64_t max_position = 0;  // >= every positions[t] (sizes the split grid)
+  int64_t max_position = 0;          // >= every positions[t] (sizes the split grid)
   const float* d_k_cache = nullptr;  // one layer
   const float* d_v_cache = nullptr;
   float* d_out = nullptr;  // [num_tokens, num_heads * head_dim]

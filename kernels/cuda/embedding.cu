@@ -40,8 +40,7 @@ absl::Status EmbeddingGather(const DeviceMatrix& table, const int32_t* d_ids, in
 absl::Status GatherRows(const float* d_x, int64_t dim, const int32_t* d_rows, int64_t n,
                         float* d_out, Stream stream) {
   if (n == 0) return absl::OkStatus();
-  GatherRowsKernel<<<static_cast<unsigned>(n), 256, 0, AsStream(stream)>>>(d_x, dim, d_rows,
-                                                                            d_out);
+  GatherRowsKernel<<<static_cast<unsigned>(n), 256, 0, AsStream(stream)>>>(d_x, dim, d_rows, d_out);
   return LaunchStatus("GatherRows");
 }
 

@@ -43,8 +43,8 @@ absl::Status MatMul(const GemmContext& ctx, const DeviceMatrix& w, const float* 
   auto* xb = static_cast<uint16_t*>(ctx.d_workspace);
   st = F32ToBf16(d_x, n * w.cols, xb, stream);
   if (!st.ok()) return st;
-  uint16_t* wb = reinterpret_cast<uint16_t*>(static_cast<char*>(ctx.d_workspace) +
-                                             Align256(n * w.cols * 2));
+  uint16_t* wb =
+      reinterpret_cast<uint16_t*>(static_cast<char*>(ctx.d_workspace) + Align256(n * w.cols * 2));
   const int64_t slice_rows =
       w.type == gguf::TensorType::kBF16
           ? w.rows
@@ -61,11 +61,11 @@ absl::Status MatMul(const GemmContext& ctx, const DeviceMatrix& w, const float* 
       a = wb;
     }
     // Column-major view: Y^T[rows, n] (ld ldy) = W[cols, rows]^T * X^T[cols, n].
-    st = BlasStatus(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n), int(w.cols),
-                                 &alpha, a, CUDA_R_16BF, int(w.cols), xb, CUDA_R_16BF, int(w.cols),
-                                 &beta, d_y + r0, CUDA_R_32F, int(ldy), CUBLAS_COMPUTE_32F,
-                                 CUBLAS_GEMM_DEFAULT),
-                    "cublasGemmEx");
+    st = BlasStatus(
+        cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n), int(w.cols), &alpha, a,
+                     CUDA_R_16BF, int(w.cols), xb, CUDA_R_16BF, int(w.cols), &beta, d_y + r0,
+                     CUDA_R_32F, int(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
     if (!st.ok()) return st;
   }
   return absl::OkStatus();

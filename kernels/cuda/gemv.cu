@@ -5,7 +5,7 @@
 namespace tandem::kernels::cuda {
 namespace {
 
-constexpr int kGemvWarps = 8;  // rows per CTA (one warp per row)
+constexpr int kGemvWarps = 8;   // rows per CTA (one warp per row)
 constexpr int kGemvTokens = 8;  // tokens per pass over the weights
 
 // One warp per output row: lane l takes blocks l, l + 32, ... of the row

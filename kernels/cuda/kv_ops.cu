@@ -86,9 +86,8 @@ absl::Status ScatterSlots(const DeviceKvCache& cache, const int64_t* d_slots, in
                           const float* d_in, Stream stream) {
   if (n == 0) return absl::OkStatus();
   SlotsKernel<false><<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(2 * cache.num_layers)),
-                       128, 0, AsStream(stream)>>>(cache.d_data, cache.layer_floats(),
-                                                   cache.row_floats(), d_slots,
-                                                   const_cast<float*>(d_in));
+                       128, 0, AsStream(stream)>>>(
+      cache.d_data, cache.layer_floats(), cache.row_floats(), d_slots, const_cast<float*>(d_in));
   return LaunchStatus("ScatterSlots");
 }
 

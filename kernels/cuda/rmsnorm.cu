@@ -68,8 +68,8 @@ __global__ void F32ToBf16Kernel(const float* x, int64_t n, uint16_t* out) {
 absl::Status RmsNorm(const float* d_x, const float* d_weight, int64_t n, int64_t dim, float eps,
                      float* d_y, Stream stream) {
   if (n == 0) return absl::OkStatus();
-  RmsNormKernel<<<static_cast<unsigned>(n), kNormThreads, 0, AsStream(stream)>>>(d_x, d_weight,
-                                                                                  dim, eps, d_y);
+  RmsNormKernel<<<static_cast<unsigned>(n), kNormThreads, 0, AsStream(stream)>>>(d_x, d_weight, dim,
+                                                                                 eps, d_y);
   return LaunchStatus("RmsNorm");
 }
 

@@ -1,8 +1,7 @@
 #include "services/cli/args.h"
 
-#include <cmath>
-
 #include <CLI/CLI.hpp>
+#include <cmath>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -111,11 +110,12 @@ absl::Status ArgParser::Parse(int argc, char** argv, int first) {
         for (const Flag& f : flags_) is_value |= !f.is_bool && prev == "--" + f.name;
       }
       if (!is_value) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "unexpected argument '%s' (flags look like --name value)", a));
+        return absl::InvalidArgumentError(
+            absl::StrFormat("unexpected argument '%s' (flags look like --name value)", a));
       }
     }
-    return absl::InvalidArgumentError(absl::StrFormat("unexpected arguments (see tandem %s --help)", command_));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("unexpected arguments (see tandem %s --help)", command_));
   } catch (const CLI::ParseError& e) {
     return absl::InvalidArgumentError(e.what());
   }

@@ -17,12 +17,12 @@ int RunGenerate(int argc, char** argv);
 int RunPlan(int argc, char** argv);
 int RunVersion(int argc, char** argv);
 int RunTokenize(int argc, char** argv);
-int RunRouter(int argc, char** argv);   // router_cmd.cc
-int RunPrefill(int argc, char** argv);  // workers.cc
-int RunDecode(int argc, char** argv);   // workers.cc
-int RunServe(int argc, char** argv);    // serve.cc
-int RunClient(int argc, char** argv);   // client.cc
-int RunBench(int argc, char** argv);    // bench/serve/command.cc (tandem_bench_serve)
+int RunRouter(int argc, char** argv);      // router_cmd.cc
+int RunPrefill(int argc, char** argv);     // workers.cc
+int RunDecode(int argc, char** argv);      // workers.cc
+int RunServe(int argc, char** argv);       // serve.cc
+int RunClient(int argc, char** argv);      // client.cc
+int RunBench(int argc, char** argv);       // bench/serve/command.cc (tandem_bench_serve)
 int RunPerplexity(int argc, char** argv);  // perplexity.cc
 
 // The long-running commands (router, prefill, decode, serve) log through

@@ -5,7 +5,9 @@
 
 namespace tandem::cli {
 
-void AddDeviceFlag(ArgParser& p, std::string* device) { p.AddString("device", device, kDeviceHelp); }
+void AddDeviceFlag(ArgParser& p, std::string* device) {
+  p.AddString("device", device, kDeviceHelp);
+}
 
 absl::StatusOr<engine::Device> ResolveDevice(const std::string& flag) {
   engine::Device device;

@@ -133,9 +133,9 @@ class EventQueue {
 };
 
 std::string JsonLine(const RequestResult& r) {
-  const json::OrderedJson line = {{"prompt_token_ids", r.prompt_ids}, {"token_ids", r.token_ids},
-                                  {"text", r.text},           {"finish_reason", r.finish_reason},
-                                  {"ttft_ms", r.ttft_ms},     {"tpot_ms", r.tpot_ms}};
+  const json::OrderedJson line = {
+      {"prompt_token_ids", r.prompt_ids}, {"token_ids", r.token_ids}, {"text", r.text},
+      {"finish_reason", r.finish_reason}, {"ttft_ms", r.ttft_ms},     {"tpot_ms", r.tpot_ms}};
   return json::Dump(line) + "\n";
 }
 

@@ -92,8 +92,8 @@ absl::StatusOr<LoadedModel> LoadTokenizer(const std::string& path) {
   return out;
 }
 
-absl::StatusOr<LoadedModel> LoadModel(const std::string& model_flag, ThreadPool* pool,
-                                      bool verbose, engine::KernelMode kernels) {
+absl::StatusOr<LoadedModel> LoadModel(const std::string& model_flag, ThreadPool* pool, bool verbose,
+                                      engine::KernelMode kernels) {
   TANDEM_ASSIGN_OR_RETURN(std::string path, ResolveModelPath(model_flag));
   const auto start = std::chrono::steady_clock::now();
   TANDEM_ASSIGN_OR_RETURN(LoadedModel out, LoadTokenizer(path));

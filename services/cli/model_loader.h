@@ -34,8 +34,7 @@ absl::StatusOr<LoadedModel> LoadTokenizer(const std::string& path);
 
 // Resolves, opens and loads. verbose: progress bar and summary on stderr.
 // kernels: the CPU kernel mode (engine/llama_model.h; `tandem perplexity --kernels`).
-absl::StatusOr<LoadedModel> LoadModel(const std::string& model_flag, ThreadPool* pool,
-                                      bool verbose,
+absl::StatusOr<LoadedModel> LoadModel(const std::string& model_flag, ThreadPool* pool, bool verbose,
                                       engine::KernelMode kernels = engine::KernelMode::kFast);
 
 }  // namespace tandem::cli

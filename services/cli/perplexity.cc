@@ -26,14 +26,14 @@
 #include "absl/strings/str_join.h"
 #include "common/json.h"
 #include "common/thread_pool.h"
+#include "engine/engine.h"
 #include "engine/executor.h"
 #include "engine/forward_batch.h"
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
-#include "engine/engine.h"
 #include "services/cli/device_flag.h"
-#include "services/cli/kv_dtype_flag.h"
 #include "services/cli/kld_base.h"
+#include "services/cli/kv_dtype_flag.h"
 #include "services/cli/model_loader.h"
 #include "services/cli/perplexity_stats.h"
 #include "services/common/compat.h"
@@ -336,12 +336,13 @@ int RunPerplexity(int argc, char** argv) {
   auto executor = engine::MakeExecutor(loaded->model.get(), eopts);
   if (!executor.ok()) return Failure(std::string(executor.status().message()));
   std::fprintf(stderr, "[perplexity] %s\n", (*executor)->Describe().c_str());
-  std::fputs(absl::StrFormat(
-                 "[perplexity] %d chunks of %d tokens, %d scored per chunk, batch %d, kernels %s, "
-                 "KV cache %s\n",
-                 n_chunks, n_ctx, scored, batch, flags.kernels, kernels::KvDtypeName(eopts.kv_dtype))
-                 .c_str(),
-             stderr);
+  std::fputs(
+      absl::StrFormat(
+          "[perplexity] %d chunks of %d tokens, %d scored per chunk, batch %d, kernels %s, "
+          "KV cache %s\n",
+          n_chunks, n_ctx, scored, batch, flags.kernels, kernels::KvDtypeName(eopts.kv_dtype))
+          .c_str(),
+      stderr);
   std::vector<int32_t> block_table(eopts.num_blocks);
   for (int64_t i = 0; i < eopts.num_blocks; ++i) block_table[i] = static_cast<int32_t>(i);
 

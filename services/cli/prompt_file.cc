@@ -19,8 +19,7 @@ absl::Status LineError(const std::string& name, int64_t line, const std::string&
 }
 
 // Reads an optional number field; an integer field must hold an integer.
-absl::Status GetNumber(const Json& obj, const char* key, bool integer, double* out,
-                       bool* present) {
+absl::Status GetNumber(const Json& obj, const char* key, bool integer, double* out, bool* present) {
   *present = false;
   auto it = obj.find(key);
   if (it == obj.end()) return absl::OkStatus();
@@ -37,7 +36,8 @@ absl::Status GetNumber(const Json& obj, const char* key, bool integer, double* o
 }
 
 absl::Status ApplyObject(const Json& obj, PromptSpec* spec) {
-  if (!obj.is_object()) return absl::InvalidArgumentError("a line starting with '{' must be an object");
+  if (!obj.is_object())
+    return absl::InvalidArgumentError("a line starting with '{' must be an object");
   static const char* const kKnown[] = {"prompt", "max_tokens", "temperature", "top_k", "top_p",
                                        "min_p",  "seed",       "ignore_eos",  "stop"};
   for (const auto& [key, value] : obj.items()) {

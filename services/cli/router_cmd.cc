@@ -32,8 +32,10 @@ void AddRouterFlags(ArgParser& p, RouterFlags& f) {
            "(one call above it alone: INVALID_ARGUMENT)");
   p.AddInt("migration-limit", &f.migration_limit, 0, 100,
            "re-dispatch a request at most this often when its worker fails (0 = never)");
-  p.AddInt("remote-prefill-min-tokens", &f.remote_prefill_min_tokens, 0, int64_t{1} << 30,
-           "prompts with fewer tokens than this not already in the chosen decode worker's prefix cache are prefilled on that decode worker instead of a prefill worker (0 = always remote)");
+  p.AddInt(
+      "remote-prefill-min-tokens", &f.remote_prefill_min_tokens, 0, int64_t{1} << 30,
+      "prompts with fewer tokens than this not already in the chosen decode worker's prefix cache "
+      "are prefilled on that decode worker instead of a prefill worker (0 = always remote)");
   p.AddInt("drain-seconds", &f.drain_seconds, 0, 3600,
            "on SIGTERM: NOT_SERVING, refuse new calls, let calls in flight finish this long");
   p.AddBool("colocated", &f.colocated, "run one in-process engine for both phases (no workers)");
@@ -56,7 +58,8 @@ void AddRouterFlags(ArgParser& p, RouterFlags& f) {
 }
 
 void LogInit(const std::string& component) {
-  if (absl::Status s = InitLogging(component); !s.ok()) spdlog::warn("{}", std::string(s.message()));
+  if (absl::Status s = InitLogging(component); !s.ok())
+    spdlog::warn("{}", std::string(s.message()));
 }
 
 int RunRouter(int argc, char** argv) {

@@ -31,7 +31,7 @@ struct RouterFlags {
   int64_t max_inflight = 256;
   int64_t migration_limit = 3;  // re-dispatches after worker failures
   int64_t remote_prefill_min_tokens = router::kDefaultRemotePrefillMinTokens;  // pd-decider
-  int64_t drain_seconds = 30;   // SIGTERM: in-flight calls finish within this
+  int64_t drain_seconds = 30;             // SIGTERM: in-flight calls finish within this
   int64_t max_inflight_tokens = 1 << 20;  // prompt + max_tokens of admitted calls
   bool colocated = false;
   // Colocated engine.
@@ -57,7 +57,7 @@ struct RunningRouter {
   std::unique_ptr<engine::Engine> engine;
   std::unique_ptr<router::RouterServer> server;
   std::unique_ptr<http::OpenAiServer> http;  // --http-port; null when off
-  ~RunningRouter();  // HTTP, then the gRPC server, then the engine
+  ~RunningRouter();                          // HTTP, then the gRPC server, then the engine
 };
 
 absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& flags);

@@ -51,15 +51,14 @@ void PrintSpecStats(const engine::EngineStats::Spec& spec, std::FILE* out) {
     absl::StrAppendFormat(&per_position, "%s%.2f", i == 0 ? "" : " ",
                           double(spec.accepted_per_position[i]) / spec.num_drafts);
   }
-  std::fprintf(out,
-               "[spec] %lld verify steps, %lld draft tokens, %lld accepted (%.1f%%); mean "
-               "acceptance length %.2f tokens/step; accepted per position: %s\n",
-               static_cast<long long>(spec.num_drafts),
-               static_cast<long long>(spec.num_draft_tokens),
-               static_cast<long long>(spec.num_accepted_tokens),
-               spec.num_draft_tokens > 0 ? 100.0 * spec.num_accepted_tokens / spec.num_draft_tokens
-                                         : 0.0,
-               1.0 + double(spec.num_accepted_tokens) / spec.num_drafts, per_position.c_str());
+  std::fprintf(
+      out,
+      "[spec] %lld verify steps, %lld draft tokens, %lld accepted (%.1f%%); mean "
+      "acceptance length %.2f tokens/step; accepted per position: %s\n",
+      static_cast<long long>(spec.num_drafts), static_cast<long long>(spec.num_draft_tokens),
+      static_cast<long long>(spec.num_accepted_tokens),
+      spec.num_draft_tokens > 0 ? 100.0 * spec.num_accepted_tokens / spec.num_draft_tokens : 0.0,
+      1.0 + double(spec.num_accepted_tokens) / spec.num_drafts, per_position.c_str());
 }
 
 void PrintRunStats(const std::vector<RequestResult>& results, double wall_s,

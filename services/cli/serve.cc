@@ -6,8 +6,8 @@
 // stop the whole cluster: the router refuses new calls and lets those in
 // flight finish (--drain-seconds), then the children get SIGTERM (each
 // drains; SIGKILL after --drain-seconds + 10 s) and are reaped; exit code 0.
-// A worker that dies is not restarted (the router migrates its requests). --colocated runs only the router, with an
-// in-process engine.
+// A worker that dies is not restarted (the router migrates its requests). --colocated runs only the
+// router, with an in-process engine.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -54,10 +54,10 @@ struct ServeFlags {
   int64_t max_waiting_tokens = 1 << 18;
   int64_t threads = 0;
   int64_t max_num_batched_tokens = 512;  // every engine: tokens per step
-  std::string device = "cpu";        // every engine (docs/gpu.md)
-  std::string kv_cache_dtype;        // every engine; empty: the device's default
-  std::string kv_transport = "host";  // prefill -> decode (docs/nccl.md)
-  SpecFlags spec;                     // decode workers / --colocated
+  std::string device = "cpu";            // every engine (docs/gpu.md)
+  std::string kv_cache_dtype;            // every engine; empty: the device's default
+  std::string kv_transport = "host";     // prefill -> decode (docs/nccl.md)
+  SpecFlags spec;                        // decode workers / --colocated
   int64_t ready_timeout_seconds = 300;
   services::TlsOptions tls;  // router and workers (docs/security.md)
   std::string api_key_file;
@@ -186,16 +186,20 @@ int RunServe(int argc, char** argv) {
   p.AddInt("decode-workers", &f.decode_workers, 1, 64, "decode worker processes");
   p.AddBool("colocated", &f.colocated, "one in-process engine for both phases, no workers");
   p.AddString("model", &f.model, "GGUF model (default: the bundled SmolLM2)");
-  p.AddString("endpoints-file", &f.endpoints_file,
-              "write [{role, pid, grpc_address, metrics_address[, http_address]}] as JSON once ready");
+  p.AddString(
+      "endpoints-file", &f.endpoints_file,
+      "write [{role, pid, grpc_address, metrics_address[, http_address]}] as JSON once ready");
   p.AddString("kv-cache-memory", &f.kv_cache_memory, "KV cache budget per engine (1GiB, 0.25)");
   p.AddInt("kv-lease-seconds", &f.kv_lease_seconds, 1, 3600,
            "decode workers free received KV not claimed within this time");
   p.AddInt("max-inflight", &f.max_inflight, 1, 100000, "router: Generate calls at once");
   p.AddInt("migration-limit", &f.migration_limit, 0, 100,
            "router: re-dispatch a request at most this often when its worker fails");
-  p.AddInt("remote-prefill-min-tokens", &f.remote_prefill_min_tokens, 0, int64_t{1} << 30,
-           "router: " "prompts with fewer tokens than this not already in the chosen decode worker's prefix cache are prefilled on that decode worker instead of a prefill worker (0 = always remote)");
+  p.AddInt(
+      "remote-prefill-min-tokens", &f.remote_prefill_min_tokens, 0, int64_t{1} << 30,
+      "router: "
+      "prompts with fewer tokens than this not already in the chosen decode worker's prefix cache "
+      "are prefilled on that decode worker instead of a prefill worker (0 = always remote)");
   p.AddInt("drain-seconds", &f.drain_seconds, 0, 3600,
            "SIGTERM: calls in flight finish within this (router, then each worker)");
   p.AddInt("max-inflight-tokens", &f.max_inflight_tokens, 1, int64_t{1} << 40,
@@ -307,7 +311,8 @@ int RunServe(int argc, char** argv) {
     const std::string role = i < f.prefill_workers ? "prefill" : "decode";
     absl::StatusOr<int> gp = f.port == 0 ? absl::StatusOr<int>(0) : FindFreePort(next_grpc, taken);
     if (gp.ok() && *gp != 0) taken.push_back(*gp);
-    absl::StatusOr<int> mp = f.metrics_port == 0 ? absl::StatusOr<int>(0) : FindFreePort(next_metrics, taken);
+    absl::StatusOr<int> mp =
+        f.metrics_port == 0 ? absl::StatusOr<int>(0) : FindFreePort(next_metrics, taken);
     if (!gp.ok() || !mp.ok()) {
       StopChildren(children);
       return Fail("no free ports for the workers");

@@ -30,13 +30,13 @@ absl::StatusOr<engine::SpecDecodeConfig> ResolveSpec(const SpecFlags& f) {
         absl::StrCat("--spec-method: unknown method '", f.method, "' (off, ngram or draft)"));
   }
   if (f.ngram_min > f.ngram_max) {
-    return absl::InvalidArgumentError(absl::StrCat("--spec-ngram-min ", f.ngram_min,
-                                                   " is above --spec-ngram-max ", f.ngram_max));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec-ngram-min ", f.ngram_min, " is above --spec-ngram-max ", f.ngram_max));
   }
   if (!engine::ParseKernelMode(f.draft_kernels, &c.draft_kernels)) {
     return absl::InvalidArgumentError(absl::StrCat("--spec-draft-kernels: expected fast, ",
-                                                   "fast-int8 or reference, got '",
-                                                   f.draft_kernels, "'"));
+                                                   "fast-int8 or reference, got '", f.draft_kernels,
+                                                   "'"));
   }
   const bool draft = c.method == engine::SpecDecodeConfig::Method::kDraft;
   if (draft && f.draft_model.empty()) {
@@ -78,19 +78,19 @@ absl::Status CheckDraftVocab(const SpecFlags& f, const std::string& target_model
   }
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] != b[i]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--spec-draft-model ", f.draft_model, ": token ", i,
-          " differs from the model's (the draft must share the model's vocabulary)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--spec-draft-model ", f.draft_model, ": token ", i,
+                       " differs from the model's (the draft must share the model's vocabulary)"));
     }
   }
   return absl::OkStatus();
 }
 
 std::vector<std::string> SpecArgs(const SpecFlags& f) {
-  std::vector<std::string> args = {"--spec-method",    f.method,
-                                   "--spec-tokens",    absl::StrCat(f.tokens),
-                                   "--spec-ngram-min", absl::StrCat(f.ngram_min),
-                                   "--spec-ngram-max", absl::StrCat(f.ngram_max),
+  std::vector<std::string> args = {"--spec-method",        f.method,
+                                   "--spec-tokens",        absl::StrCat(f.tokens),
+                                   "--spec-ngram-min",     absl::StrCat(f.ngram_min),
+                                   "--spec-ngram-max",     absl::StrCat(f.ngram_max),
                                    "--spec-draft-kernels", f.draft_kernels};
   if (!f.draft_model.empty()) {
     args.push_back("--spec-draft-model");

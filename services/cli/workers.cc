@@ -98,7 +98,8 @@ int RunWorker(const char* role, int argc, char** argv) {
   if (!spec.ok()) return usage(std::string(spec.status().message()));
   auto path = ResolveModelPath(f.model);
   if (!path.ok()) return usage(std::string(path.status().message()));
-  if (absl::Status s = CheckDraftVocab(f.spec, *path); !s.ok()) return usage(std::string(s.message()));
+  if (absl::Status s = CheckDraftVocab(f.spec, *path); !s.ok())
+    return usage(std::string(s.message()));
   auto kv_bytes = engine::ParseMemorySize(f.kv_cache_memory);
   if (!kv_bytes.ok())
     return usage("--kv-cache-memory: " + std::string(kv_bytes.status().message()));
@@ -122,8 +123,8 @@ int RunWorker(const char* role, int argc, char** argv) {
   // Every running or waiting request holds one sync RPC thread, so the
   // engine's bounds (with their message) come before gRPC's thread quota;
   // the rest serve PushKv, ReleaseKv, GetStats and health.
-  config.max_rpc_threads = static_cast<int>(
-      std::min<int64_t>(f.max_num_seqs + f.max_waiting_requests + 32, 4096));
+  config.max_rpc_threads =
+      static_cast<int>(std::min<int64_t>(f.max_num_seqs + f.max_waiting_requests + 32, 4096));
   config.router_address = f.router;
   config.tls = f.tls;
   config.kv_lease = absl::Seconds(f.kv_lease_seconds);

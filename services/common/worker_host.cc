@@ -77,8 +77,8 @@ void WorkerHost::Loop() {
     if (!security.ok()) {
       spdlog::error("{}: cannot register: {}", role_, std::string(security.status().message()));
     } else {
-      registry = tandem::v1::WorkerRegistry::NewStub(
-          CreateChannel(config_.router_address, *security));
+      registry =
+          tandem::v1::WorkerRegistry::NewStub(CreateChannel(config_.router_address, *security));
     }
   }
   absl::Time next_register = absl::Now();

@@ -102,8 +102,7 @@ void WorkerRuntime::UpdateEngineMetrics() {
   metrics_->num_preemptions->Inc(static_cast<double>(s.num_preemptions - last_preemptions_));
   // Tokens this worker sampled (prefill: the first token of each request;
   // decode: the rest), so tandem_generation_tokens_total{phase} is per phase.
-  metrics_->generation_tokens->Inc(
-      static_cast<double>(s.num_generated_tokens - last_generated_));
+  metrics_->generation_tokens->Inc(static_cast<double>(s.num_generated_tokens - last_generated_));
   metrics_->prefix_cache_queries->Inc(
       static_cast<double>(s.num_prefix_cache_query_tokens - last_query_tokens_));
   metrics_->prefix_cache_hits->Inc(

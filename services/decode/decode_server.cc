@@ -22,7 +22,8 @@ int64_t FreeKvBytes(engine::Engine& engine, int32_t block_size) {
   return (s.num_blocks_total - s.num_blocks_used) * block_size * engine.kv_bytes_per_token();
 }
 
-transfer::KvPushLimits PushLimits(engine::Engine& engine, const tandem::v1::KvCompatibility& compat) {
+transfer::KvPushLimits PushLimits(engine::Engine& engine,
+                                  const tandem::v1::KvCompatibility& compat) {
   const engine::ModelConfig& mc = engine.model().config();
   transfer::KvPushLimits l;
   l.compat = compat;
@@ -150,7 +151,9 @@ void DecodeServiceImpl::EnableNccl(std::shared_ptr<transfer::NcclOps> ops) {
   rc.bytes_per_token = engine.kv_bytes_per_token();
   rc.max_tokens = mc.context_length - 1;
   rc.vocab_size = mc.vocab_size;
-  rc.free_bytes = [this] { return FreeKvBytes(runtime_->engine(), runtime_->compat().block_size()); };
+  rc.free_bytes = [this] {
+    return FreeKvBytes(runtime_->engine(), runtime_->compat().block_size());
+  };
   rc.draining = [this] { return draining_.load(); };
   rc.on_received = [this](int64_t bytes, double seconds) {
     runtime_->metrics().kv_transfer_bytes->Inc(static_cast<double>(bytes));

@@ -18,8 +18,8 @@
 //
 // Drain (SIGTERM): health NOT_SERVING and the router told at once; PushKv
 // and Decode without a kv_handle get UNAVAILABLE (the router sends them
-// elsewhere); streams in flight and handoffs already leased here finish. Client cancel / deadline cancels the engine request
-// (blocks freed) and the RPC ends CANCELLED / DEADLINE_EXCEEDED.
+// elsewhere); streams in flight and handoffs already leased here finish. Client cancel / deadline
+// cancels the engine request (blocks freed) and the RPC ends CANCELLED / DEADLINE_EXCEEDED.
 //
 // Thread safety: all methods thread-safe.
 #ifndef TANDEM_SERVICES_DECODE_DECODE_SERVER_H_
@@ -43,9 +43,8 @@ grpc::Status DrainingStatus();
 
 // Decode is on gRPC's callback API (decode_reactor.h: no thread per stream,
 // woken by the engine); the other methods are sync.
-class DecodeServiceImpl final
-    : public tandem::v1::DecodeWorker::WithCallbackMethod_Decode<
-          tandem::v1::DecodeWorker::Service> {
+class DecodeServiceImpl final : public tandem::v1::DecodeWorker::WithCallbackMethod_Decode<
+                                    tandem::v1::DecodeWorker::Service> {
  public:
   // runtime: not owned.
   DecodeServiceImpl(services::WorkerRuntime* runtime, absl::Duration kv_lease);
@@ -79,7 +78,7 @@ class DecodeServiceImpl final
   services::WorkerRuntime* runtime_;
   transfer::KvLeaseTable leases_;
   std::atomic<bool> draining_{false};
-  std::atomic<int> active_rpcs_{0};  // PushKv + Decode being served
+  std::atomic<int> active_rpcs_{0};                 // PushKv + Decode being served
   std::unique_ptr<transfer::NcclKvReceiver> nccl_;  // after leases_: destroyed first
 };
 

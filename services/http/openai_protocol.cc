@@ -5,8 +5,8 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
-#include "common/utf8.h"
 #include "common/json.h"
+#include "common/utf8.h"
 #include "services/router/generation_service.h"
 
 namespace tandem::http {
@@ -140,7 +140,8 @@ absl::Status ParseLogitBias(const json& v, tandem::v1::GenerateRequest* r) {
   auto* bias = r->mutable_sampling()->mutable_logit_bias();
   for (const auto& [key, val] : v.items()) {
     int64_t id = 0;
-    if (key.empty() || key.size() > 10 || key.find_first_not_of("0123456789") != std::string::npos ||
+    if (key.empty() || key.size() > 10 ||
+        key.find_first_not_of("0123456789") != std::string::npos ||
         (id = std::stoll(key)) > kInt32Max) {
       return Invalid("logit_bias", absl::StrFormat("key '%s' is not a token id",
                                                    router::SanitizeUtf8(key.substr(0, 32))));
@@ -283,12 +284,14 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, std::string_
     bool known = false;
     if (absl::Status s = ParseField(endpoint, key, v, &out, &known); !s.ok()) return s;
     if (!known) {
-      return Invalid(key, absl::StrFormat("unknown field '%s'", router::SanitizeUtf8(key.substr(0, 64))));
+      return Invalid(
+          key, absl::StrFormat("unknown field '%s'", router::SanitizeUtf8(key.substr(0, 64))));
     }
   }
   const char* required = endpoint == Endpoint::kChat ? "messages" : "prompt";
   if (!j.contains(required) || j[required].is_null()) return Invalid(required, "is required");
-  if (j.contains("model") && j["model"].is_string() && j["model"].get<std::string>() != model_name) {
+  if (j.contains("model") && j["model"].is_string() &&
+      j["model"].get<std::string>() != model_name) {
     absl::Status s = absl::NotFoundError(absl::StrFormat(
         "The model '%s' does not exist; this server serves '%s'",
         router::SanitizeUtf8(j["model"].get<std::string>().substr(0, 256)), model_name));
@@ -402,9 +405,10 @@ json LogprobsJson(Endpoint endpoint, const tokenizer::Tokenizer* tok,
         const std::string at = Piece(tok, a.token_id());
         top.push_back({{"token", at}, {"logprob", a.logprob()}, {"bytes", BytesOf(at)}});
       }
-      content.push_back(
-          {{"token", t}, {"logprob", p.sampled().logprob()}, {"bytes", BytesOf(t)},
-           {"top_logprobs", top}});
+      content.push_back({{"token", t},
+                         {"logprob", p.sampled().logprob()},
+                         {"bytes", BytesOf(t)},
+                         {"top_logprobs", top}});
     }
     return {{"content", content}};
   }
@@ -480,9 +484,10 @@ std::string ResponseBuilder::Chunk(const tandem::v1::GenerateResponse& r, bool l
   std::vector<tandem::v1::PositionLogprobs> lps(r.logprobs().begin(), r.logprobs().end());
   const bool lp = request_.request.logprobs().enabled();
   if (!r.text().empty() || !lps.empty() || last) {
-    json choice = {{"index", 0},
-                   {"logprobs", LogprobsJson(request_.endpoint, tokenizer_, lps, lp && !lps.empty())},
-                   {"finish_reason", last ? json(FinishReasonName(r.finish_reason())) : json()}};
+    json choice = {
+        {"index", 0},
+        {"logprobs", LogprobsJson(request_.endpoint, tokenizer_, lps, lp && !lps.empty())},
+        {"finish_reason", last ? json(FinishReasonName(r.finish_reason())) : json()}};
     if (chat) {
       choice["delta"] = r.text().empty() ? json::object() : json{{"content", r.text()}};
     } else {

@@ -19,7 +19,8 @@ void SendError(const absl::Status& status, httplib::Response& res,
   const ApiError e = ApiErrorFrom(status);
   res.status = e.http_status;
   if (e.http_status == 429 || e.http_status == 503) {
-    const int64_t secs = std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(retry_after, absl::Seconds(1))));
+    const int64_t secs =
+        std::max<int64_t>(1, absl::ToInt64Seconds(absl::Ceil(retry_after, absl::Seconds(1))));
     res.set_header("Retry-After", std::to_string(secs));
   }
   res.set_content(ApiErrorJson(e), kJson);
@@ -85,7 +86,8 @@ struct StreamState {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Options options) {
-  if (options.generation == nullptr) return absl::InvalidArgumentError("http: no generation service");
+  if (options.generation == nullptr)
+    return absl::InvalidArgumentError("http: no generation service");
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError("--http-port must be in [0, 65535]");
   }
@@ -136,28 +138,28 @@ void OpenAiServer::Install() {
 
   // Errors cpp-httplib answers itself (413 body too large, 404 no route, 400
   // unreadable request) get OpenAI's JSON shape too.
-  svr.set_error_handler(httplib::Server::HandlerWithResponse(
-      [](const httplib::Request&, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    absl::Status s;
-    switch (res.status) {
-      case 413:
-        s = absl::InvalidArgumentError("the request body is too large");
-        break;
-      case 404:
-        s = absl::NotFoundError("no such endpoint");
-        break;
-      case 405:
-        s = absl::InvalidArgumentError("method not allowed");
-        break;
-      default:
-        s = absl::InvalidArgumentError(absl::StrFormat("bad request (HTTP %d)", res.status));
-    }
-    const int status = res.status;
-    SendError(s, res);
-    res.status = status;
-    return httplib::Server::HandlerResponse::Handled;
-  }));
+  svr.set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        absl::Status s;
+        switch (res.status) {
+          case 413:
+            s = absl::InvalidArgumentError("the request body is too large");
+            break;
+          case 404:
+            s = absl::NotFoundError("no such endpoint");
+            break;
+          case 405:
+            s = absl::InvalidArgumentError("method not allowed");
+            break;
+          default:
+            s = absl::InvalidArgumentError(absl::StrFormat("bad request (HTTP %d)", res.status));
+        }
+        const int status = res.status;
+        SendError(s, res);
+        res.status = status;
+        return httplib::Server::HandlerResponse::Handled;
+      }));
 
   auto authenticate = [gen](const httplib::Request& req, httplib::Response& res) {
     const bool has = req.has_header("Authorization");
@@ -201,8 +203,8 @@ void OpenAiServer::Install() {
     auto state = std::make_shared<StreamState>();
     state->request = std::move(parsed).value();
     state->call = std::move(call).value();
-    state->builder = std::make_unique<ResponseBuilder>(state->request, model,
-                                                       gen->options().tokenizer, created);
+    state->builder =
+        std::make_unique<ResponseBuilder>(state->request, model, gen->options().tokenizer, created);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream", [gen, state, ping, retry_after](size_t, httplib::DataSink& out) {
@@ -221,17 +223,16 @@ void OpenAiServer::Install() {
   svr.Post("/v1/completions", [generate](const httplib::Request& req, httplib::Response& res) {
     generate(Endpoint::kCompletions, req, res);
   });
-  svr.Post("/v1/chat/completions",
-           [generate](const httplib::Request& req, httplib::Response& res) {
-             generate(Endpoint::kChat, req, res);
-           });
+  svr.Post("/v1/chat/completions", [generate](const httplib::Request& req, httplib::Response& res) {
+    generate(Endpoint::kChat, req, res);
+  });
   svr.Get("/v1/models", [=](const httplib::Request& req, httplib::Response& res) {
     if (!authenticate(req, res)) return;
     tandem::json::Json card = {{"id", model},
-                           {"object", "model"},
-                           {"created", created},
-                           {"owned_by", "tandem"},
-                           {"max_model_len", gen->options().limits.context_length}};
+                               {"object", "model"},
+                               {"created", created},
+                               {"owned_by", "tandem"},
+                               {"max_model_len", gen->options().limits.context_length}};
     tandem::json::Json body = {{"object", "list"}, {"data", tandem::json::Json::array({card})}};
     res.set_content(tandem::json::Dump(body), kJson);
   });

@@ -38,9 +38,9 @@ class OpenAiServer {
  public:
   struct Options {
     std::string host = "0.0.0.0";
-    int port = 8000;  // 0 = any free port (see port())
+    int port = 8000;                                      // 0 = any free port (see port())
     router::GenerationServiceImpl* generation = nullptr;  // required
-    std::function<bool()> ready;                           // /health; null = always
+    std::function<bool()> ready;                          // /health; null = always
     size_t max_body_bytes = 4 << 20;
     int num_threads = 64;  // connections served at once
     absl::Duration read_timeout = absl::Seconds(30);

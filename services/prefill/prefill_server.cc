@@ -51,8 +51,8 @@ absl::StatusOr<std::unique_ptr<PrefillServer>> PrefillServer::Start(
   TANDEM_ASSIGN_OR_RETURN(s->runtime_, services::WorkerRuntime::Create(config, "prefill"));
   TANDEM_ASSIGN_OR_RETURN(services::ChannelSecurity kv_security,
                           services::MakeChannelSecurity(config.tls));
-  TANDEM_ASSIGN_OR_RETURN(s->transport_, transfer::MakeKvTransport(config.kv_transport,
-                                                                   nccl_ops, kv_security));
+  TANDEM_ASSIGN_OR_RETURN(s->transport_,
+                          transfer::MakeKvTransport(config.kv_transport, nccl_ops, kv_security));
   s->service_ = std::make_unique<PrefillServiceImpl>(s->runtime_.get(), s->transport_.get());
   services::WorkerRuntime* rt = s->runtime_.get();
   TANDEM_ASSIGN_OR_RETURN(

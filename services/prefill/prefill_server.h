@@ -48,9 +48,8 @@ namespace tandem::prefill {
 
 // Prefill is on gRPC's callback API (prefill_reactor.h: no thread per
 // stream, woken by the engine and the push); GetStats is sync.
-class PrefillServiceImpl final
-    : public tandem::v1::PrefillWorker::WithCallbackMethod_Prefill<
-          tandem::v1::PrefillWorker::Service> {
+class PrefillServiceImpl final : public tandem::v1::PrefillWorker::WithCallbackMethod_Prefill<
+                                     tandem::v1::PrefillWorker::Service> {
  public:
   // runtime, transport: not owned.
   PrefillServiceImpl(services::WorkerRuntime* runtime, transfer::KvTransport* transport);

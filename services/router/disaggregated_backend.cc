@@ -335,14 +335,13 @@ class DisaggregatedCall final {
     for (int attempt = 0;; ++attempt) {
       const Failure f = Attempt(prefill, decode, params, attempt);
       if (f == Failure::kNone) return;
-      (f == Failure::kPrefill ? bad_prefill : bad_decode).insert(f == Failure::kPrefill
-                                                                     ? prefill.get()
-                                                                     : decode.get());
+      (f == Failure::kPrefill ? bad_prefill : bad_decode)
+          .insert(f == Failure::kPrefill ? prefill.get() : decode.get());
       if (attempt >= options_.migration_limit) {
         Finish(tandem::v1::FINISH_REASON_UNSPECIFIED,
-               absl::UnavailableError(absl::StrFormat(
-                   "gave up after %d migrations (--migration-limit); last: %s", attempt,
-                   last_error_)));
+               absl::UnavailableError(
+                   absl::StrFormat("gave up after %d migrations (--migration-limit); last: %s",
+                                   attempt, last_error_)));
         return;
       }
       if (options_.metrics != nullptr) options_.metrics->Migrations(FailureName(f))->Inc();
@@ -358,9 +357,9 @@ class DisaggregatedCall final {
       prefill = pool_->PickPrefill(request_.prompt_token_ids, request_.cache_key, bad_prefill);
       pool_->NotePrompt(*decode, request_.prompt_token_ids, request_.cache_key);
       const std::string via =
-          prefill != nullptr ? absl::StrFormat("prefill %s + decode %s", prefill->address,
-                                               decode->address)
-                             : absl::StrFormat("decode %s (decode-side prefill)", decode->address);
+          prefill != nullptr
+              ? absl::StrFormat("prefill %s + decode %s", prefill->address, decode->address)
+              : absl::StrFormat("decode %s (decode-side prefill)", decode->address);
       spdlog::warn("request {}: {}; migrating ({}/{}) to {}, {} tokens delivered",
                    request_.request_id, last_error_, attempt + 1, options_.migration_limit, via,
                    delivered_.size());

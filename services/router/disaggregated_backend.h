@@ -9,11 +9,10 @@
 // call starts once the KV has landed. Where the prompt is prefilled is
 // decided per request (Options::remote_prefill_min_tokens): short prompts,
 // or prompts mostly in the decode worker's prefix cache, skip the prefill
-// worker and the handoff (tandem_router_prefill_decisions_total{where}). On every path that does not end in a clean Decode finish
-// (prefill error, cancel, deadline, decode error, first token already final)
-// the router sends DecodeWorker.ReleaseKv(kv_handle), which is idempotent
-// (and refuses a push that arrives after it), so no lease outlives the
-// request even before its expiry.
+// worker and the handoff (tandem_router_prefill_decisions_total{where}). On every path that does
+// not end in a clean Decode finish (prefill error, cancel, deadline, decode error, first token
+// already final) the router sends DecodeWorker.ReleaseKv(kv_handle), which is idempotent (and
+// refuses a push that arrives after it), so no lease outlives the request even before its expiry.
 //
 // Migration (docs/faults.md): when a worker fails mid-request (its RPC
 // breaks: connection reset, UNAVAILABLE, a stream that ends without a
@@ -52,7 +51,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-
 #include "common/metrics/tandem_metrics.h"
 #include "services/router/backend.h"
 #include "services/router/worker_pool.h"
@@ -78,7 +76,7 @@ class LiveCalls {
 class DisaggregatedBackend final : public Backend {
  public:
   struct Options {
-    int migration_limit = 3;                   // re-dispatches per request (0 = none)
+    int migration_limit = 3;  // re-dispatches per request (0 = none)
     // The pd-decider: a prompt with fewer tokens than this that the chosen
     // decode worker does not already hold in its prefix cache (as far as the
     // router knows: the block hashes it sent there) is prefilled on that

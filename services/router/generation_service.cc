@@ -43,8 +43,8 @@ absl::Status GenerationServiceImpl::Fail(const absl::Status& status) {
   if (status.code() != absl::StatusCode::kResourceExhausted) return status;
   // An engine / worker queue is full: the router's retry hint, whatever the
   // worker suggested.
-  return absl::ResourceExhaustedError(absl::StrFormat(
-      "%s; retry after %s", status.message(), absl::FormatDuration(options_.retry_after)));
+  return absl::ResourceExhaustedError(absl::StrFormat("%s; retry after %s", status.message(),
+                                                      absl::FormatDuration(options_.retry_after)));
 }
 
 grpc::Status GenerationServiceImpl::Authenticate(const grpc::ServerContextBase* context) {
@@ -162,8 +162,7 @@ GenerateResponse GenerateResponseBuilder::Token(BackendEvent& ev) {
 }
 
 GenerateResponse GenerateResponseBuilder::Final(FinishReason reason, const std::string& tail,
-                                                int32_t num_cached_tokens,
-                                                double backend_queue_s) {
+                                                int32_t num_cached_tokens, double backend_queue_s) {
   const int64_t num_prompt = static_cast<int64_t>(request_.prompt_token_ids.size());
   GenerateResponse resp;
   resp.set_request_id(request_.request_id);

@@ -57,7 +57,7 @@ class GenerateSink {
 class GenerateResponseBuilder {
  public:
   GenerateResponseBuilder(const PreparedRequest& request, absl::Time start,
-                  metrics::TandemMetrics* metrics)
+                          metrics::TandemMetrics* metrics)
       : request_(request), start_(start), metrics_(metrics) {}
   // A token message for `event` (moved from); counts its tokens.
   tandem::v1::GenerateResponse Token(BackendEvent& event);
@@ -86,9 +86,9 @@ class GenerationServiceImpl final
     std::string model_name;
     std::string architecture;
     int64_t kv_bytes_per_token = 0;
-    Backend* backend = nullptr;                     // required
-    metrics::TandemMetrics* metrics = nullptr;      // optional
-    int max_inflight = 256;                         // Generate calls at once
+    Backend* backend = nullptr;                 // required
+    metrics::TandemMetrics* metrics = nullptr;  // optional
+    int max_inflight = 256;                     // Generate calls at once
     // Sum over admitted calls of prompt tokens + max_tokens; a single call
     // above it is INVALID_ARGUMENT (it could never be admitted).
     int64_t max_inflight_tokens = 1 << 20;

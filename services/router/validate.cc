@@ -319,9 +319,9 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const tandem::v1::GenerateRequest
   if (request.speculative().has_num_speculative_tokens()) {
     const int32_t k = request.speculative().num_speculative_tokens();
     if (k < 0 || k > engine::kMaxRequestSpecTokens) {
-      return InvalidArgumentError(absl::StrFormat(
-          "speculative.num_speculative_tokens must be in [0, %d] (0 = off), got %d",
-          engine::kMaxRequestSpecTokens, k));
+      return InvalidArgumentError(
+          absl::StrFormat("speculative.num_speculative_tokens must be in [0, %d] (0 = off), got %d",
+                          engine::kMaxRequestSpecTokens, k));
     }
     out.params.num_speculative_tokens = k;
   }

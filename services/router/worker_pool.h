@@ -94,7 +94,7 @@ class WorkerPool {
     absl::Duration rpc_timeout = absl::Seconds(1);
     int failure_threshold = 3;  // consecutive failed polls -> unhealthy (registered: dropped)
     int max_workers = 256;
-    size_t max_seen_blocks = 1 << 16;  // per prefill worker; cleared when full
+    size_t max_seen_blocks = 1 << 16;            // per prefill worker; cleared when full
     services::ChannelSecurity channel_security;  // TLS of the channels to workers
   };
   explicit WorkerPool(Options options);

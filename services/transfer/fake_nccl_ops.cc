@@ -160,10 +160,7 @@ absl::StatusOr<NcclOps::Comm> FakeNcclOps::CommInitRank(const NcclUniqueId& id, 
     // Waits in slices so that `cancelled` is polled, like the CUDA ops do.
     while (true) {
       const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(10));
-      ok = group->mu.AwaitWithDeadline(
-          absl::Condition(
-              &AllJoined, group.get()),
-          slice);
+      ok = group->mu.AwaitWithDeadline(absl::Condition(&AllJoined, group.get()), slice);
       if (ok || absl::Now() >= deadline) break;
       if (cancelled && cancelled()) {
         was_cancelled = true;

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 
+#include "common/status.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
-#include "common/status.h"
 #include "services/common/fault_injection.h"
 #include "services/common/grpc_status.h"
 
@@ -144,9 +144,9 @@ class HostKvSendStream final : public KvSendStream {
 absl::StatusOr<std::unique_ptr<KvSendStream>> HostKvTransport::Open(
     const KvTransferTarget& target, const tandem::v1::KvCompatibility& compat,
     const KvSendPlan& plan, absl::Time deadline) {
-  auto stream = std::make_unique<HostKvSendStream>(
-      StubFor(target.address), MakeTransferContext(target, deadline), chunk_bytes_,
-      plan.total_bytes());
+  auto stream = std::make_unique<HostKvSendStream>(StubFor(target.address),
+                                                   MakeTransferContext(target, deadline),
+                                                   chunk_bytes_, plan.total_bytes());
   TANDEM_RETURN_IF_ERROR(stream->WriteHeader(MakeHeader(target, compat, plan)));
   static const absl::Duration fault_delay = services::FaultDelay(services::kFaultKvPushDelay);
   if (fault_delay > absl::ZeroDuration()) absl::SleepFor(fault_delay);  // tests only

@@ -102,9 +102,8 @@ void KvPushPipe::Run() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](KvPushPipe* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
-            return !p->pieces_.empty() || p->closed_;
-          },
+          +[](KvPushPipe* p)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) { return !p->pieces_.empty() || p->closed_; },
           this));
       if (cancelled_) break;
       if (pieces_.empty()) break;  // closed and drained

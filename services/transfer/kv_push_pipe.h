@@ -77,12 +77,12 @@ class KvPushPipe {
   const absl::Time deadline_;
   const std::function<void()> on_done_;
   std::thread thread_;
-  bool finished_ = false;                 // producer thread only
+  bool finished_ = false;  // producer thread only
   std::atomic<bool> failed_{false};
 
   absl::Mutex mu_;
   std::deque<std::string> pieces_ ABSL_GUARDED_BY(mu_);
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;     // no more pieces
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;  // no more pieces
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   KvSendStream* stream_ ABSL_GUARDED_BY(mu_) = nullptr;  // for Cancel
   std::optional<absl::StatusOr<KvSendResult>> result_ ABSL_GUARDED_BY(mu_);

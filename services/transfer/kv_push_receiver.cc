@@ -40,10 +40,9 @@ absl::Status KvPushReceiver::AddData(std::string_view data) {
   const int64_t n = static_cast<int64_t>(data.size());
   if (n > limits_.max_chunk_bytes) {
     Abort();
-    return absl::InvalidArgumentError(absl::StrCat("PushKv: a data chunk of ", n,
-                                                   " bytes exceeds the ",
-                                                   limits_.max_chunk_bytes >> 20,
-                                                   " MiB chunk limit"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("PushKv: a data chunk of ", n, " bytes exceeds the ",
+                     limits_.max_chunk_bytes >> 20, " MiB chunk limit"));
   }
   if (received_ + n > header_.total_bytes()) {
     Abort();
@@ -64,7 +63,8 @@ absl::StatusOr<int64_t> KvPushReceiver::Commit() {
   }
   reserved_ = false;  // Commit consumes the reservation either way
   if (!leases_->Commit(header_.kv_handle(), std::move(kv_))) {
-    return absl::AbortedError("PushKv: the handoff was released while it arrived (request aborted)");
+    return absl::AbortedError(
+        "PushKv: the handoff was released while it arrived (request aborted)");
   }
   return received_;
 }

@@ -34,7 +34,7 @@ struct KvPushLimits {
   int64_t max_tokens = 0;              // context length - 1
   int64_t vocab_size = 0;
   int64_t num_layers = 0, num_kv_heads = 0, head_dim = 0;
-  int64_t max_chunk_bytes = 0;         // kMaxChunkBytes
+  int64_t max_chunk_bytes = 0;  // kMaxChunkBytes
 };
 
 class KvPushReceiver {

@@ -53,9 +53,7 @@ struct KvSendResult {
 struct KvSendPlan {
   std::vector<int32_t> token_ids;  // the tokens whose K/V follow, in order
   int64_t bytes_per_token = 0;     // engine/kv_export.h layout
-  int64_t total_bytes() const {
-    return static_cast<int64_t>(token_ids.size()) * bytes_per_token;
-  }
+  int64_t total_bytes() const { return static_cast<int64_t>(token_ids.size()) * bytes_per_token; }
 };
 
 // One handoff in flight: the payload goes out in pieces as the prefill

@@ -85,8 +85,9 @@ TEST(ArgParserTest, ErrorsNameTheFlag) {
 TEST(ArgParserTest, LastValueWinsAndBoolsTakeExplicitValues) {
   Flags f;
   ArgParser p("generate", "");
-  ASSERT_TRUE(ParseInto(&f, {"--max-tokens", "3", "--max-tokens=7", "--json=true", "--json=false",
-                             "--model=a=b.gguf"},
+  ASSERT_TRUE(ParseInto(&f,
+                        {"--max-tokens", "3", "--max-tokens=7", "--json=true", "--json=false",
+                         "--model=a=b.gguf"},
                         &p)
                   .ok());
   EXPECT_EQ(f.max_tokens, 7);

@@ -1,13 +1,12 @@
 // `tandem bench` math: the Poisson / gamma arrival generator, percentiles,
 // aggregation (TPOT, goodput, errors), the SSE parser and the workloads.
-#include "bench/serve/stats.h"
-
 #include <cmath>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "bench/serve/backend.h"
+#include "bench/serve/stats.h"
 #include "bench/serve/workload.h"
+#include "gtest/gtest.h"
 
 namespace tandem::bench {
 namespace {

@@ -11,7 +11,8 @@ namespace tandem::json {
 namespace {
 
 TEST(JsonParseTest, ParsesEveryKind) {
-  auto v = Parse(R"( {"a": [1, -2.5e3, true, false, null], "b": {"c": "x\"\\\/\n\u00e9\ud83d\ude00"}} )");
+  auto v = Parse(
+      R"( {"a": [1, -2.5e3, true, false, null], "b": {"c": "x\"\\\/\n\u00e9\ud83d\ude00"}} )");
   ASSERT_TRUE(v.ok()) << v.status();
   ASSERT_TRUE(v->is_object());
   const Json& a = v->at("a");
@@ -39,10 +40,31 @@ TEST(JsonParseTest, RoundTripsQuote) {
 }
 
 TEST(JsonParseTest, MalformedInputIsAnErrorWithOffset) {
-  const std::vector<std::string> bad = {
-      "", "{", "[1,]", "{\"a\":1,}", "{a:1}", "[1 2]", "01", "1.", "-", "1e", "tru", "nul",
-      "\"abc", "\"\\x\"", "\"\\u12\"", "\"\\ud800\"", "\"\\udc00\"", "\"a\nb\"",
-      "\"\xC3\"", "NaN", "[1] x", "{\"a\" 1}", "\"\\ud800\\u0041\"", "// c\n1", "[1]/**/"};
+  const std::vector<std::string> bad = {"",
+                                        "{",
+                                        "[1,]",
+                                        "{\"a\":1,}",
+                                        "{a:1}",
+                                        "[1 2]",
+                                        "01",
+                                        "1.",
+                                        "-",
+                                        "1e",
+                                        "tru",
+                                        "nul",
+                                        "\"abc",
+                                        "\"\\x\"",
+                                        "\"\\u12\"",
+                                        "\"\\ud800\"",
+                                        "\"\\udc00\"",
+                                        "\"a\nb\"",
+                                        "\"\xC3\"",
+                                        "NaN",
+                                        "[1] x",
+                                        "{\"a\" 1}",
+                                        "\"\\ud800\\u0041\"",
+                                        "// c\n1",
+                                        "[1]/**/"};
   for (const std::string& b : bad) {
     auto v = Parse(b);
     ASSERT_FALSE(v.ok()) << b;

@@ -30,7 +30,8 @@ TEST(ThreadPoolStressTest, AlternatingJobSizesRunEachIndexOnce) {
 TEST(ThreadPoolStressTest, MinRangeAndInlineCases) {
   ThreadPool pool(3);
   int64_t calls = 0;
-  pool.ParallelFor(10, [&](int64_t b, int64_t e) { calls += (b == 0 && e == 10); }, 100);
+  pool.ParallelFor(
+      10, [&](int64_t b, int64_t e) { calls += (b == 0 && e == 10); }, 100);
   EXPECT_EQ(calls, 1);  // one chunk: runs inline
   pool.ParallelFor(0, [&](int64_t, int64_t) { ++calls; });
   EXPECT_EQ(calls, 1);

@@ -43,11 +43,12 @@ void CheckAttention(const Geometry& g, const std::vector<Seq>& seqs, uint32_t se
   std::vector<int32_t> perm(num_blocks);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), std::mt19937(seed));
-  std::vector<int32_t> tables(seqs.size() * max_blocks, 0), query_start = {0}, positions,
-      token_seq, context_lens;
+  std::vector<int32_t> tables(seqs.size() * max_blocks, 0), query_start = {0}, positions, token_seq,
+                                                            context_lens;
   int64_t next = 0, max_pos = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
-    for (int64_t b = 0; b < (seqs[s].context + bs - 1) / bs; ++b) tables[s * max_blocks + b] = perm[next++];
+    for (int64_t b = 0; b < (seqs[s].context + bs - 1) / bs; ++b)
+      tables[s * max_blocks + b] = perm[next++];
     for (int64_t p = seqs[s].context - seqs[s].queries; p < seqs[s].context; ++p) {
       positions.push_back(static_cast<int32_t>(p));
       token_seq.push_back(static_cast<int32_t>(s));

@@ -191,7 +191,8 @@ TEST_P(CudaExecutorTest, BatchOfManyMatchesEachAlone) {
   for (int step = 0; step < 2; ++step) {
     ForwardBatch b;
     std::vector<Seq> before = seqs;
-    for (int i = 0; i < 6; ++i) Append(seqs[i], step == 0 ? prompts[i] : std::vector<int32_t>{7}, 16, &b);
+    for (int i = 0; i < 6; ++i)
+      Append(seqs[i], step == 0 ? prompts[i] : std::vector<int32_t>{7}, 16, &b);
     std::vector<float> lt(6 * V);
     ASSERT_TRUE(together->Forward(b, lt.data()).ok());
     for (int i = 0; i < 6; ++i) {
@@ -239,7 +240,8 @@ TEST(CudaExecutorKvTest, ReadWriteCopyBlocksAndBadInput) {
   std::vector<float> kc(6 * per), kg(6 * per);
   ASSERT_TRUE(cpu->ReadKv(b.slot_mapping, reinterpret_cast<char*>(kc.data())).ok());
   ASSERT_TRUE(gpu->ReadKv(b2.slot_mapping, reinterpret_cast<char*>(kg.data())).ok());
-  for (size_t i = 0; i < kc.size(); ++i) ASSERT_NEAR(kg[i], kc[i], 1e-4f * (1 + std::fabs(kc[i]))) << i;
+  for (size_t i = 0; i < kc.size(); ++i)
+    ASSERT_NEAR(kg[i], kc[i], 1e-4f * (1 + std::fabs(kc[i]))) << i;
   // WriteKv then ReadKv round trip, exact.
   std::vector<float> data(3 * per);
   for (size_t i = 0; i < data.size(); ++i) data[i] = float(i % 977) * 0.25f;
@@ -282,7 +284,8 @@ TEST(CudaExecutorTest, NoDeviceIsAClearError) {
   ASSERT_FALSE(ex.ok());
   EXPECT_EQ(ex.status().code(), absl::StatusCode::kFailedPrecondition);
   const std::string msg(ex.status().message());
-  EXPECT_EQ(msg.rfind("--device cuda: no CUDA device is visible (cudaGetDeviceCount: ", 0), 0u) << msg;
+  EXPECT_EQ(msg.rfind("--device cuda: no CUDA device is visible (cudaGetDeviceCount: ", 0), 0u)
+      << msg;
   EXPECT_EQ(msg.find('\n'), std::string::npos);
   std::cout << "message: " << msg << "\n";
 }

@@ -30,7 +30,8 @@ HostMatrix MakeMatrix(TensorType type, int64_t rows, int64_t cols, uint32_t seed
   HostMatrix m{type, rows, cols, int64_t(*gguf::RowBytes(type, cols)), {}};
   m.bytes.resize(rows * m.row_bytes);
   const std::vector<float> v = RandomFloats(rows * cols, seed, 0.5f);
-  for (int64_t r = 0; r < rows; ++r) QuantizeRow(type, v.data() + r * cols, &m.bytes[r * m.row_bytes], cols);
+  for (int64_t r = 0; r < rows; ++r)
+    QuantizeRow(type, v.data() + r * cols, &m.bytes[r * m.row_bytes], cols);
   return m;
 }
 
@@ -47,7 +48,8 @@ TEST(CudaOpsTest, EmbeddingGatherMatchesReferenceForEveryTableType) {
     std::vector<float> want(ids.size() * m.cols);
     ref::EmbeddingLookup(m.view(), ids.data(), ids.size(), want.data());
     DeviceBuffer dm(m.bytes), did(ids), dout(int64_t(want.size() * 4));
-    ASSERT_TRUE(EmbeddingGather(OnDevice(m, dm), did.get<int32_t>(), ids.size(), dout.get(), nullptr).ok());
+    ASSERT_TRUE(
+        EmbeddingGather(OnDevice(m, dm), did.get<int32_t>(), ids.size(), dout.get(), nullptr).ok());
     ExpectClose(dout.ToHost<float>(), want, 0.f, 0.f, "embedding");  // exact
   }
 }
@@ -87,7 +89,8 @@ TEST(CudaOpsTest, MatMulMatchesReferenceForEveryMatrixType) {
   TANDEM_REQUIRE_CUDA_DEVICE();
   auto blas = CreateBlasHandle();
   ASSERT_TRUE(blas.ok()) << blas.status();
-  for (TensorType type : {TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0, TensorType::kBF16}) {
+  for (TensorType type :
+       {TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0, TensorType::kBF16}) {
     const HostMatrix m = MakeMatrix(type, 200, 320, 6);
     for (int64_t n : {1, 2, 3, 8, 9, 40}) {
       const auto x = RandomFloats(n * m.cols, 7 + n);
@@ -97,7 +100,8 @@ TEST(CudaOpsTest, MatMulMatchesReferenceForEveryMatrixType) {
       ref::MatMul(m.view(), x.data(), n, prod.data());
       for (int64_t t = 0; t < n; ++t)
         for (int64_t r = 0; r < m.rows; ++r) want[t * ldy + r] += prod[t * m.rows + r];
-      DeviceBuffer dm(m.bytes), dx(x), dy(y0), ws(std::max<int64_t>(1, MatMulWorkspaceBytes(n, m.cols)));
+      DeviceBuffer dm(m.bytes), dx(x), dy(y0),
+          ws(std::max<int64_t>(1, MatMulWorkspaceBytes(n, m.cols)));
       const GemmContext ctx{*blas, ws.get<void>(), MatMulWorkspaceBytes(n, m.cols)};
       ASSERT_TRUE(MatMul(ctx, OnDevice(m, dm), dx.get(), n, dy.get(), ldy, true, nullptr).ok());
       const bool gemv = n <= kGemvMaxTokens;
@@ -110,11 +114,15 @@ TEST(CudaOpsTest, MatMulMatchesReferenceForEveryMatrixType) {
 
 TEST(CudaOpsTest, QkvRopeKvWriteMatchesReference) {
   TANDEM_REQUIRE_CUDA_DEVICE();
-  struct Case { RopeStyle style; int64_t head_dim, rot_dim; bool bias, factors; };
-  for (const Case& c : {Case{RopeStyle::kAdjacentPairs, 64, 64, false, false},
-                        Case{RopeStyle::kNeox, 128, 128, true, false},
-                        Case{RopeStyle::kNeox, 64, 32, false, true},
-                        Case{RopeStyle::kAdjacentPairs, 128, 96, true, true}}) {
+  struct Case {
+    RopeStyle style;
+    int64_t head_dim, rot_dim;
+    bool bias, factors;
+  };
+  for (const Case& c :
+       {Case{RopeStyle::kAdjacentPairs, 64, 64, false, false},
+        Case{RopeStyle::kNeox, 128, 128, true, false}, Case{RopeStyle::kNeox, 64, 32, false, true},
+        Case{RopeStyle::kAdjacentPairs, 128, 96, true, true}}) {
     const int64_t n = 6, H = 6, KVH = 2, hd = c.head_dim, qd = H * hd, kvd = KVH * hd;
     const int64_t width = qd + 2 * kvd, stride = width + 3;
     auto qkv = RandomFloats(n * stride, 9);
@@ -129,7 +137,9 @@ TEST(CudaOpsTest, QkvRopeKvWriteMatchesReference) {
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t i = 0; i < width; ++i) {
         const float x = qkv[t * stride + i] + (c.bias ? bias[i] : 0.f);
-        (i < qd ? q[t * qd + i] : i < qd + kvd ? k[t * kvd + i - qd] : v[t * kvd + i - qd - kvd]) = x;
+        (i < qd         ? q[t * qd + i]
+         : i < qd + kvd ? k[t * kvd + i - qd]
+                        : v[t * kvd + i - qd - kvd]) = x;
       }
     }
     RopeParams p{c.style, c.rot_dim, 500000.f, 0.5f, c.factors ? factors.data() : nullptr};
@@ -181,7 +191,8 @@ TEST(CudaOpsTest, KvSlotGatherScatterAndBlockCopy) {
   for (size_t i = 0; i < slots.size(); ++i)
     for (int64_t l = 0; l < 2 * layers; ++l)
       for (int64_t d = 0; d < row; ++d)
-        ASSERT_EQ(got[(i * 2 * layers + l) * row + d], cache[l * layer_floats + slots[i] * row + d]);
+        ASSERT_EQ(got[(i * 2 * layers + l) * row + d],
+                  cache[l * layer_floats + slots[i] * row + d]);
   // Scatter a modified copy to other slots, then copy block 1 -> 4.
   auto changed = got;
   for (float& x : changed) x += 1.f;

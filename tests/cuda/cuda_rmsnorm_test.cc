@@ -20,7 +20,8 @@ TEST(CudaRmsNormTest, MatchesCpuReference) {
   for (float& v : w) v = d(rng);
   ref::RmsNorm(x.data(), w.data(), n, dim, 1e-5f, want.data());
   ASSERT_TRUE(cuda::RmsNorm(x.data(), w.data(), n, dim, 1e-5f, got.data()).ok());
-  for (int64_t i = 0; i < n * dim; ++i) EXPECT_NEAR(got[i], want[i], 1e-4f * (1 + std::fabs(want[i])));
+  for (int64_t i = 0; i < n * dim; ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-4f * (1 + std::fabs(want[i])));
 }
 
 TEST(CudaRmsNormTest, NoDeviceIsUnavailableNotACrash) {

@@ -14,7 +14,7 @@
 namespace tandem::kernels::cuda::testing {
 
 // Skips the test (named in the message) when no device is visible.
-#define TANDEM_REQUIRE_CUDA_DEVICE()                                       \
+#define TANDEM_REQUIRE_CUDA_DEVICE() \
   if (::tandem::kernels::cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device"
 
 class DeviceBuffer {
@@ -25,7 +25,8 @@ class DeviceBuffer {
     ptr_ = *p;
   }
   template <typename T>
-  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(int64_t(host.size() * sizeof(T))) {
+  explicit DeviceBuffer(const std::vector<T>& host)
+      : DeviceBuffer(int64_t(host.size() * sizeof(T))) {
     TANDEM_CHECK(CopyToDevice(ptr_, host.data(), bytes_, nullptr).ok());
     TANDEM_CHECK(StreamSync(nullptr).ok());
   }
@@ -34,7 +35,9 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   template <typename T = float>
-  T* get() const { return static_cast<T*>(ptr_); }
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
   template <typename T>
   std::vector<T> ToHost() const {
     std::vector<T> out(bytes_ / sizeof(T));
@@ -64,7 +67,8 @@ inline void ExpectClose(const std::vector<float>& got, const std::vector<float>&
   int bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     if (!(std::abs(got[i] - want[i]) <= atol + rtol * std::abs(want[i]))) {
-      if (++bad <= 5) ADD_FAILURE() << what << " [" << i << "]: got " << got[i] << " want " << want[i];
+      if (++bad <= 5)
+        ADD_FAILURE() << what << " [" << i << "]: got " << got[i] << " want " << want[i];
     }
   }
   EXPECT_EQ(bad, 0) << what;

@@ -4,7 +4,6 @@
 #include "engine/model_runner.h"
 
 #include "engine/cpu_executor.h"
-
 #include "engine/sampler.h"
 #include "engine/single_sequence_runner.h"
 #include "tests/engine/engine_test_util.h"
@@ -22,8 +21,8 @@ class ModelRunnerTest : public ::testing::Test {
     SchedulerConfig sc;
     sc.max_num_batched_tokens = 40;
     scheduler_ = std::make_unique<Scheduler>(sc, kv_.get());
-    runner_ = std::make_unique<ModelRunner>(
-        executor_.get(), tiny_.model->config().vocab_size, std::vector<int32_t>{});
+    runner_ = std::make_unique<ModelRunner>(executor_.get(), tiny_.model->config().vocab_size,
+                                            std::vector<int32_t>{});
   }
   void Add(SeqId id, std::vector<int32_t> prompt) {
     SamplingParams p;

@@ -240,15 +240,18 @@ TEST_F(PdHandoffTest, MigrationReplayContinuesTheSameStream) {
       EXPECT_EQ(first.token_ids[0], rest[0]) << what;
       CollectedOutput migrated = first;
       if (first.finish->kv_export != nullptr) {
-        EXPECT_EQ(first.finish->kv_export->num_tokens(), static_cast<int64_t>(r.prompt_token_ids.size() + k));
+        EXPECT_EQ(first.finish->kv_export->num_tokens(),
+                  static_cast<int64_t>(r.prompt_token_ids.size() + k));
         EngineRequest d = r;
         d.import_kv = first.finish->kv_export;
         d.prefix_output_token_ids = delivered;
         d.prefix_output_token_ids.push_back(first.token_ids[0]);
         CollectedOutput tail = Collect(**decode->Submit(d));
         ASSERT_TRUE(tail.finish.has_value()) << what;
-        migrated.token_ids.insert(migrated.token_ids.end(), tail.token_ids.begin(), tail.token_ids.end());
-        migrated.logprobs.insert(migrated.logprobs.end(), tail.logprobs.begin(), tail.logprobs.end());
+        migrated.token_ids.insert(migrated.token_ids.end(), tail.token_ids.begin(),
+                                  tail.token_ids.end());
+        migrated.logprobs.insert(migrated.logprobs.end(), tail.logprobs.begin(),
+                                 tail.logprobs.end());
         migrated.finish = tail.finish;
       }
       EXPECT_EQ(migrated.token_ids, rest) << what;

@@ -101,7 +101,8 @@ TEST_F(SpecDecodeTest, GreedyNgramEqualsPlainDecodingAloneAndBatched) {
     EngineStats stats;
     const std::vector<CollectedOutput> spec = Run(reqs, Ngram(k), &stats);
     for (size_t i = 0; i < reqs.size(); ++i) {
-      ExpectSameOutput(plain[i], spec[i], "k=" + std::to_string(k) + " request " + std::to_string(i));
+      ExpectSameOutput(plain[i], spec[i],
+                       "k=" + std::to_string(k) + " request " + std::to_string(i));
     }
     EXPECT_GT(stats.spec.num_drafts, 0) << "k=" << k;
     EXPECT_GT(stats.spec.num_accepted_tokens, 0) << "k=" << k;

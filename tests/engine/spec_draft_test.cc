@@ -3,8 +3,8 @@
 // speculation; sampled output independent of the batch; the draft's KV
 // freed on every path (finish, cancel, preemption); the vocabulary check;
 // the per-request option.
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -95,8 +95,8 @@ TEST_F(SpecDraftTest, GreedyEqualsPlainDecodingAloneAndBatched) {
   const std::vector<CollectedOutput> plain = Run(reqs, SpecDecodeConfig{});
   for (const LlamaModel* draft : {self_int8_.model.get(), other_.model.get()}) {
     for (int64_t k : {1, 4}) {
-      const std::string what = std::string(draft == other_.model.get() ? "other" : "self") +
-                               " k=" + std::to_string(k);
+      const std::string what =
+          std::string(draft == other_.model.get() ? "other" : "self") + " k=" + std::to_string(k);
       EngineStats stats;
       const std::vector<CollectedOutput> spec = Run(reqs, Draft(draft, k), &stats);
       for (size_t i = 0; i < reqs.size(); ++i) {

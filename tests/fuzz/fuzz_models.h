@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "common/gguf/gguf.h"
-#include "common/utf8.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/vocab.h"
+#include "common/utf8.h"
 
 namespace tandem::fuzz {
 

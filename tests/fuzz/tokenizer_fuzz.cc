@@ -14,7 +14,6 @@
 
 namespace {
 
-
 void CheckStreaming(const tandem::tokenizer::Tokenizer& tok, const std::vector<int32_t>& ids,
                     bool skip_special) {
   tandem::tokenizer::DetokenizerOptions options;

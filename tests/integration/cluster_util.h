@@ -113,22 +113,14 @@ class ServeProcess {
     dir_ = mkdtemp(dir_template);
     endpoints_file_ = dir_ + "/endpoints.json";
     log_file_ = dir_ + "/serve.log";
-    std::vector<std::string> argv = {TandemBinary(),
-                                     "serve",
+    std::vector<std::string> argv = {TandemBinary(), "serve",
                                      // Every process binds a free port itself and
                                      // the endpoints file reports it: no race
                                      // between picking a port and binding it.
-                                     "--port",
-                                     "0",
-                                     "--metrics-port",
-                                     "0",
-                                     "--endpoints-file",
-                                     endpoints_file_,
-                                     "--kv-cache-memory",
-                                     "256MiB",
+                                     "--port", "0", "--metrics-port", "0", "--endpoints-file",
+                                     endpoints_file_, "--kv-cache-memory", "256MiB",
                                      // Never serve's fixed default 8000: tests run in parallel.
-                                     "--http-port",
-                                     "0"};
+                                     "--http-port", "0"};
     // The disaggregated tests test the handoff: every prompt, however
     // short, goes through a prefill worker unless a test sets the
     // pd-decider's threshold itself.

@@ -150,8 +150,7 @@ TEST(DisaggTtftTest, ALongPromptsKvIsPushedDuringItsPrefill) {
   ASSERT_EQ(cluster.Start({"--prefill-workers", "1", "--decode-workers", "1", "--threads", "1",
                            "--max-num-batched-tokens", "64"}),
             "");
-  const std::vector<Timed> got =
-      RunAtOnce(cluster.Address("router"), {Request(Prompt(300, 1), 3)});
+  const std::vector<Timed> got = RunAtOnce(cluster.Address("router"), {Request(Prompt(300, 1), 3)});
   ASSERT_TRUE(got[0].status.ok()) << got[0].status.error_message();
   EXPECT_EQ(got[0].num_tokens, 3);
   const std::string prefill = MetricsOf(cluster, "prefill");

@@ -121,7 +121,8 @@ Result Stream(tandem::v1::Generation::Stub& stub, const tandem::v1::GenerateRequ
     }
     if (tokens_seen != nullptr) tokens_seen->fetch_add(resp.token_ids_size());
     r.text += resp.text();
-    if (resp.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) r.reason = resp.finish_reason();
+    if (resp.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED)
+      r.reason = resp.finish_reason();
     if (!cancelled && cancel && cancel(r)) {
       ctx.TryCancel();
       cancelled = true;
@@ -290,8 +291,8 @@ double MetricSum(const std::string& metrics_address, const std::string& metric,
   std::istringstream body(HttpGetBody(port, "/metrics"));
   double sum = 0;
   for (std::string line; std::getline(body, line);) {
-    if (line.rfind(metric, 0) != 0 || (line.size() > metric.size() && line[metric.size()] != '{' &&
-                                       line[metric.size()] != ' ')) {
+    if (line.rfind(metric, 0) != 0 ||
+        (line.size() > metric.size() && line[metric.size()] != '{' && line[metric.size()] != ' ')) {
       continue;
     }
     if (!label.empty() && line.find(label) == std::string::npos) continue;
@@ -346,9 +347,18 @@ std::string Local(int port) { return "127.0.0.1:" + std::to_string(port); }
 // A worker on port 0 (LoggedPorts reads back what it bound).
 std::vector<std::string> WorkerArgs(const std::string& role, int router_port,
                                     std::vector<std::string> extra = {}) {
-  std::vector<std::string> a = {role,       "--host",   "127.0.0.1",         "--port",
-                                "0",        "--metrics-port", "0",         "--router",
-                                Local(router_port), "--kv-cache-memory", "256MiB", "--threads",
+  std::vector<std::string> a = {role,
+                                "--host",
+                                "127.0.0.1",
+                                "--port",
+                                "0",
+                                "--metrics-port",
+                                "0",
+                                "--router",
+                                Local(router_port),
+                                "--kv-cache-memory",
+                                "256MiB",
+                                "--threads",
                                 "1"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
@@ -384,9 +394,10 @@ TEST(FaultsTest, DecodeKilledMidStreamMigratesWithTheSameTokens) {
   }
   std::sort(gaps_ms.begin(), gaps_ms.end());
   ASSERT_FALSE(gaps_ms.empty());
-  std::printf("[faults] kill -9 decode: kill -> next token, over %zu streams: median %.0f ms, "
-              "max %.0f ms\n",
-              gaps_ms.size(), gaps_ms[gaps_ms.size() / 2], gaps_ms.back());
+  std::printf(
+      "[faults] kill -9 decode: kill -> next token, over %zu streams: median %.0f ms, "
+      "max %.0f ms\n",
+      gaps_ms.size(), gaps_ms[gaps_ms.size() / 2], gaps_ms.back());
   RecordProperty("recovery_max_ms", static_cast<int>(gaps_ms.back()));
   const std::string router_metrics = cluster.endpoints()[0].metrics_address;
   EXPECT_GE(MetricSum(router_metrics, "tandem_request_migrations_total", "decode_failed"), 1);
@@ -452,9 +463,10 @@ TEST(FaultsTest, PrefillKilledDuringPrefillIsRetriedElsewhere) {
   ASSERT_EQ(prefill.size(), 2u);
   std::thread killer([&] {
     // Once the victim is computing a prompt (or has one queued).
-    WaitStats("prefill", prefill[0].grpc_address,
-              [](const tandem::v1::WorkerStats& s) { return s.num_running() > 0; },
-              std::chrono::milliseconds(20000));
+    WaitStats(
+        "prefill", prefill[0].grpc_address,
+        [](const tandem::v1::WorkerStats& s) { return s.num_running() > 0; },
+        std::chrono::milliseconds(20000));
     kill(prefill[0].pid, SIGKILL);
   });
   const std::vector<Result> got = RunAll(cluster.Address("router"), reqs);
@@ -498,8 +510,8 @@ TEST(FaultsTest, PrefillKilledMidTransferLeavesNoReservation) {
   const std::vector<tandem::v1::GenerateRequest> reqs = {Request(LongPrompt(60, 9), 4000, 12)};
   const std::vector<Result> want = Baseline(reqs);
   ServeProcess cluster;
-  ASSERT_EQ(StartHoldingPushes(cluster, {"--prefill-workers", "2", "--decode-workers", "1",
-                                         "--threads", "1"}),
+  ASSERT_EQ(StartHoldingPushes(
+                cluster, {"--prefill-workers", "2", "--decode-workers", "1", "--threads", "1"}),
             "");
   const std::vector<Endpoint> prefill = Workers(cluster, "prefill");
   const std::vector<Endpoint> decode = Workers(cluster, "decode");
@@ -526,8 +538,8 @@ TEST(FaultsTest, DecodeKilledDuringThePushIsReplayedElsewhere) {
   const std::vector<tandem::v1::GenerateRequest> reqs = {Request(LongPrompt(40, 5), 4100, 12)};
   const std::vector<Result> want = Baseline(reqs);
   ServeProcess cluster;
-  ASSERT_EQ(StartHoldingPushes(cluster, {"--prefill-workers", "1", "--decode-workers", "2",
-                                         "--threads", "1"}),
+  ASSERT_EQ(StartHoldingPushes(
+                cluster, {"--prefill-workers", "1", "--decode-workers", "2", "--threads", "1"}),
             "");
   const std::vector<Endpoint> decode = Workers(cluster, "decode");
   int victim = -1;
@@ -623,9 +635,10 @@ TEST(FaultsTest, CancelAtEveryStageLeavesNoBlocksOrLeases) {
       // had not yet started when the stage was seen would run to the end).
       {
         std::unique_lock<std::mutex> lock(ctx_mu);
-        EXPECT_TRUE(ctx_cv.wait_for(lock, Scaled(std::chrono::seconds(30)), [&] {
-          return std::find(contexts.begin(), contexts.end(), nullptr) == contexts.end();
-        })) << stage << ": not every call started";
+        EXPECT_TRUE(ctx_cv.wait_for(
+            lock, Scaled(std::chrono::seconds(30)),
+            [&] { return std::find(contexts.begin(), contexts.end(), nullptr) == contexts.end(); }))
+            << stage << ": not every call started";
       }
       const auto give_up = Clock::now() + Scaled(std::chrono::seconds(30));
       bool reached = false;
@@ -643,7 +656,8 @@ TEST(FaultsTest, CancelAtEveryStageLeavesNoBlocksOrLeases) {
     }
     for (auto& t : threads) t.join();
     int num_cancelled = 0;
-    for (const Result& r : results) num_cancelled += r.status.error_code() == grpc::StatusCode::CANCELLED;
+    for (const Result& r : results)
+      num_cancelled += r.status.error_code() == grpc::StatusCode::CANCELLED;
     EXPECT_GE(num_cancelled, 1) << stage << ": no call was cancelled";
     for (const Result& r : results) {
       // Cancelled (or, when the cancel lost the race with the finish, OK).
@@ -676,11 +690,10 @@ TEST(FaultsTest, CancelAtEveryStageLeavesNoBlocksOrLeases) {
       MetricSum(prefill.metrics_address, "tandem_prompt_tokens_total");
   run_cancelled("queued", Request(LongPrompt(1200, 1), 1, 8), 3,
                 prefill_has([](const auto& s) { return s.num_waiting() > 0; }));
-  EXPECT_TRUE(WaitStats("prefill", prefill.grpc_address,
-                        [](const auto& s) { return s.num_active_rpcs() == 0; },
-                        Scaled(std::chrono::seconds(30))));
-  EXPECT_LT(MetricSum(prefill.metrics_address, "tandem_prompt_tokens_total") -
-                prompt_tokens_before,
+  EXPECT_TRUE(WaitStats(
+      "prefill", prefill.grpc_address, [](const auto& s) { return s.num_active_rpcs() == 0; },
+      Scaled(std::chrono::seconds(30))));
+  EXPECT_LT(MetricSum(prefill.metrics_address, "tandem_prompt_tokens_total") - prompt_tokens_before,
             2 * 1200)
       << "queued: cancelled requests were prefilled to the end (a lost cancel)";
   // Computing the prompt (between its chunks).
@@ -710,15 +723,15 @@ TEST(FaultsTest, CancelStopsALongPrefillStepMidway) {
                            "--max-num-batched-tokens", "8192"}),
             "");
   const Endpoint prefill = Workers(cluster, "prefill")[0];
-  const pid_t client =
-      SpawnLogged({TandemBinary(), "client", "--server", cluster.Address("router"), "--prompt",
-                   LongPrompt(2500, 11), "--max-tokens", "4"},
-                  ::testing::TempDir() + "/long_prefill_client.log");
+  const pid_t client = SpawnLogged({TandemBinary(), "client", "--server", cluster.Address("router"),
+                                    "--prompt", LongPrompt(2500, 11), "--max-tokens", "4"},
+                                   ::testing::TempDir() + "/long_prefill_client.log");
   ASSERT_GT(client, 0);
   // The prompt's one step is running on the prefill worker.
-  const bool running = WaitStats("prefill", prefill.grpc_address,
-                                 [](const tandem::v1::WorkerStats& s) { return s.num_running() > 0; },
-                                 Scaled(std::chrono::milliseconds(30000)));
+  const bool running = WaitStats(
+      "prefill", prefill.grpc_address,
+      [](const tandem::v1::WorkerStats& s) { return s.num_running() > 0; },
+      Scaled(std::chrono::milliseconds(30000)));
   const auto cancelled_at = Clock::now();
   kill(client, SIGKILL);
   int status = 0;
@@ -784,7 +797,8 @@ Ports LoggedPorts(const Proc& p) {
     const std::string log = p.Log();
     const size_t g = log.find(grpc_key);
     const size_t m = g == std::string::npos ? g : log.find(metrics_key, g);
-    if (m != std::string::npos && log.find_first_of(" ,\n", m + metrics_key.size()) != std::string::npos) {
+    if (m != std::string::npos &&
+        log.find_first_of(" ,\n", m + metrics_key.size()) != std::string::npos) {
       const size_t colon = log.rfind(':', m);
       return {std::atoi(log.c_str() + colon + 1), std::atoi(log.c_str() + m + metrics_key.size())};
     }
@@ -836,8 +850,8 @@ TEST(FaultsTest, RollingRestartOfEveryWorkerLosesNoRequest) {
     slots.push_back({role, port, std::move(proc)});
   }
   auto ready = [&](const Slot& s) {
-    return WaitStats(s.role, Local(s.port), [](const auto&) { return true; },
-                     std::chrono::milliseconds(60000));
+    return WaitStats(
+        s.role, Local(s.port), [](const auto&) { return true; }, std::chrono::milliseconds(60000));
   };
   for (const Slot& s : slots) ASSERT_TRUE(ready(s)) << s.role << "\n" << s.proc->Log();
   ASSERT_TRUE(WaitRouterSees(router_metrics, 2, 2)) << router.Log();  // registered + polled
@@ -895,10 +909,10 @@ TEST(FaultsTest, RouterKilledLeavesNoBlocksOnTheWorkers) {
   const int pp = LoggedPorts(prefill).grpc, dp = LoggedPorts(decode).grpc;
   ASSERT_GT(pp, 0) << prefill.Log();
   ASSERT_GT(dp, 0) << decode.Log();
-  ASSERT_TRUE(WaitStats("prefill", Local(pp), [](const auto&) { return true; },
-                        std::chrono::milliseconds(60000)));
-  ASSERT_TRUE(WaitStats("decode", Local(dp), [](const auto&) { return true; },
-                        std::chrono::milliseconds(60000)));
+  ASSERT_TRUE(WaitStats(
+      "prefill", Local(pp), [](const auto&) { return true; }, std::chrono::milliseconds(60000)));
+  ASSERT_TRUE(WaitStats(
+      "decode", Local(dp), [](const auto&) { return true; }, std::chrono::milliseconds(60000)));
   ASSERT_TRUE(WaitRouterSees(router_metrics, 1, 1)) << router->Log();
   std::atomic<int> seen{0};
   std::vector<std::thread> streams;

@@ -77,11 +77,13 @@ TEST(GenerateBatchTest, BatchedOutputsEqualSingleRunsInInputOrder) {
 }
 
 TEST(GenerateBatchTest, BadPromptsFileIsAUsageErrorNamingTheLine) {
-  const std::string file = WriteTemp("bad_prompts.txt", "fine\n{\"prompt\": \"x\", \"top_p\": 7}\n");
+  const std::string file =
+      WriteTemp("bad_prompts.txt", "fine\n{\"prompt\": \"x\", \"top_p\": 7}\n");
   ProcessResult r = RunProcess({TandemBinary(), "generate", "--prompts-file", file});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("bad_prompts.txt:2:"), std::string::npos) << r.err;
-  ProcessResult both = RunProcess({TandemBinary(), "generate", "--prompt", "a", "--prompts-file", file});
+  ProcessResult both =
+      RunProcess({TandemBinary(), "generate", "--prompt", "a", "--prompts-file", file});
   EXPECT_EQ(both.exit_code, 2);
   EXPECT_NE(both.err.find("exactly one"), std::string::npos) << both.err;
 }

@@ -58,8 +58,8 @@ TEST(GenerateCliTest, DeviceFlagErrorsExitTwoWithOneLine) {
   ProcessResult bad = Tandem({"generate", "--prompt", "hi", "--device", "tpu"});
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_EQ(bad.err, "tandem generate: --device: unknown device 'tpu' (cpu or cuda)\n");
-  ProcessResult probe = Tandem({"generate", "--prompt", "hi", "--max-tokens", "1", "--device",
-                                "cuda"});
+  ProcessResult probe =
+      Tandem({"generate", "--prompt", "hi", "--max-tokens", "1", "--device", "cuda"});
   if (probe.exit_code == 0) GTEST_SKIP() << "a CUDA device is visible here";
   const std::vector<std::vector<std::string>> cases = {
       {"generate", "--prompt", "hi"}, {"serve"}, {"prefill"}, {"decode"}, {"router", "--colocated"},
@@ -153,16 +153,19 @@ TEST(GenerateCliTest, SpeculativeDraftModelGivesTheGoldenTokens) {
       if (c["text"].str.find('\n') != std::string::npos) continue;  // one prompt per line
       out << c["text"].str << "\n";
       expected.push_back(c["greedy"].As<int>());
-      std::vector<int> first32(expected.back().begin(),
-                               expected.back().begin() + std::min<size_t>(32, expected.back().size()));
+      std::vector<int> first32(
+          expected.back().begin(),
+          expected.back().begin() + std::min<size_t>(32, expected.back().size()));
       expected.back() = first32;
     }
   }
   ASSERT_GE(expected.size(), 2u);
-  const std::vector<std::string> draft = {"--spec-method", "draft", "--spec-draft-model",
-                                          DefaultModelPath(), "--spec-draft-kernels", "fast-int8"};
-  std::vector<std::string> args = {"generate", "--prompts-file", file, "--max-tokens", "32",
-                                   "--json", "--ignore-eos", "--concurrency", "4"};
+  const std::vector<std::string> draft = {"--spec-method",        "draft",
+                                          "--spec-draft-model",   DefaultModelPath(),
+                                          "--spec-draft-kernels", "fast-int8"};
+  std::vector<std::string> args = {"generate", "--prompts-file", file,           "--max-tokens",
+                                   "32",       "--json",         "--ignore-eos", "--concurrency",
+                                   "4"};
   args.insert(args.end(), draft.begin(), draft.end());
   ProcessResult batch = Tandem(args);
   ASSERT_EQ(batch.exit_code, 0) << batch.err;
@@ -206,7 +209,8 @@ TEST(GenerateCliTest, SpeculativeDraftModelGivesTheGoldenTokens) {
 }
 
 TEST(GenerateCliTest, NotAGgufFileNamesTheProblem) {
-  ProcessResult r = Tandem({"generate", "--prompt", "hi", "--model", TestDataPath("tokenizer_smollm2.jsonl")});
+  ProcessResult r =
+      Tandem({"generate", "--prompt", "hi", "--model", TestDataPath("tokenizer_smollm2.jsonl")});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("magic"), std::string::npos) << r.err;
 }
@@ -230,8 +234,8 @@ TEST(GenerateCliTest, IgnoreEosMatchesFull64TokenGolden) {
   Json golden = Json::Parse(ReadFileOrEmpty(TestDataPath("logits_smollm2.json")));
   for (const Json& c : golden["cases"].array) {
     if (c["name"].str != "capital" && c["name"].str != "code") continue;
-    ProcessResult r = Tandem({"generate", "--json", "--ignore-eos", "--prompt", c["text"].str,
-                              "--max-tokens", "64"});
+    ProcessResult r = Tandem(
+        {"generate", "--json", "--ignore-eos", "--prompt", c["text"].str, "--max-tokens", "64"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     Json out = Json::Parse(r.out);
     EXPECT_EQ(out["prompt_token_ids"].As<int>(), c["token_ids"].As<int>()) << c["name"].str;
@@ -260,8 +264,8 @@ TEST(GenerateCliTest, GreedyJsonMatchesReferenceGolden) {
     if (c["name"].str == "capital") capital = &c;
   }
   ASSERT_NE(capital, nullptr);
-  ProcessResult r = Tandem({"generate", "--json", "--prompt", capital->operator[]("text").str,
-                            "--max-tokens", "64"});
+  ProcessResult r = Tandem(
+      {"generate", "--json", "--prompt", capital->operator[]("text").str, "--max-tokens", "64"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   ASSERT_EQ(CountLines(r.out), 1) << r.out;
   Json out = Json::Parse(r.out);
@@ -281,8 +285,8 @@ TEST(GenerateCliTest, GreedyJsonMatchesReferenceGolden) {
 }
 
 TEST(GenerateCliTest, ChatWrapsPromptInTemplateAndStopsAtImEnd) {
-  ProcessResult r = Tandem({"generate", "--json", "--chat", "--prompt", "What is 2+2?",
-                            "--max-tokens", "48"});
+  ProcessResult r =
+      Tandem({"generate", "--json", "--chat", "--prompt", "What is 2+2?", "--max-tokens", "48"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   Json out = Json::Parse(r.out);
   std::vector<int> prompt = out["prompt_token_ids"].As<int>();
@@ -298,9 +302,9 @@ TEST(GenerateCliTest, ChatWrapsPromptInTemplateAndStopsAtImEnd) {
 
 TEST(GenerateCliTest, SamplingIsReproducibleBySeed) {
   auto run = [](const std::string& seed) {
-    ProcessResult r = Tandem({"generate", "--json", "--prompt", "Once upon a time",
-                              "--temperature", "0.9", "--top-k", "50", "--top-p", "0.95",
-                              "--seed", seed, "--max-tokens", "24"});
+    ProcessResult r =
+        Tandem({"generate", "--json", "--prompt", "Once upon a time", "--temperature", "0.9",
+                "--top-k", "50", "--top-p", "0.95", "--seed", seed, "--max-tokens", "24"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return Json::Parse(r.out)["token_ids"].As<int>();
   };
@@ -310,7 +314,8 @@ TEST(GenerateCliTest, SamplingIsReproducibleBySeed) {
 }
 
 TEST(GenerateCliTest, PlainModePrintsTextAndStatsOnStderr) {
-  ProcessResult r = Tandem({"generate", "--prompt", "The capital of France is", "--max-tokens", "8"});
+  ProcessResult r =
+      Tandem({"generate", "--prompt", "The capital of France is", "--max-tokens", "8"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("Paris"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("KV cache bytes/token: f32 46080, f16 23040"), std::string::npos) << r.err;

@@ -30,9 +30,7 @@ namespace {
 
 using nlohmann::json;
 
-int PortOf(const std::string& address) {
-  return std::stoi(address.substr(address.rfind(':') + 1));
-}
+int PortOf(const std::string& address) { return std::stoi(address.substr(address.rfind(':') + 1)); }
 
 // Greedy output through the gRPC API: text and (prompt, completion) tokens.
 struct GrpcResult {
@@ -145,8 +143,10 @@ TEST_F(OpenAiHttpTest, CompletionEqualsGrpc) {
   const GrpcResult want = GrpcGenerate(grpc_address_, g);
   ASSERT_GT(want.completion_tokens, 0);
 
-  json body = {{"model", model_}, {"prompt", "The capital of France is"},
-               {"max_tokens", 12}, {"temperature", 0}};
+  json body = {{"model", model_},
+               {"prompt", "The capital of France is"},
+               {"max_tokens", 12},
+               {"temperature", 0}};
   auto r = Post("/v1/completions", body.dump());
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
@@ -301,14 +301,15 @@ void StreamThenDisconnect(int http_port, const std::function<void()>& while_stre
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   addr.sin_port = htons(static_cast<uint16_t>(http_port));
   ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  const std::string body = json{{"prompt", "Once upon a time"},
-                                {"max_tokens", 8000},
-                                {"ignore_eos", true},
-                                {"stream", true}}
-                               .dump();
-  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                          "application/json\r\n" + extra_headers + "Content-Length: " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string body = json{
+      {"prompt", "Once upon a time"},
+      {"max_tokens", 8000},
+      {"ignore_eos", true},
+      {"stream", true}}.dump();
+  const std::string req =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\n" +
+      extra_headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
   std::string got;
   char buf[4096];
@@ -439,7 +440,10 @@ TEST(OpenAiHttpLimitsTest, ApiKeyAndOverload) {
   EXPECT_EQ(health->status, 200);
 
   StreamThenDisconnect(
-      http_port, [&] { check({{"Authorization", "Bearer sk-test-key"}}, 429); },
+      http_port,
+      [&] {
+        check({{"Authorization", "Bearer sk-test-key"}}, 429);
+      },
       "Authorization: Bearer sk-test-key\r\n");
   // The slot comes back once the disconnected stream is cancelled.
   const int metrics_port = PortOf(serve.endpoints()[0].metrics_address);

@@ -34,9 +34,9 @@ struct Outcome {
   grpc::Status status;
   int num_tokens = 0;
   tandem::v1::FinishReason reason = tandem::v1::FINISH_REASON_UNSPECIFIED;
-  double seconds = 0;                          // call start -> Finish
-  std::optional<absl::Duration> trailer;       // retry-after-ms
-  std::optional<absl::Duration> retry_info;    // RetryInfo in the status details
+  double seconds = 0;                        // call start -> Finish
+  std::optional<absl::Duration> trailer;     // retry-after-ms
+  std::optional<absl::Duration> retry_info;  // RetryInfo in the status details
 };
 
 Outcome Stream(tandem::v1::Generation::Stub& stub, const tandem::v1::GenerateRequest& req) {
@@ -48,7 +48,8 @@ Outcome Stream(tandem::v1::Generation::Stub& stub, const tandem::v1::GenerateReq
   tandem::v1::GenerateResponse resp;
   while (reader->Read(&resp)) {
     o.num_tokens += resp.token_ids_size();
-    if (resp.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) o.reason = resp.finish_reason();
+    if (resp.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED)
+      o.reason = resp.finish_reason();
   }
   o.status = reader->Finish();
   o.seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -117,8 +118,7 @@ int64_t RssBytes(int pid) {
 
 // Value of the first sample of `name` with `phase="router"` (and `also` in
 // its labels) in the router's /metrics; -1 when absent.
-double RouterMetric(const Endpoint& router, const std::string& name,
-                    const std::string& also = "") {
+double RouterMetric(const Endpoint& router, const std::string& name, const std::string& also = "") {
   const int port = std::stoi(router.metrics_address.substr(router.metrics_address.rfind(':') + 1));
   const std::string body = HttpGetBody(port, "/metrics");
   const std::string prefix = name + "{";  // labels in any order
@@ -165,7 +165,8 @@ Tally Check(const std::vector<Outcome>& outcomes, int max_tokens, absl::Duration
     EXPECT_EQ(o.retry_info, retry) << i << ": no RetryInfo detail: " << o.status.error_message();
     EXPECT_EQ(o.trailer, retry) << i << ": no retry-after-ms trailer";
     const std::string& m = o.status.error_message();
-    EXPECT_TRUE(m.find(why) != std::string::npos || m.find("Threadpool Exhausted") != std::string::npos)
+    EXPECT_TRUE(m.find(why) != std::string::npos ||
+                m.find("Threadpool Exhausted") != std::string::npos)
         << m;
     if (m.find(why) != std::string::npos) ++t.refused_by_router;
     EXPECT_NE(o.status.error_message().find("retry after"), std::string::npos)
@@ -214,10 +215,10 @@ TEST(OverloadTest, RouterInflightBoundRejectsBurstFastWithBoundedMemory) {
   EXPECT_LT(t.max_rejected_s, 1.0);
   EXPECT_GT(t.max_ok_s, t.max_rejected_s);
   // Memory: the router keeps nothing per refused call, and per admitted call
-  // a call thread (disaggregated backend) and a few KiB of tokens. 64 MiB covers gRPC's thread stacks
-  // and arenas for the burst's ~40 server threads; a router that queued
-  // the burst instead would also stay under it, which the timing above
-  // rules out. ASan builds hold freed memory in a 256 MiB quarantine.
+  // a call thread (disaggregated backend) and a few KiB of tokens. 64 MiB covers gRPC's thread
+  // stacks and arenas for the burst's ~40 server threads; a router that queued the burst instead
+  // would also stay under it, which the timing above rules out. ASan builds hold freed memory in a
+  // 256 MiB quarantine.
 #if defined(__SANITIZE_ADDRESS__)
   constexpr int64_t kRssBound = int64_t{384} << 20;
 #else

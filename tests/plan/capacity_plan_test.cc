@@ -6,11 +6,11 @@
 #include <cmath>
 #include <cstdint>
 
+#include "gtest/gtest.h"
 #include "plan/device_presets.h"
 #include "plan/model_presets.h"
 #include "plan/model_source.h"
 #include "plan/plan_report.h"
-#include "gtest/gtest.h"
 #include "tests/util/json_reader.h"
 #include "tests/util/test_paths.h"
 

@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "common/gguf/gguf.h"
+#include "gtest/gtest.h"
 #include "plan/measured.h"
 #include "plan/model_presets.h"
 #include "plan/model_source.h"
-#include "gtest/gtest.h"
 
 namespace tandem::plan {
 namespace {

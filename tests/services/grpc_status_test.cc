@@ -4,6 +4,8 @@
 // Any, Duration) so the hand-written encoder is checked independently; and
 // gRPC's thread-quota RESOURCE_EXHAUSTED given the same hints by the
 // interceptor.
+#include "services/common/grpc_status.h"
+
 #include <atomic>
 #include <memory>
 #include <optional>
@@ -21,7 +23,6 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
-#include "services/common/grpc_status.h"
 #include "tandem/v1/worker.grpc.pb.h"
 #include "tests/util/wait.h"
 
@@ -45,9 +46,11 @@ Decoded Decode(const std::string& details) {
     const google::protobuf::UnknownField& f = status.field(i);
     if (f.number() == 1 && f.type() == google::protobuf::UnknownField::TYPE_VARINT) {
       d.code = static_cast<int64_t>(f.varint());
-    } else if (f.number() == 2 && f.type() == google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) {
+    } else if (f.number() == 2 &&
+               f.type() == google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) {
       d.message = f.length_delimited();
-    } else if (f.number() == 3 && f.type() == google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) {
+    } else if (f.number() == 3 &&
+               f.type() == google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED) {
       google::protobuf::Any any;
       if (!any.ParseFromString(f.length_delimited())) continue;
       d.type_url = any.type_url();
@@ -83,8 +86,8 @@ TEST(GrpcStatusTest, ResourceExhaustedWithRetryIsAGoogleRpcStatusWithRetryInfo) 
 }
 
 TEST(GrpcStatusTest, ToGrpcStatusAddsDetailsOnlyForResourceExhausted) {
-  const grpc::Status re = ToGrpcStatus(absl::ResourceExhaustedError("full"), nullptr,
-                                       absl::Milliseconds(250));
+  const grpc::Status re =
+      ToGrpcStatus(absl::ResourceExhaustedError("full"), nullptr, absl::Milliseconds(250));
   EXPECT_EQ(re.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(RetryInfoDelay(re), absl::Milliseconds(250));
   const grpc::Status bad = ToGrpcStatus(absl::InvalidArgumentError("bad"), nullptr);
@@ -96,7 +99,9 @@ TEST(GrpcStatusTest, ToGrpcStatusAddsDetailsOnlyForResourceExhausted) {
 TEST(GrpcStatusTest, RetryInfoDelayRejectsMalformedDetails) {
   for (const std::string& junk :
        {std::string(), std::string("\xff\xff\xff"), std::string("\x1a\x7f", 2),
-        std::string("\x08\x08\x1a\x05\x0a\x03" "abc", 9)}) {
+        std::string("\x08\x08\x1a\x05\x0a\x03"
+                    "abc",
+                    9)}) {
     EXPECT_EQ(RetryInfoDelay(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "m", junk)),
               std::nullopt);
   }
@@ -129,8 +134,8 @@ TEST(GrpcStatusTest, ThreadQuotaExhaustionCarriesRetryHints) {
   builder.experimental().SetInterceptorCreators(std::move(hooks));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   ASSERT_NE(server, nullptr);
-  auto stub = tandem::v1::PrefillWorker::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  auto stub = tandem::v1::PrefillWorker::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
 
   constexpr int kCalls = 16;
   std::vector<grpc::Status> statuses(kCalls);
@@ -152,7 +157,7 @@ TEST(GrpcStatusTest, ThreadQuotaExhaustionCarriesRetryHints) {
   }
   // Every call either blocks in the handler or has been turned away.
   EXPECT_TRUE(testing::WaitFor([&] { return service.running.load() + returned.load() == kCalls; },
-                      absl::Seconds(20)))
+                               absl::Seconds(20)))
       << service.running.load() << " running, " << returned.load() << " returned";
   service.release.Notify();
   for (auto& t : threads) t.join();

@@ -18,7 +18,6 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
-#include "tests/util/prefill_call.h"
 #include "services/common/compat.h"
 #include "services/common/convert.h"
 #include "services/decode/decode_server.h"
@@ -31,6 +30,7 @@
 #include "services/transfer/nccl_kv_transport.h"
 #include "services/transfer/nccl_receiver.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/util/prefill_call.h"
 #include "tests/util/wait.h"
 
 namespace tandem::transfer {
@@ -584,8 +584,8 @@ class NcclReceiverProtocolTest : public NcclTransportTest {
     auto* b = req.mutable_begin();
     b->set_peer_id("nobody");
     b->set_comm_generation(1);
-    *b->mutable_header() =
-        HostKvTransport::MakeHeader({node_->address, "h", "r"}, TestCompat(), KvSendPlan{kv.token_ids, kv.bytes_per_token});
+    *b->mutable_header() = HostKvTransport::MakeHeader(
+        {node_->address, "h", "r"}, TestCompat(), KvSendPlan{kv.token_ids, kv.bytes_per_token});
     b->set_blocks_per_segment(1);
     return req;
   }
@@ -776,8 +776,8 @@ TEST_F(NcclWorkersTest, CancellingPrefillAbortsTheNcclTransfer) {
     });
     const absl::Time start = absl::Now();
     v1::PrefillResponse resp;
-    const grpc::Status st =
-        testing::CallPrefill(*w.ps, &ctx, MakePrefill(r, absl::StrCat("c", n++), w.d->address()), &resp);
+    const grpc::Status st = testing::CallPrefill(
+        *w.ps, &ctx, MakePrefill(r, absl::StrCat("c", n++), w.d->address()), &resp);
     canceller.join();
     EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED) << st.error_message();
     // The worker's handler ends well before any transport timeout.
@@ -794,7 +794,8 @@ TEST_F(NcclWorkersTest, CancellingPrefillAbortsTheNcclTransfer) {
   // Nothing is left behind: the next request transfers on a new communicator.
   v1::PrefillResponse resp;
   grpc::ClientContext ctx;
-  const grpc::Status st = testing::CallPrefill(*w.ps, &ctx, MakePrefill(r, "after", w.d->address()), &resp);
+  const grpc::Status st =
+      testing::CallPrefill(*w.ps, &ctx, MakePrefill(r, "after", w.d->address()), &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();
   EXPECT_GT(resp.kv_bytes(), 0);
   EXPECT_EQ(w.pops->num_inits(), 2);

@@ -8,14 +8,14 @@
 
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
-#include "tests/util/prefill_call.h"
-#include "services/transfer/kv_push_pipe.h"
 #include "services/common/compat.h"
 #include "services/common/convert.h"
 #include "services/decode/decode_server.h"
 #include "services/prefill/prefill_server.h"
 #include "services/transfer/host_kv_transport.h"
+#include "services/transfer/kv_push_pipe.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/util/prefill_call.h"
 #include "tests/util/test_paths.h"
 #include "tests/util/wait.h"
 
@@ -374,8 +374,8 @@ TEST(PdWorkersRealModelTest, HandoffMatchesColocatedAndBandwidth) {
 // handoff cancelled between pieces, or refused at its header (compat), leaves
 // no reservation or lease behind and reports why.
 TEST_F(PdWorkersTest, StreamedPushInPiecesLandsAndCancelledOrRefusedLeavesNothing) {
-  Cluster c = StartCluster(TinyConfig(*tiny_, absl::Seconds(30)),
-                           TinyConfig(*tiny_, absl::Seconds(30)));
+  Cluster c =
+      StartCluster(TinyConfig(*tiny_, absl::Seconds(30)), TinyConfig(*tiny_, absl::Seconds(30)));
   const v1::KvCompatibility compat = Stats(*c.d).compat();
   transfer::KvSendPlan plan;
   plan.token_ids = engine::RandomPrompt(40, 256, 3);
