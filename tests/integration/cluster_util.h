@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/util/http_get.h"
 #include "tests/util/json_reader.h"
 #include "tests/util/subprocess.h"
 
@@ -104,6 +105,24 @@ struct Endpoint {
   std::string metrics_address;
   std::string http_address;  // the router's OpenAI HTTP API ("" when off)
 };
+
+// Value of the first sample of `name` with `phase="router"` (and `also` in
+// its labels) in the router's /metrics; -1 when absent.
+inline double RouterMetric(const Endpoint& router, const std::string& name,
+                           const std::string& also = "") {
+  const int port = std::stoi(router.metrics_address.substr(router.metrics_address.rfind(':') + 1));
+  const std::string body = HttpGetBody(port, "/metrics");
+  const std::string prefix = name + "{";  // labels in any order
+  for (size_t pos = 0; (pos = body.find(prefix, pos)) != std::string::npos; ++pos) {
+    if (pos > 0 && body[pos - 1] != '\n') continue;
+    const size_t end = body.find('\n', pos);
+    const std::string line = body.substr(pos, end - pos);
+    if (line.find("phase=\"router\"") == std::string::npos) continue;
+    if (line.find(also) == std::string::npos) continue;
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
 
 class ServeProcess {
  public:

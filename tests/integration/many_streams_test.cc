@@ -49,22 +49,6 @@ int NumThreads(int pid) {
   return 0;
 }
 
-// Value of the first sample of `name` with `phase="router"` and `also` in its
-// labels in the router's /metrics; -1 when absent.
-double RouterMetric(const Endpoint& router, const std::string& name, const std::string& also = "") {
-  const int port = std::stoi(router.metrics_address.substr(router.metrics_address.rfind(':') + 1));
-  const std::string body = HttpGetBody(port, "/metrics");
-  const std::string prefix = name + "{phase=\"router\"";
-  for (size_t pos = 0; (pos = body.find(prefix, pos)) != std::string::npos; ++pos) {
-    if (pos > 0 && body[pos - 1] != '\n') continue;
-    const size_t end = body.find('\n', pos);
-    const std::string line = body.substr(pos, end - pos);
-    if (line.find(also) == std::string::npos) continue;
-    return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return -1;
-}
-
 // One Generate stream as a callback reader: counts tokens, keeps the status.
 class StreamReader final : public grpc::ClientReadReactor<tandem::v1::GenerateResponse> {
  public:
