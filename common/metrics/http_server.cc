@@ -124,14 +124,18 @@ absl::Status MetricsHttpServer::Start() {
   }
   port_.store(port, std::memory_order_release);
   httplib::Server* server = server_.get();
-  thread_ = std::thread([this, server] {
-    server->listen_after_bind();
-    listen_returned_ = true;
-  });
-  // httplib's stop() is a no-op until the listen loop runs: a Stop() right
-  // after Start() would leave it listening forever. Wait for it to run.
-  while (!server->is_running() && !listen_returned_.load()) absl::SleepFor(absl::Milliseconds(1));
+  thread_ = StartListening(server);
   return absl::OkStatus();
+}
+
+std::thread StartListening(httplib::Server* server) {
+  auto returned = std::make_shared<std::atomic<bool>>(false);
+  std::thread t([server, returned] {
+    server->listen_after_bind();
+    returned->store(true);
+  });
+  while (!server->is_running() && !returned->load()) absl::SleepFor(absl::Milliseconds(1));
+  return t;
 }
 
 void MetricsHttpServer::Stop() {

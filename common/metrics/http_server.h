@@ -46,6 +46,13 @@ class Server;
 
 namespace tandem::metrics {
 
+// Runs server->listen_after_bind() (bound already) on a new thread and
+// returns that thread once the listen loop runs, or has already returned.
+// cpp-httplib's stop() does nothing before the loop starts, so a stop()
+// right after a plain thread start could be lost and the join hang forever.
+// Shared by the /metrics server and the OpenAI HTTP server.
+std::thread StartListening(httplib::Server* server);
+
 class MetricsHttpServer {
  public:
   struct Options {
@@ -85,7 +92,6 @@ class MetricsHttpServer {
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<httplib::Server> server_ ABSL_GUARDED_BY(mu_);
   std::thread thread_ ABSL_GUARDED_BY(mu_);  // runs listen_after_bind()
-  std::atomic<bool> listen_returned_{false};
 };
 
 }  // namespace tandem::metrics

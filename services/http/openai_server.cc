@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/json.h"
+#include "common/metrics/http_server.h"
 #include "httplib.h"
 #include "services/http/openai_protocol.h"
 
@@ -108,7 +109,7 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(Options option
         absl::StrFormat("HTTP server: cannot listen on %s:%d", o.host, o.port));
   }
   httplib::Server* server = s->server_.get();
-  s->thread_ = std::thread([server] { server->listen_after_bind(); });
+  s->thread_ = metrics::StartListening(server);
   return s;
 }
 

@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -12,6 +13,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -311,6 +314,26 @@ TEST_F(HttpServerTest, LifecycleErrors) {
   server->Stop();
   server->Stop();  // idempotent
   EXPECT_EQ(server->Start().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A stop() right after StartListening returns is never lost (cpp-httplib
+// ignores stop() until its listen loop runs): 50 start/stop cycles end.
+TEST(StartListeningTest, StopRightAfterStartIsNeverLost) {
+  auto cycles = std::async(std::launch::async, [] {
+    for (int i = 0; i < 50; ++i) {
+      httplib::Server server;
+      if (server.bind_to_any_port("127.0.0.1") <= 0) return false;
+      std::thread t = StartListening(&server);
+      server.stop();
+      t.join();
+    }
+    return true;
+  });
+  if (cycles.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << "a listen loop missed its stop()";
+    std::_Exit(1);  // the stuck thread would hang the test's exit
+  }
+  EXPECT_TRUE(cycles.get());
 }
 
 }  // namespace
