@@ -19,7 +19,10 @@ grpc::Status EndedStatus(const grpc::ServerContextBase& context) {
 }  // namespace
 
 DecodeReactor::DecodeReactor(DecodeServiceImpl* service, grpc::CallbackServerContext* context)
-    : service_(service), context_(context), active_(&service->active_rpcs_) {}
+    : EngineStreamReactor(&service->runtime_->engine()),
+      service_(service),
+      context_(context),
+      active_(&service->active_rpcs_) {}
 
 void DecodeReactor::FinishEarly(const grpc::Status& status) {
   absl::MutexLock lock(&mu_);
@@ -63,10 +66,10 @@ DecodeReactor* DecodeReactor::Start(DecodeServiceImpl* service,
     req.import_kv = *std::move(kv);
   }
   req.on_event = [r](const engine::EngineEvent& event) { r->OnEngineEvent(event); };
-  r->refs_.fetch_add(1);  // the engine's, until its FinishEvent
+  r->Ref();  // the engine's, until its FinishEvent
   absl::StatusOr<engine::RequestHandle> handle = engine.Submit(std::move(req));
   if (!handle.ok()) {
-    r->refs_.fetch_sub(1);  // no event will come
+    r->Unref();  // no event will come
     r->FinishEarly(services::ToGrpcStatus(handle.status(), context));
     return r;
   }
@@ -162,23 +165,6 @@ void DecodeReactor::OnCancel() {
     PumpLocked();
   }
   CancelEngineRequest();
-}
-
-void DecodeReactor::CancelEngineRequest() {
-  engine::RequestHandle handle;
-  {
-    absl::MutexLock lock(&mu_);
-    if (handle_ == nullptr || engine_cancelled_) return;
-    engine_cancelled_ = true;
-    handle = handle_;
-  }
-  if (!handle->finished()) service_->runtime_->engine().Cancel(handle);
-}
-
-void DecodeReactor::OnDone() { Unref(); }
-
-void DecodeReactor::Unref() {
-  if (refs_.fetch_sub(1) == 1) delete this;
 }
 
 }  // namespace tandem::decode

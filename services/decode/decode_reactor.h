@@ -28,13 +28,14 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/request_stream.h"
 #include "grpcpp/support/server_callback.h"
+#include "services/common/engine_stream_reactor.h"
 #include "services/common/worker_host.h"
 #include "services/decode/decode_server.h"
 #include "tandem/v1/worker.pb.h"
 
 namespace tandem::decode {
 
-class DecodeReactor final : public grpc::ServerWriteReactor<tandem::v1::DecodeResponse> {
+class DecodeReactor final : public services::EngineStreamReactor<tandem::v1::DecodeResponse> {
  public:
   // The reactor for one call (never null); see above.
   static DecodeReactor* Start(DecodeServiceImpl* service, grpc::CallbackServerContext* context,
@@ -42,7 +43,6 @@ class DecodeReactor final : public grpc::ServerWriteReactor<tandem::v1::DecodeRe
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
-  void OnDone() override;
 
  private:
   DecodeReactor(DecodeServiceImpl* service, grpc::CallbackServerContext* context);
@@ -53,18 +53,10 @@ class DecodeReactor final : public grpc::ServerWriteReactor<tandem::v1::DecodeRe
   // On the engine thread.
   void OnEngineEvent(const engine::EngineEvent& event);
   void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Cancels the engine request (once), when it has been submitted.
-  void CancelEngineRequest();
-  void Unref();
 
   DecodeServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
   services::ActiveRpc active_;
-  // gRPC's OnDone, plus the engine's callback until its FinishEvent.
-  std::atomic<int> refs_{1};
-
-  absl::Mutex mu_;
-  engine::RequestHandle handle_ ABSL_GUARDED_BY(mu_);  // set after Submit
   std::deque<tandem::v1::DecodeResponse> pending_ ABSL_GUARDED_BY(mu_);
   tandem::v1::DecodeResponse response_ ABSL_GUARDED_BY(mu_);  // the write in flight
   // The FinishEvent's outcome: the last message (OK) or the error status.
@@ -73,7 +65,6 @@ class DecodeReactor final : public grpc::ServerWriteReactor<tandem::v1::DecodeRe
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;   // Finish / StartWriteAndFinish called
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // client gone: write nothing more
-  bool engine_cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tandem::decode

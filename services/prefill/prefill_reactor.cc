@@ -38,7 +38,8 @@ grpc::Status TransferFailed(const absl::Status& s, const std::string& decode_add
 
 PrefillReactor::PrefillReactor(PrefillServiceImpl* service, grpc::CallbackServerContext* context,
                                const tandem::v1::PrefillRequest& request)
-    : service_(service),
+    : EngineStreamReactor(&service->runtime_->engine()),
+      service_(service),
       context_(context),
       decode_address_(request.decode_address()),
       has_prefix_outputs_(!request.prefix_output_token_ids().empty()),
@@ -91,10 +92,10 @@ PrefillReactor* PrefillReactor::Start(PrefillServiceImpl* service,
       service->runtime_->compat(), std::move(plan), absl::FromChrono(context->deadline()),
       [r] { r->OnPipeDone(); });
   req.on_event = [r](const engine::EngineEvent& event) { r->OnEngineEvent(event); };
-  r->refs_.fetch_add(1);  // the engine's, until its FinishEvent
+  r->Ref();  // the engine's, until its FinishEvent
   absl::StatusOr<engine::RequestHandle> handle = engine.Submit(std::move(req));
   if (!handle.ok()) {
-    r->refs_.fetch_sub(1);  // no event will come
+    r->Unref();  // no event will come
     r->FinishEarly(services::ToGrpcStatus(handle.status(), context));
     return r;
   }
@@ -118,7 +119,7 @@ void PrefillReactor::OnEngineEvent(const engine::EngineEvent& event) {
       if (!cancelled_ && !push_failed_ && !finished_) {
         if (!pipe_started_) {
           pipe_started_ = true;
-          refs_.fetch_add(1);  // the pipe's thread, until on_done
+          Ref();  // the pipe's thread, until on_done
         }
         // The event is the engine's temporary (RequestStream::Push hands it
         // over and drops it): take the bytes instead of copying megabytes.
@@ -318,23 +319,6 @@ void PrefillReactor::CancelAll() {
     if (pipe_ != nullptr) pipe_->Cancel();  // the receiver drops the partial push
   }
   CancelEngineRequest();
-}
-
-void PrefillReactor::CancelEngineRequest() {
-  engine::RequestHandle handle;
-  {
-    absl::MutexLock lock(&mu_);
-    if (handle_ == nullptr || engine_cancelled_) return;
-    engine_cancelled_ = true;
-    handle = handle_;
-  }
-  if (!handle->finished()) service_->runtime_->engine().Cancel(handle);
-}
-
-void PrefillReactor::OnDone() { Unref(); }
-
-void PrefillReactor::Unref() {
-  if (refs_.fetch_sub(1) == 1) delete this;
 }
 
 }  // namespace tandem::prefill

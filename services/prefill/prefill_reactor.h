@@ -35,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/request_stream.h"
 #include "grpcpp/support/server_callback.h"
+#include "services/common/engine_stream_reactor.h"
 #include "services/common/worker_host.h"
 #include "services/prefill/prefill_server.h"
 #include "services/transfer/kv_push_pipe.h"
@@ -42,7 +43,7 @@
 
 namespace tandem::prefill {
 
-class PrefillReactor final : public grpc::ServerWriteReactor<tandem::v1::PrefillResponse> {
+class PrefillReactor final : public services::EngineStreamReactor<tandem::v1::PrefillResponse> {
  public:
   // The reactor for one call (never null); see above.
   static PrefillReactor* Start(PrefillServiceImpl* service, grpc::CallbackServerContext* context,
@@ -50,7 +51,6 @@ class PrefillReactor final : public grpc::ServerWriteReactor<tandem::v1::Prefill
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
-  void OnDone() override;
 
  private:
   PrefillReactor(PrefillServiceImpl* service, grpc::CallbackServerContext* context,
@@ -70,22 +70,17 @@ class PrefillReactor final : public grpc::ServerWriteReactor<tandem::v1::Prefill
   void TryFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Client gone: cancel the engine request and the push (once).
   void CancelAll();
-  void CancelEngineRequest();
-  void Unref();
 
   PrefillServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
   const std::string decode_address_;
   const bool has_prefix_outputs_;  // a migration replay's delivered tokens
   services::ActiveRpc active_;
-  // gRPC's OnDone, the engine's callback until its FinishEvent, and the
-  // pipe's thread until on_done.
-  std::atomic<int> refs_{1};
+  // References (EngineStreamReactor): gRPC's OnDone, the engine's callback
+  // until its FinishEvent, and the pipe's thread until on_done.
   bool push_ = false;                           // set in Start
   std::unique_ptr<transfer::KvPushPipe> pipe_;  // set in Start
 
-  absl::Mutex mu_;
-  engine::RequestHandle handle_ ABSL_GUARDED_BY(mu_);                      // set after Submit
   std::optional<tandem::v1::PrefillResponse> first_ ABSL_GUARDED_BY(mu_);  // not yet written
   std::optional<absl::Time> first_sent_ ABSL_GUARDED_BY(mu_);
   int64_t overlapped_bytes_ ABSL_GUARDED_BY(mu_) = 0;
@@ -96,9 +91,8 @@ class PrefillReactor final : public grpc::ServerWriteReactor<tandem::v1::Prefill
   tandem::v1::PrefillResponse response_ ABSL_GUARDED_BY(mu_);  // the write in flight
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;    // client gone
-  bool push_failed_ ABSL_GUARDED_BY(mu_) = false;  // stopped computing: the push failed
-  bool engine_cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;        // client gone
+  bool push_failed_ ABSL_GUARDED_BY(mu_) = false;      // stopped computing: the push failed
   bool finish_recorded_ ABSL_GUARDED_BY(mu_) = false;  // the finish metrics
   // The decided outcome: the last message (OK) or the status.
   std::optional<tandem::v1::PrefillResponse> final_last_ ABSL_GUARDED_BY(mu_);
