@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/json.h"
+#include "common/status.h"
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
@@ -170,11 +171,7 @@ int Fail(const std::string& message) {
   return kExitFailure;
 }
 
-}  // namespace
-
-int RunServe(int argc, char** argv) {
-  ServeFlags f;
-  ArgParser p("serve", "Starts a router plus prefill and decode worker processes on loopback.");
+void AddServeFlags(ArgParser& p, ServeFlags& f) {
   p.AddInt("port", &f.port, 0, 65535,
            "router gRPC port; workers take the next free ports (0 = any free port, workers too)");
   p.AddInt("metrics-port", &f.metrics_port, 0, 65535,
@@ -222,57 +219,28 @@ int RunServe(int argc, char** argv) {
   AddServerTlsFlags(p, f.tls);
   p.AddString("api-key-file", &f.api_key_file,
               "router: tandem.v1.Generation requires a bearer key from this file");
-  if (absl::Status s = p.Parse(argc, argv, 2); !s.ok()) {
-    std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
-    return kExitUsage;
-  }
-  if (absl::Status s = services::ValidateServerTls(f.tls); !s.ok()) {
-    std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
-    return kExitUsage;
-  }
-  if (auto device = ResolveDevice(f.device); !device.ok()) {
-    std::fprintf(stderr, "tandem serve: %s\n", std::string(device.status().message()).c_str());
-    return kExitUsage;
-  } else if (auto kv_dtype = ResolveKvDtype(f.kv_cache_dtype, *device); !kv_dtype.ok()) {
-    std::fprintf(stderr, "tandem serve: %s\n", std::string(kv_dtype.status().message()).c_str());
-    return kExitUsage;
-  }
-  if (absl::Status s = transfer::CheckKvTransportKind(f.kv_transport); !s.ok()) {
-    std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
-    return kExitUsage;
-  }
-  if (auto spec = ResolveSpec(f.spec); !spec.ok()) {
-    std::fprintf(stderr, "tandem serve: %s\n", std::string(spec.status().message()).c_str());
-    return kExitUsage;
-  }
-  if (!f.api_key_file.empty()) {
-    if (auto keys = services::LoadApiKeyFile(f.api_key_file); !keys.ok()) {
-      std::fprintf(stderr, "tandem serve: %s\n", std::string(keys.status().message()).c_str());
-      return kExitUsage;
-    }
-  }
-  if (p.help_requested()) {
-    std::fputs(p.Help().c_str(), stdout);
-    return kExitOk;
-  }
-  auto model_path = ResolveModelPath(f.model);
-  if (!model_path.ok()) {
-    std::fprintf(stderr, "tandem serve: %s\n", std::string(model_path.status().message()).c_str());
-    return kExitUsage;
-  }
-  if (absl::Status s = CheckDraftVocab(f.spec, *model_path); !s.ok()) {
-    std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
-    return kExitUsage;
-  }
-  LogInit("serve");
-  BlockStopSignals();
+}
 
+// Every flag that can be checked before anything starts.
+absl::Status CheckServeFlags(const ServeFlags& f) {
+  TANDEM_RETURN_IF_ERROR(services::ValidateServerTls(f.tls));
+  TANDEM_ASSIGN_OR_RETURN(auto device, ResolveDevice(f.device));
+  TANDEM_RETURN_IF_ERROR(ResolveKvDtype(f.kv_cache_dtype, device).status());
+  TANDEM_RETURN_IF_ERROR(transfer::CheckKvTransportKind(f.kv_transport));
+  TANDEM_RETURN_IF_ERROR(ResolveSpec(f.spec).status());
+  if (!f.api_key_file.empty()) {
+    TANDEM_RETURN_IF_ERROR(services::LoadApiKeyFile(f.api_key_file).status());
+  }
+  return absl::OkStatus();
+}
+
+RouterFlags RouterFlagsFor(const ServeFlags& f, const std::string& model_path) {
   RouterFlags rf;
   rf.host = "127.0.0.1";
   rf.port = f.port;
   rf.metrics_port = f.metrics_port;
   rf.http_port = f.http_port;
-  rf.model = *model_path;
+  rf.model = model_path;
   rf.max_inflight = f.max_inflight;
   rf.migration_limit = f.migration_limit;
   rf.remote_prefill_min_tokens = f.remote_prefill_min_tokens;
@@ -288,107 +256,59 @@ int RunServe(int argc, char** argv) {
   rf.spec = f.spec;
   rf.tls = f.tls;
   rf.api_key_file = f.api_key_file;
-  auto router = StartRouter(rf);
-  if (!router.ok()) return Fail(std::string(router.status().message()));
-  const std::string router_address = absl::StrFormat("127.0.0.1:%d", (*router)->server->port());
-  std::vector<Child> all = {{"router", getpid(), router_address,
-                             absl::StrFormat("127.0.0.1:%d", (*router)->server->metrics_port()),
-                             false}};
-  std::vector<Child> children;
-  if ((*router)->http != nullptr) {
-    all[0].http_address = absl::StrFormat("127.0.0.1:%d", (*router)->http->port());
-  }
-  // Port 0: every process binds its own free port and the workers'
-  // addresses come from their registrations (no window in which another
-  // process can take a port chosen for a child). Else the workers take the
-  // next free ports above the router's.
-  std::vector<int> taken = {(*router)->server->port(), (*router)->server->metrics_port()};
-  if ((*router)->http != nullptr) taken.push_back((*router)->http->port());
-  const std::string self = SelfExe(argv[0]);
-  int next_grpc = static_cast<int>(f.port) + 1;
-  int next_metrics = static_cast<int>(f.metrics_port) + 1;
-  for (int64_t i = 0; !f.colocated && i < f.prefill_workers + f.decode_workers; ++i) {
-    const std::string role = i < f.prefill_workers ? "prefill" : "decode";
-    absl::StatusOr<int> gp = f.port == 0 ? absl::StatusOr<int>(0) : FindFreePort(next_grpc, taken);
-    if (gp.ok() && *gp != 0) taken.push_back(*gp);
-    absl::StatusOr<int> mp =
-        f.metrics_port == 0 ? absl::StatusOr<int>(0) : FindFreePort(next_metrics, taken);
-    if (!gp.ok() || !mp.ok()) {
-      StopChildren(children);
-      return Fail("no free ports for the workers");
-    }
-    if (*mp != 0) taken.push_back(*mp);
-    next_grpc = *gp + 1;
-    next_metrics = *mp + 1;
-    std::vector<std::string> args = {self,
-                                     role,
-                                     "--host",
-                                     "127.0.0.1",
-                                     "--port",
-                                     std::to_string(*gp),
-                                     "--metrics-port",
-                                     std::to_string(*mp),
-                                     "--router",
-                                     router_address,
-                                     "--model",
-                                     *model_path,
-                                     "--kv-cache-memory",
-                                     f.kv_cache_memory,
-                                     "--threads",
-                                     std::to_string(f.threads),
-                                     "--max-num-batched-tokens",
-                                     std::to_string(f.max_num_batched_tokens),
-                                     "--device",
-                                     f.device,
-                                     "--kv-transport",
-                                     f.kv_transport};
-    for (const std::string& a :
-         {std::string("--max-waiting-requests"), std::to_string(f.max_waiting_requests),
-          std::string("--max-waiting-tokens"), std::to_string(f.max_waiting_tokens)}) {
-      args.push_back(a);
-    }
-    if (!f.kv_cache_dtype.empty()) {
-      args.push_back("--kv-cache-dtype");
-      args.push_back(f.kv_cache_dtype);
-    }
-    for (const std::string& a : TlsArgs(f.tls)) args.push_back(a);
-    args.push_back("--drain-seconds");
-    args.push_back(std::to_string(f.drain_seconds));
-    if (role == "decode") {
-      args.push_back("--kv-lease-seconds");
-      args.push_back(std::to_string(f.kv_lease_seconds));
-      for (const std::string& a : SpecArgs(f.spec)) args.push_back(a);
-    }
-    Child c{role, Spawn(args), absl::StrFormat("127.0.0.1:%d", *gp),
-            absl::StrFormat("127.0.0.1:%d", *mp), true};
-    if (c.pid < 0) {
-      StopChildren(children);
-      return Fail("fork failed");
-    }
-    children.push_back(c);
-    all.push_back(c);
-  }
+  return rf;
+}
 
-  // Ready: every worker registered and answering its health poll.
-  router::WorkerPool* pool = (*router)->server->pool();
-  const absl::Time give_up = absl::Now() + absl::Seconds(f.ready_timeout_seconds);
-  while (pool != nullptr && (pool->NumHealthy("prefill") < f.prefill_workers ||
-                             pool->NumHealthy("decode") < f.decode_workers)) {
-    if (WaitStopSignal(absl::Milliseconds(100)) != 0) {
-      StopChildren(children);
-      return kExitOk;
-    }
-    if (!ReapChildren(children)) {
-      StopChildren(children);
-      return Fail("a worker exited before the cluster was ready");
-    }
-    if (absl::Now() > give_up) {
-      StopChildren(children);
-      return Fail(
-          absl::StrFormat("the workers were not healthy within %d s", f.ready_timeout_seconds));
-    }
+// The command line of one worker child.
+std::vector<std::string> WorkerArgv(const ServeFlags& f, const std::string& self,
+                                    const std::string& role, int grpc_port, int metrics_port,
+                                    const std::string& router_address,
+                                    const std::string& model_path) {
+  std::vector<std::string> args = {self,
+                                   role,
+                                   "--host",
+                                   "127.0.0.1",
+                                   "--port",
+                                   std::to_string(grpc_port),
+                                   "--metrics-port",
+                                   std::to_string(metrics_port),
+                                   "--router",
+                                   router_address,
+                                   "--model",
+                                   model_path,
+                                   "--kv-cache-memory",
+                                   f.kv_cache_memory,
+                                   "--threads",
+                                   std::to_string(f.threads),
+                                   "--max-num-batched-tokens",
+                                   std::to_string(f.max_num_batched_tokens),
+                                   "--device",
+                                   f.device,
+                                   "--kv-transport",
+                                   f.kv_transport};
+  for (const std::string& a :
+       {std::string("--max-waiting-requests"), std::to_string(f.max_waiting_requests),
+        std::string("--max-waiting-tokens"), std::to_string(f.max_waiting_tokens)}) {
+    args.push_back(a);
   }
-  // Children on port 0: their real addresses, from their registrations.
+  if (!f.kv_cache_dtype.empty()) {
+    args.push_back("--kv-cache-dtype");
+    args.push_back(f.kv_cache_dtype);
+  }
+  for (const std::string& a : TlsArgs(f.tls)) args.push_back(a);
+  args.push_back("--drain-seconds");
+  args.push_back(std::to_string(f.drain_seconds));
+  if (role == "decode") {
+    args.push_back("--kv-lease-seconds");
+    args.push_back(std::to_string(f.kv_lease_seconds));
+    for (const std::string& a : SpecArgs(f.spec)) args.push_back(a);
+  }
+  return args;
+}
+
+// Children on port 0: their real addresses, from their registrations.
+void AdoptRegisteredAddresses(router::WorkerPool* pool, std::vector<Child>& children,
+                              std::vector<Child>& all) {
   if (pool != nullptr) {
     const std::vector<router::WorkerSnapshot> registered = pool->List();
     for (std::vector<Child>* list : {&children, &all}) {
@@ -401,12 +321,10 @@ int RunServe(int argc, char** argv) {
       }
     }
   }
-  if (!f.endpoints_file.empty()) {
-    if (absl::Status s = WriteEndpoints(f.endpoints_file, all); !s.ok()) {
-      StopChildren(children);
-      return Fail(std::string(s.message()));
-    }
-  }
+}
+
+void PrintBanner(const ServeFlags& f, const std::string& router_address,
+                 const std::vector<Child>& all, const std::vector<Child>& children) {
   std::printf("Tandem %s: gRPC %s (tandem.v1.Generation), metrics http://%s/metrics\n",
               f.colocated ? "colocated" : "cluster", router_address.c_str(),
               all[0].metrics_address.c_str());
@@ -427,7 +345,119 @@ int RunServe(int argc, char** argv) {
               f.api_key_file.empty() ? "" : ", API key required");
   std::printf("ready\n");
   std::fflush(stdout);
+}
 
+// Starts the worker children; each is appended to `children` and `all`.
+absl::Status SpawnWorkers(const ServeFlags& f, const RunningRouter& router, const std::string& self,
+                          const std::string& router_address, const std::string& model_path,
+                          std::vector<Child>& children, std::vector<Child>& all) {
+  // Port 0: every process binds its own free port and the workers'
+  // addresses come from their registrations (no window in which another
+  // process can take a port chosen for a child). Else the workers take the
+  // next free ports above the router's.
+  std::vector<int> taken = {router.server->port(), router.server->metrics_port()};
+  if (router.http != nullptr) taken.push_back(router.http->port());
+  int next_grpc = static_cast<int>(f.port) + 1;
+  int next_metrics = static_cast<int>(f.metrics_port) + 1;
+  for (int64_t i = 0; !f.colocated && i < f.prefill_workers + f.decode_workers; ++i) {
+    const std::string role = i < f.prefill_workers ? "prefill" : "decode";
+    absl::StatusOr<int> gp = f.port == 0 ? absl::StatusOr<int>(0) : FindFreePort(next_grpc, taken);
+    if (gp.ok() && *gp != 0) taken.push_back(*gp);
+    absl::StatusOr<int> mp =
+        f.metrics_port == 0 ? absl::StatusOr<int>(0) : FindFreePort(next_metrics, taken);
+    if (!gp.ok() || !mp.ok()) return absl::UnavailableError("no free ports for the workers");
+    if (*mp != 0) taken.push_back(*mp);
+    next_grpc = *gp + 1;
+    next_metrics = *mp + 1;
+    std::vector<std::string> args = WorkerArgv(f, self, role, *gp, *mp, router_address, model_path);
+    Child c{role, Spawn(args), absl::StrFormat("127.0.0.1:%d", *gp),
+            absl::StrFormat("127.0.0.1:%d", *mp), true};
+    if (c.pid < 0) return absl::InternalError("fork failed");
+    children.push_back(c);
+    all.push_back(c);
+  }
+
+  return absl::OkStatus();
+}
+
+// Waits until every worker registered and answers its health poll.
+// Cancelled: a stop signal came first.
+absl::Status WaitReady(const ServeFlags& f, router::WorkerPool* pool,
+                       std::vector<Child>& children) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(f.ready_timeout_seconds);
+  while (pool != nullptr && (pool->NumHealthy("prefill") < f.prefill_workers ||
+                             pool->NumHealthy("decode") < f.decode_workers)) {
+    if (WaitStopSignal(absl::Milliseconds(100)) != 0) return absl::CancelledError("stopped");
+    if (!ReapChildren(children)) {
+      return absl::UnavailableError("a worker exited before the cluster was ready");
+    }
+    if (absl::Now() > give_up) {
+      return absl::DeadlineExceededError(
+          absl::StrFormat("the workers were not healthy within %d s", f.ready_timeout_seconds));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunServe(int argc, char** argv) {
+  ServeFlags f;
+  ArgParser p("serve", "Starts a router plus prefill and decode worker processes on loopback.");
+  AddServeFlags(p, f);
+  if (absl::Status s = p.Parse(argc, argv, 2); !s.ok()) {
+    std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+  if (absl::Status s = CheckServeFlags(f); !s.ok()) {
+    std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+  if (p.help_requested()) {
+    std::fputs(p.Help().c_str(), stdout);
+    return kExitOk;
+  }
+  auto model_path = ResolveModelPath(f.model);
+  if (!model_path.ok()) {
+    std::fprintf(stderr, "tandem serve: %s\n", std::string(model_path.status().message()).c_str());
+    return kExitUsage;
+  }
+  if (absl::Status s = CheckDraftVocab(f.spec, *model_path); !s.ok()) {
+    std::fprintf(stderr, "tandem serve: %s\n", std::string(s.message()).c_str());
+    return kExitUsage;
+  }
+  LogInit("serve");
+  BlockStopSignals();
+
+  auto router = StartRouter(RouterFlagsFor(f, *model_path));
+  if (!router.ok()) return Fail(std::string(router.status().message()));
+  const std::string router_address = absl::StrFormat("127.0.0.1:%d", (*router)->server->port());
+  std::vector<Child> all = {{"router", getpid(), router_address,
+                             absl::StrFormat("127.0.0.1:%d", (*router)->server->metrics_port()),
+                             false}};
+  std::vector<Child> children;
+  if ((*router)->http != nullptr) {
+    all[0].http_address = absl::StrFormat("127.0.0.1:%d", (*router)->http->port());
+  }
+  if (absl::Status s =
+          SpawnWorkers(f, **router, SelfExe(argv[0]), router_address, *model_path, children, all);
+      !s.ok()) {
+    StopChildren(children);
+    return Fail(std::string(s.message()));
+  }
+  router::WorkerPool* pool = (*router)->server->pool();
+  if (absl::Status s = WaitReady(f, pool, children); !s.ok()) {
+    StopChildren(children);
+    return absl::IsCancelled(s) ? kExitOk : Fail(std::string(s.message()));
+  }
+  AdoptRegisteredAddresses(pool, children, all);
+  if (!f.endpoints_file.empty()) {
+    if (absl::Status s = WriteEndpoints(f.endpoints_file, all); !s.ok()) {
+      StopChildren(children);
+      return Fail(std::string(s.message()));
+    }
+  }
+  PrintBanner(f, router_address, all, children);
   while (WaitStopSignal(absl::Milliseconds(200)) == 0) ReapChildren(children);
   // Drain: the router stops taking calls and lets those in flight finish,
   // then each worker drains (idle by then) and exits.
