@@ -11,7 +11,14 @@ using tandem::v1::GenerateResponse;
 
 GenerateReactor::GenerateReactor(GenerationServiceImpl* service,
                                  grpc::CallbackServerContext* context)
-    : service_(service), context_(context) {}
+    : service_(service), context_(context) {
+  service_->ReactorStarted();
+}
+
+GenerateReactor::~GenerateReactor() {
+  call_.reset();                // the AdmittedCall gives its slots back to the service
+  service_->ReactorFinished();  // the last touch of the service
+}
 
 GenerateReactor* GenerateReactor::Start(GenerationServiceImpl* service,
                                         grpc::CallbackServerContext* context,
@@ -150,7 +157,7 @@ void GenerateReactor::OnDone() {
 }
 
 void GenerateReactor::Unref() {
-  if (refs_.fetch_sub(1) == 1) delete this;  // the AdmittedCall goes with it
+  if (refs_.fetch_sub(1) == 1) delete this;
 }
 
 }  // namespace tandem::router

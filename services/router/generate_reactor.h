@@ -50,7 +50,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<tandem::v1::Genera
 
  private:
   GenerateReactor(GenerationServiceImpl* service, grpc::CallbackServerContext* context);
-  ~GenerateReactor() override = default;
+  ~GenerateReactor() override;
 
   // Streams `call`: notifier, deadline alarm.
   void Begin(std::unique_ptr<GenerationServiceImpl::AdmittedCall> call);

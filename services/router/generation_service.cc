@@ -8,6 +8,7 @@
 #include "services/common/convert.h"
 #include "services/common/grpc_status.h"
 #include "services/router/generate_reactor.h"
+#include "spdlog/spdlog.h"
 
 namespace tandem::router {
 namespace {
@@ -37,6 +38,24 @@ std::string SanitizeUtf8(std::string_view s) {
 }
 
 GenerationServiceImpl::GenerationServiceImpl(Options options) : options_(std::move(options)) {}
+
+void GenerationServiceImpl::ReactorStarted() {
+  absl::MutexLock lock(&reactors_mu_);
+  ++live_reactors_;
+}
+
+void GenerationServiceImpl::ReactorFinished() {
+  absl::MutexLock lock(&reactors_mu_);
+  --live_reactors_;
+}
+
+void GenerationServiceImpl::WaitForReactors() {
+  absl::MutexLock lock(&reactors_mu_);
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reactors_mu_) { return live_reactors_ == 0; };
+  while (!reactors_mu_.AwaitWithTimeout(absl::Condition(&none), absl::Seconds(10))) {
+    spdlog::warn("router shutdown: still waiting for {} Generate stream(s) to end", live_reactors_);
+  }
+}
 
 absl::Status GenerationServiceImpl::Fail(const absl::Status& status) {
   if (options_.metrics != nullptr) options_.metrics->RequestErrors(status.code())->Inc();

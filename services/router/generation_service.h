@@ -28,6 +28,8 @@
 #include <atomic>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics/tandem_metrics.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/common/api_key.h"
@@ -148,9 +150,17 @@ class GenerationServiceImpl final
   // Drain: new Generate calls get UNAVAILABLE; those in flight go on.
   void StartDraining() { draining_.store(true); }
   int64_t num_inflight_tokens() const { return inflight_tokens_.load(); }
+  // Blocks until every Generate reactor is deleted. A reactor can outlive the
+  // gRPC server's Shutdown (its deadline alarm's callback runs after OnDone),
+  // and its AdmittedCall touches this service: the owner waits here after
+  // the server's Shutdown and before destroying the service.
+  void WaitForReactors();
 
  private:
   friend class GenerateReactor;
+  // A reactor's lifetime, counted for WaitForReactors.
+  void ReactorStarted();
+  void ReactorFinished();
   // Counts `status` in the request-error metric; a backend's
   // RESOURCE_EXHAUSTED gets the router's retry hint in its message.
   absl::Status Fail(const absl::Status& status);
@@ -161,6 +171,8 @@ class GenerationServiceImpl final
   std::atomic<int> inflight_{0};
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> inflight_tokens_{0};
+  absl::Mutex reactors_mu_;
+  int live_reactors_ ABSL_GUARDED_BY(reactors_mu_) = 0;
 };
 
 // `s` with every invalid UTF-8 sequence replaced by U+FFFD.

@@ -221,6 +221,9 @@ void RouterServer::Shutdown(absl::Duration grace) {
     server_->GetHealthCheckService()->SetServingStatus(false);
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   }
+  // Reactors can outlive the server's Shutdown (a deadline alarm's callback);
+  // they touch generation_, destroyed after this.
+  if (generation_ != nullptr) generation_->WaitForReactors();
   if (pool_ != nullptr) pool_->Stop();
   if (metrics_server_ != nullptr) metrics_server_->Stop();
 }

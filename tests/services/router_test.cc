@@ -457,6 +457,43 @@ TEST_F(RouterTest, ResourceExhaustedWhenFull) {
   (*server)->Shutdown();
 }
 
+// Shutdown while deadline alarms fire: streams with deadlines 1 ms apart,
+// the server shut down as soon as the first has ended with DEADLINE, so
+// others' alarm callbacks run during and after gRPC's Shutdown (they run
+// outside the call, after OnDone). When Shutdown returns every reactor, and
+// the AdmittedCall it owns, is gone: they touch the service, destroyed next
+// (ASan saw a reactor outlive it once).
+TEST_F(RouterTest, ShutdownWhileDeadlineAlarmsFireEndsEveryCallFirst) {
+  constexpr int kStreams = 64;
+  StuckBackend backend;
+  RouterServer::Options o = BaseOptions(*engine_);
+  o.backend_override = &backend;
+  auto server = RouterServer::Start(std::move(o));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = tandem::v1::Generation::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", (*server)->port()), grpc::InsecureChannelCredentials()));
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<GenerateResponse>>> readers;
+  const absl::Time first = absl::Now() + absl::Seconds(2);
+  for (int i = 0; i < kStreams; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->set_deadline(absl::ToChronoTime(first + absl::Milliseconds(i)));
+    readers.push_back(stub->Generate(contexts.back().get(), Good()));
+  }
+  GenerateResponse resp;
+  while (readers[0]->Read(&resp)) {
+  }
+  (*server)->Shutdown(absl::ZeroDuration());
+  // Every AdmittedCall (owned by its reactor) has given its slot back.
+  EXPECT_EQ((*server)->generation()->num_inflight(), 0) << "reactors alive after Shutdown";
+  server->reset();  // the service goes; no reactor may touch it after this
+  for (auto& r : readers) {
+    while (r->Read(&resp)) {
+    }
+    r->Finish();
+  }
+}
+
 TEST_F(RouterTest, UnavailableWithoutWorkers) {
   RouterServer::Options o = BaseOptions(*engine_);
   o.static_decode = {"127.0.0.1:1"};  // nothing listens there
