@@ -29,7 +29,7 @@ struct Engine::ActiveRequest {
   bool wants_logprobs = false;
   absl::Time submit_time;
   bool scheduled = false;
-  std::optional<RequestFinishReason> finish;  // decided by the OutputProcessor
+  std::optional<FinishReason> finish;  // decided by the OutputProcessor
   Usage usage;
   bool export_kv = false;
   bool stream_kv_export = false;
@@ -43,20 +43,6 @@ struct Engine::ActiveRequest {
 namespace {
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
-
-FinishReason ToSchedulerReason(RequestFinishReason reason) {
-  switch (reason) {
-    case RequestFinishReason::kEos:
-    case RequestFinishReason::kStop:
-      return FinishReason::kStop;
-    case RequestFinishReason::kLength:
-      return FinishReason::kLength;
-    case RequestFinishReason::kCancelled:
-    case RequestFinishReason::kError:
-      break;
-  }
-  return FinishReason::kAborted;
-}
 
 }  // namespace
 
@@ -439,7 +425,7 @@ void Engine::Admit(std::vector<Pending> submits) {
     absl::Status st;
     // Replay delivered output through the detokenizer / stop checker, silently.
     absl::Span<const int32_t> prefix = p.seq->output_token_ids();
-    std::optional<RequestFinishReason> replay_finish;
+    std::optional<FinishReason> replay_finish;
     for (size_t i = 0; i < prefix.size() && !replay_finish.has_value(); ++i) {
       replay_finish = active->output->Process(prefix[i]).finish;
       if (replay_finish.has_value() && i + 1 < prefix.size()) {
@@ -462,7 +448,7 @@ void Engine::Admit(std::vector<Pending> submits) {
     if (st.ok()) st = scheduler_->AddRequest(std::move(p.seq));
     if (!st.ok()) {
       FinishEvent finish;
-      finish.reason = RequestFinishReason::kError;
+      finish.reason = FinishReason::kError;
       finish.status = st;
       finish.usage = active->usage;
       finished_events_.emplace_back(p.stream, std::move(finish));
@@ -477,8 +463,8 @@ void Engine::ApplyCancels(const std::vector<int64_t>& ids) {
   for (int64_t id : ids) {
     if (!active_.contains(id)) continue;  // already finished
     absl::StatusOr<std::unique_ptr<Sequence>> seq = scheduler_->Cancel(id);
-    FinishRequest(id, seq.ok() ? seq->get() : nullptr, RequestFinishReason::kCancelled,
-                  absl::OkStatus(), active_[id]->output->Flush());
+    FinishRequest(id, seq.ok() ? seq->get() : nullptr, FinishReason::kCancelled, absl::OkStatus(),
+                  active_[id]->output->Flush());
   }
 }
 
@@ -489,7 +475,7 @@ void Engine::CancelAll() {
   ApplyCancels(ids);
 }
 
-void Engine::FinishRequest(int64_t id, const Sequence* seq, RequestFinishReason reason,
+void Engine::FinishRequest(int64_t id, const Sequence* seq, FinishReason reason,
                            absl::Status status, std::string tail_text) {
   auto it = active_.find(id);
   TANDEM_CHECK(it != active_.end());
@@ -500,7 +486,7 @@ void Engine::FinishRequest(int64_t id, const Sequence* seq, RequestFinishReason 
   finish.status = std::move(status);
   finish.usage = std::move(a.usage);
   finish.kv_export = std::move(a.kv_export);
-  finish.kv_exported = a.kv_exported && reason == RequestFinishReason::kLength;
+  finish.kv_exported = a.kv_exported && reason == FinishReason::kLength;
   if (seq != nullptr) {
     finish.usage.num_completion_tokens = seq->num_output_tokens();
     finish.usage.num_preemptions = seq->num_preemptions();
@@ -544,8 +530,8 @@ void Engine::Step() {
         return true;
       });
       absl::StatusOr<std::unique_ptr<Sequence>> seq = scheduler_->Cancel(imp.seq_id);
-      FinishRequest(imp.seq_id, seq.ok() ? seq->get() : nullptr, RequestFinishReason::kError,
-                    imported, "");
+      FinishRequest(imp.seq_id, seq.ok() ? seq->get() : nullptr, FinishReason::kError, imported,
+                    "");
     }
   }
   {
@@ -572,7 +558,7 @@ void Engine::Step() {
   if (!sampled.ok()) {
     for (const ScheduledSequence& s : out.scheduled) {
       absl::StatusOr<std::unique_ptr<Sequence>> seq = scheduler_->Cancel(s.seq_id);
-      FinishRequest(s.seq_id, seq.ok() ? seq->get() : nullptr, RequestFinishReason::kError,
+      FinishRequest(s.seq_id, seq.ok() ? seq->get() : nullptr, FinishReason::kError,
                     sampled.status(), "");
     }
     return;
@@ -599,7 +585,7 @@ void Engine::Step() {
     }
     SequenceResult r;
     r.seq_id = t.seq_id;
-    std::optional<RequestFinishReason> finish;
+    std::optional<FinishReason> finish;
     for (size_t i = 0; i < emitted.size() && !finish.has_value(); ++i) {
       const int32_t token_id = emitted[i].token_id;
       TokenOutcome outcome = a.output->Process(token_id);
@@ -616,7 +602,7 @@ void Engine::Step() {
     if (!finish.has_value() && a.export_kv && a.stream_kv_export) {
       // Prefill-only, streamed: the rest of the K/V after the first token.
       const absl::Status st = StreamKv(a, t.seq_id, scheduler_->Find(t.seq_id)->num_tokens());
-      finish = st.ok() ? RequestFinishReason::kLength : RequestFinishReason::kError;
+      finish = st.ok() ? FinishReason::kLength : FinishReason::kError;
       a.kv_exported = st.ok();
       if (!st.ok()) a.error = st;
     } else if (!finish.has_value() && a.export_kv) {
@@ -626,15 +612,15 @@ void Engine::Step() {
       if (exported.ok()) {
         a.kv_export = std::make_shared<const KvExport>(*std::move(exported));
         a.kv_exported = true;
-        finish = RequestFinishReason::kLength;
+        finish = FinishReason::kLength;
       } else {
         a.error = exported.status();
-        finish = RequestFinishReason::kError;
+        finish = FinishReason::kError;
       }
     }
     if (finish.has_value()) {
       a.finish = finish;
-      r.finish = ToSchedulerReason(*finish);
+      r.finish = *finish;
     }
     results.push_back(std::move(r));
   }
@@ -656,12 +642,12 @@ void Engine::Step() {
       return true;
     });
     absl::StatusOr<std::unique_ptr<Sequence>> seq = scheduler_->Cancel(id);
-    FinishRequest(id, seq.ok() ? seq->get() : nullptr, RequestFinishReason::kError, st, "");
+    FinishRequest(id, seq.ok() ? seq->get() : nullptr, FinishReason::kError, st, "");
   }
   std::vector<std::unique_ptr<Sequence>> finished = scheduler_->Update(out, results);
   for (const std::unique_ptr<Sequence>& seq : finished) {
-    const std::optional<RequestFinishReason> reason = active_.at(seq->id())->finish;
-    FinishRequest(seq->id(), seq.get(), reason.value_or(RequestFinishReason::kLength),
+    const std::optional<FinishReason> reason = active_.at(seq->id())->finish;
+    FinishRequest(seq->id(), seq.get(), reason.value_or(FinishReason::kLength),
                   active_.at(seq->id())->error, "");
   }
   if (config_.check_integrity_every_step && integrity_.ok()) {

@@ -212,8 +212,8 @@ class Engine {
   void ApplyCancels(const std::vector<int64_t>& ids);
   void CancelAll();
   void Step();
-  void FinishRequest(int64_t id, const Sequence* seq, RequestFinishReason reason,
-                     absl::Status status, std::string tail_text);
+  void FinishRequest(int64_t id, const Sequence* seq, FinishReason reason, absl::Status status,
+                     std::string tail_text);
   void Publish();  // stats mirror, then the deferred FinishEvents
   // Running / waiting requests and blocks in use into stats_.
   void MirrorQueueStats() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

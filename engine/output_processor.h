@@ -4,7 +4,7 @@
 // max_tokens, or the model's context length).
 //
 // stop_checker.h is included only by the .cc (it and sequence.h both declare
-// an engine::FinishReason), so the engine sees RequestFinishReason only.
+// an engine::FinishReason), so the engine sees FinishReason only.
 //
 // Thread safety: none (one per request, engine thread). The tokenizer, when
 // given, must outlive the processor.
@@ -28,8 +28,8 @@ namespace tandem::engine {
 class StopChecker;
 
 struct TokenOutcome {
-  std::string text;                           // to emit with this token
-  std::optional<RequestFinishReason> finish;  // set when the request ends here
+  std::string text;                    // to emit with this token
+  std::optional<FinishReason> finish;  // set when the request ends here
 };
 
 class OutputProcessor {

@@ -6,22 +6,6 @@
 
 namespace tandem::engine {
 
-std::string_view RequestFinishReasonName(RequestFinishReason reason) {
-  switch (reason) {
-    case RequestFinishReason::kEos:
-      return "eos";
-    case RequestFinishReason::kStop:
-      return "stop";
-    case RequestFinishReason::kLength:
-      return "length";
-    case RequestFinishReason::kCancelled:
-      return "cancelled";
-    case RequestFinishReason::kError:
-      return "error";
-  }
-  return "unknown";
-}
-
 RequestStream::RequestStream(int64_t id, std::string request_id, EventCallback callback)
     : id_(id), request_id_(std::move(request_id)), callback_(std::move(callback)) {}
 

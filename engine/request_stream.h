@@ -26,23 +26,12 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "engine/finish_reason.h"
 #include "engine/kv_export.h"
 #include "engine/sampler.h"
 #include "engine/sampling_params.h"
 
 namespace tandem::engine {
-
-// Why a request ended, as the client sees it.
-enum class RequestFinishReason {
-  kEos,        // an end-of-generation token (not emitted as text)
-  kStop,       // a stop token id or stop string
-  kLength,     // max_tokens or the model's context length
-  kCancelled,  // Engine::Cancel or engine shutdown
-  kError,      // rejected or failed; FinishEvent::status says why
-};
-
-// "eos", "stop", "length", "cancelled", "error".
-std::string_view RequestFinishReasonName(RequestFinishReason reason);
 
 struct TokenEvent {
   int32_t token_id = 0;
@@ -64,7 +53,7 @@ struct Usage {
 };
 
 struct FinishEvent {
-  RequestFinishReason reason = RequestFinishReason::kLength;
+  FinishReason reason = FinishReason::kLength;
   absl::Status status;  // non-OK only for kError
   std::string text;     // held-back text released at the end (cancel), usually empty
   Usage usage;

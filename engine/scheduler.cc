@@ -332,7 +332,7 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::Update(const SchedulerOutput& 
     TANDEM_CHECK(seq->num_computed_tokens() == s.start_position);
     auto r = by_id.find(s.seq_id);
     const SequenceResult* result = r == by_id.end() ? nullptr : r->second;
-    const FinishReason reason = result != nullptr ? result->finish : FinishReason::kNone;
+    const std::optional<FinishReason> reason = result != nullptr ? result->finish : std::nullopt;
     // Computed: the scheduled tokens except drafts, plus the drafts accepted
     // (their K/V was written this step and they are now the sequence's).
     int64_t accepted = 0;
@@ -343,7 +343,7 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::Update(const SchedulerOutput& 
       seq->AppendToken(result->token_id);
     } else {
       // A sequence that reached num_tokens must either grow or finish.
-      TANDEM_CHECK(!s.samples || reason != FinishReason::kNone);
+      TANDEM_CHECK(!s.samples || reason.has_value());
     }
     seq->set_num_computed_tokens(s.start_position + s.num_tokens - s.num_spec_tokens + accepted);
     kv_->MarkComputed(seq->id(), seq->token_ids(), seq->num_computed_tokens());
@@ -358,8 +358,8 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::Update(const SchedulerOutput& 
       seq->set_spec_backoff(misses == 0 ? 0 : std::min<int64_t>(16, int64_t{1} << (misses - 1)),
                             misses);
     }
-    if (reason != FinishReason::kNone) {
-      Finish(seq, reason);
+    if (reason.has_value()) {
+      Finish(seq, *reason);
       finished.push_back(std::move(it->second));
       seqs_.erase(it);
     }
@@ -389,7 +389,7 @@ absl::StatusOr<std::unique_ptr<Sequence>> Scheduler::Cancel(SeqId seq_id) {
   if (it == seqs_.end()) {
     return absl::NotFoundError(absl::StrCat("no unfinished sequence ", seq_id));
   }
-  Finish(it->second.get(), FinishReason::kAborted);
+  Finish(it->second.get(), FinishReason::kCancelled);
   std::unique_ptr<Sequence> seq = std::move(it->second);
   seqs_.erase(it);
   return seq;

@@ -57,6 +57,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -143,8 +144,8 @@ struct SchedulerOutput {
 struct SequenceResult {
   static constexpr int32_t kNoToken = -1;
   SeqId seq_id = 0;
-  int32_t token_id = kNoToken;                // sampled token; required when `samples`
-  FinishReason finish = FinishReason::kNone;  // kNone = keep going
+  int32_t token_id = kNoToken;         // sampled token; required when `samples`
+  std::optional<FinishReason> finish;  // none = keep going
   // Accepted draft tokens (speculative decoding), appended before token_id.
   std::vector<int32_t> accepted_draft_ids;
 };

@@ -31,16 +31,15 @@ bool IsFinished(SequenceStatus status) {
 
 SequenceStatus FinishedStatus(FinishReason reason) {
   switch (reason) {
+    case FinishReason::kEos:
     case FinishReason::kStop:
       return SequenceStatus::kFinishedStopped;
     case FinishReason::kLength:
       return SequenceStatus::kFinishedLength;
-    case FinishReason::kAborted:
-      return SequenceStatus::kFinishedAborted;
-    case FinishReason::kNone:
+    case FinishReason::kCancelled:
+    case FinishReason::kError:
       break;
   }
-  TANDEM_CHECK(false && "FinishedStatus(kNone)");
   return SequenceStatus::kFinishedAborted;
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "engine/finish_reason.h"
 #include "engine/kv_cache_manager.h"
 #include "engine/sampler.h"
 
@@ -31,13 +32,9 @@ enum class SequenceStatus {
   kFinishedAborted,  // cancelled or failed
 };
 
-// Why a sequence finished; kNone while it runs. Reported by the caller of
-// Scheduler::Update (the StopChecker decides it).
-enum class FinishReason { kNone, kStop, kLength, kAborted };
-
 std::string_view SequenceStatusName(SequenceStatus status);
 bool IsFinished(SequenceStatus status);
-SequenceStatus FinishedStatus(FinishReason reason);  // REQUIRES: reason != kNone
+SequenceStatus FinishedStatus(FinishReason reason);
 
 class Sequence {
  public:

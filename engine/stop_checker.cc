@@ -12,30 +12,19 @@ bool Contains(absl::Span<const int32_t> ids, int32_t id) {
 
 }  // namespace
 
-std::string_view StopReasonName(StopReason reason) {
-  switch (reason) {
-    case StopReason::kNone:
-      return "none";
-    case StopReason::kEos:
-      return "eos";
-    case StopReason::kStopToken:
-      return "stop_token";
-    case StopReason::kStopString:
-      return "stop_string";
-    case StopReason::kLength:
-      return "length";
-  }
-  return "unknown";
-}
-
 StopChecker::StopChecker(const StopParams& params, absl::Span<const int32_t> eos_token_ids)
     : params_(params), eos_token_ids_(eos_token_ids.begin(), eos_token_ids.end()) {}
 
-StopUpdate StopChecker::Finish(StopReason reason, std::string text) {
-  finish_reason_ = reason;
+StopUpdate StopChecker::Finish(FinishReason reason, std::string text, int32_t stop_token_id,
+                               std::string stop_string) {
+  finish_ = reason;
   held_.clear();
+  stop_token_id_ = stop_token_id;
+  stop_string_ = std::move(stop_string);
   StopUpdate update;
-  update.finish_reason = reason;
+  update.finish = reason;
+  update.stop_token_id = stop_token_id_;
+  update.stop_string = stop_string_;
   update.text = std::move(text);
   return update;
 }
@@ -59,7 +48,9 @@ size_t StopChecker::HoldBackLength() const {
 StopUpdate StopChecker::Update(int32_t token_id, std::string_view text_delta) {
   if (finished()) {
     StopUpdate update;
-    update.finish_reason = finish_reason_;
+    update.finish = finish_;
+    update.stop_token_id = stop_token_id_;
+    update.stop_string = stop_string_;
     return update;
   }
   ++num_tokens_;
@@ -69,10 +60,7 @@ StopUpdate StopChecker::Update(int32_t token_id, std::string_view text_delta) {
   // Token stops: the token's text is dropped; held text was no stop, release.
   const bool is_eos = !params_.ignore_eos && Contains(eos_token_ids_, token_id);
   if (past_min && (is_eos || Contains(params_.stop_token_ids, token_id))) {
-    StopUpdate update =
-        Finish(is_eos ? StopReason::kEos : StopReason::kStopToken, std::move(held_));
-    update.stop_token_id = token_id;
-    return update;
+    return Finish(is_eos ? FinishReason::kEos : FinishReason::kStop, std::move(held_), token_id);
   }
 
   held_.append(text_delta);
@@ -88,13 +76,11 @@ StopUpdate StopChecker::Update(int32_t token_id, std::string_view text_delta) {
       }
     }
     if (matched != nullptr) {
-      std::string stop_string = *matched;
-      StopUpdate update = Finish(StopReason::kStopString, held_.substr(0, match));
-      update.stop_string = std::move(stop_string);
-      return update;
+      std::string stop_string = *matched;  // held_ is cleared by Finish
+      return Finish(FinishReason::kStop, held_.substr(0, match), -1, std::move(stop_string));
     }
   }
-  if (length_reached) return Finish(StopReason::kLength, std::move(held_));
+  if (length_reached) return Finish(FinishReason::kLength, std::move(held_));
 
   const size_t hold = HoldBackLength();
   StopUpdate update;

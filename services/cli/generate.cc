@@ -267,12 +267,12 @@ int RunGenerate(int argc, char** argv) {
       continue;
     }
     const auto& finish = std::get<engine::FinishEvent>(event);
-    if (finish.reason == engine::RequestFinishReason::kError) {
+    if (finish.reason == engine::FinishReason::kError) {
       std::fprintf(stderr, "tandem generate: request %zu failed: %s\n", i,
                    std::string(finish.status.message()).c_str());
       return kExitFailure;
     }
-    r.Finish(finish, std::string(engine::RequestFinishReasonName(finish.reason)));
+    r.Finish(finish, std::string(engine::FinishReasonName(finish.reason)));
     if (stream_text) std::fwrite(finish.text.data(), 1, finish.text.size(), stdout);
     --in_flight;
     ++done;

@@ -59,17 +59,17 @@ void ToProto(const engine::SamplingParams& p, tandem::v1::WorkerSamplingParams* 
   }
 }
 
-tandem::v1::FinishReason ToProto(engine::RequestFinishReason reason) {
+tandem::v1::FinishReason ToProto(engine::FinishReason reason) {
   switch (reason) {
-    case engine::RequestFinishReason::kEos:
+    case engine::FinishReason::kEos:
       return tandem::v1::FINISH_REASON_EOS;
-    case engine::RequestFinishReason::kStop:
+    case engine::FinishReason::kStop:
       return tandem::v1::FINISH_REASON_STOP;
-    case engine::RequestFinishReason::kLength:
+    case engine::FinishReason::kLength:
       return tandem::v1::FINISH_REASON_LENGTH;
-    case engine::RequestFinishReason::kCancelled:
+    case engine::FinishReason::kCancelled:
       return tandem::v1::FINISH_REASON_CANCELLED;
-    case engine::RequestFinishReason::kError:
+    case engine::FinishReason::kError:
       break;
   }
   return tandem::v1::FINISH_REASON_UNSPECIFIED;
@@ -92,21 +92,21 @@ std::string FinishReasonName(tandem::v1::FinishReason reason) {
   }
 }
 
-engine::RequestFinishReason FromProto(tandem::v1::FinishReason reason) {
+engine::FinishReason FromProto(tandem::v1::FinishReason reason) {
   switch (reason) {
     case tandem::v1::FINISH_REASON_EOS:
-      return engine::RequestFinishReason::kEos;
+      return engine::FinishReason::kEos;
     case tandem::v1::FINISH_REASON_STOP:
-      return engine::RequestFinishReason::kStop;
+      return engine::FinishReason::kStop;
     case tandem::v1::FINISH_REASON_LENGTH:
-      return engine::RequestFinishReason::kLength;
+      return engine::FinishReason::kLength;
     case tandem::v1::FINISH_REASON_CANCELLED:
     case tandem::v1::FINISH_REASON_DEADLINE:
-      return engine::RequestFinishReason::kCancelled;
+      return engine::FinishReason::kCancelled;
     default:
       break;
   }
-  return engine::RequestFinishReason::kError;
+  return engine::FinishReason::kError;
 }
 
 void ToProto(const engine::SampleResult& result, tandem::v1::PositionLogprobs* proto) {

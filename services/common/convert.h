@@ -31,10 +31,10 @@ void ToProto(const engine::SamplingParams& params, tandem::v1::WorkerSamplingPar
 
 // kEos -> EOS, kStop -> STOP, kLength -> LENGTH, kCancelled -> CANCELLED,
 // kError -> UNSPECIFIED (errors travel as a grpc::Status, not a reason).
-tandem::v1::FinishReason ToProto(engine::RequestFinishReason reason);
+tandem::v1::FinishReason ToProto(engine::FinishReason reason);
 // DEADLINE -> kCancelled (the engine does not know deadlines);
 // UNSPECIFIED / unknown -> kError.
-engine::RequestFinishReason FromProto(tandem::v1::FinishReason reason);
+engine::FinishReason FromProto(tandem::v1::FinishReason reason);
 
 // "eos", "stop", "length", "cancelled", "deadline" ("unspecified" otherwise):
 // the finish_reason label of tandem_request_success_total and the CLI's JSON.

@@ -95,11 +95,11 @@ void DecodeReactor::OnEngineEvent(const engine::EngineEvent& event) {
       if (tok->logprobs.has_value()) services::ToProto(*tok->logprobs, out.add_logprobs());
     } else if (finish != nullptr) {
       metrics::TandemMetrics& m = service_->runtime_->metrics();
-      m.RequestSuccess(engine::RequestFinishReasonName(finish->reason))->Inc();
+      m.RequestSuccess(engine::FinishReasonName(finish->reason))->Inc();
       m.request_queue_time->Observe(finish->usage.queue_time_s);
       if (cancelled_) {
         status_ = EndedStatus(*context_);
-      } else if (finish->reason == engine::RequestFinishReason::kError) {
+      } else if (finish->reason == engine::FinishReason::kError) {
         status_ = services::ToGrpcStatus(finish->status);
       } else {
         tandem::v1::DecodeResponse& out = last_.emplace();

@@ -190,7 +190,7 @@ bool PrefillReactor::DecideLocked() {
     return true;
   }
   const engine::FinishEvent& finish = *finish_;
-  if (finish.reason == engine::RequestFinishReason::kError) {
+  if (finish.reason == engine::FinishReason::kError) {
     FinishLocked(services::ToGrpcStatus(finish.status));
     return false;
   }

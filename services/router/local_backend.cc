@@ -45,7 +45,7 @@ absl::StatusOr<std::unique_ptr<BackendCall>> LocalBackend::Start(const PreparedR
       out.text = finish.text;
       out.finish_reason = services::ToProto(finish.reason);
       out.status = finish.status;
-      if (finish.reason == engine::RequestFinishReason::kError && out.status.ok()) {
+      if (finish.reason == engine::FinishReason::kError && out.status.ok()) {
         out.status = absl::InternalError("the engine failed the request");
       }
       out.num_cached_tokens = static_cast<int32_t>(finish.usage.num_cached_tokens);

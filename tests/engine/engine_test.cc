@@ -125,7 +125,7 @@ TEST_F(EngineTest, StopTokenEndsRequest) {
   req.params.stop.stop_token_ids = {stop};
   const CollectedOutput out = RunAlone(model(), req);
   ASSERT_TRUE(out.finish.has_value());
-  EXPECT_EQ(out.finish->reason, RequestFinishReason::kStop);
+  EXPECT_EQ(out.finish->reason, FinishReason::kStop);
   EXPECT_EQ(out.token_ids.size(), first + 1);
   EXPECT_EQ(out.finish->usage.num_completion_tokens, int64_t(first + 1));
 }
@@ -140,12 +140,12 @@ TEST_F(EngineTest, CancelWhileWaitingAndMidDecode) {
   engine->Cancel(waiting);
   CollectedOutput w = Collect(*waiting);
   ASSERT_TRUE(w.finish.has_value());
-  EXPECT_EQ(w.finish->reason, RequestFinishReason::kCancelled);
+  EXPECT_EQ(w.finish->reason, FinishReason::kCancelled);
   EXPECT_TRUE(w.token_ids.empty());
   engine->Cancel(running);
   CollectedOutput r = Collect(*running);
   ASSERT_TRUE(r.finish.has_value());
-  EXPECT_EQ(r.finish->reason, RequestFinishReason::kCancelled);
+  EXPECT_EQ(r.finish->reason, FinishReason::kCancelled);
   EXPECT_LT(r.token_ids.size(), 899u);
   EXPECT_EQ(engine->Stats().num_blocks_used, 0);
   engine->Cancel(running);  // already finished: no-op
@@ -162,7 +162,7 @@ TEST_F(EngineTest, CancelMidPrefill) {
   engine->Cancel(h);
   CollectedOutput out = Collect(*h);
   ASSERT_TRUE(out.finish.has_value());
-  EXPECT_EQ(out.finish->reason, RequestFinishReason::kCancelled);
+  EXPECT_EQ(out.finish->reason, FinishReason::kCancelled);
   EXPECT_EQ(out.finish->usage.num_completion_tokens, 0);
   EXPECT_EQ(engine->Stats().num_blocks_used, 0);
   engine->Shutdown();
@@ -191,7 +191,7 @@ TEST_F(EngineTest, WaitingQueueOverflowIsResourceExhausted) {
   for (const RequestHandle& h : ok) {
     CollectedOutput out = Collect(*h);
     ASSERT_TRUE(out.finish.has_value());
-    EXPECT_EQ(out.finish->reason, RequestFinishReason::kCancelled);
+    EXPECT_EQ(out.finish->reason, FinishReason::kCancelled);
   }
   EXPECT_TRUE(engine->CheckIntegrity().ok()) << engine->CheckIntegrity();
   EXPECT_EQ(engine->Submit(MakeRequest({1, 2}, 2)).status().code(),
@@ -233,7 +233,7 @@ TEST_F(EngineTest, DrainShutdownFinishesEverything) {
   for (const RequestHandle& h : handles) {
     CollectedOutput out = Collect(*h, absl::Seconds(1));
     ASSERT_TRUE(out.finish.has_value());
-    EXPECT_EQ(out.finish->reason, RequestFinishReason::kLength);
+    EXPECT_EQ(out.finish->reason, FinishReason::kLength);
     EXPECT_EQ(out.token_ids.size(), 9u);
     EXPECT_EQ(out.finish->usage.token_times_s.size(), 9u);
     EXPECT_GE(out.finish->usage.ttft_s, out.finish->usage.queue_time_s);
@@ -269,7 +269,7 @@ TEST(EngineRealModelTest, MatchesSingleSequenceRunner) {
   CollectedOutput out = Collect(**(*engine)->Submit(MakeRequest(prompt, kTokens, 0, 0, {})));
   ASSERT_TRUE(out.finish.has_value());
   std::vector<int32_t> got = out.token_ids;
-  if (out.finish->reason == RequestFinishReason::kEos) got.pop_back();
+  if (out.finish->reason == FinishReason::kEos) got.pop_back();
   EXPECT_EQ(got, expected);
   EXPECT_EQ(out.text, tok.Decode(expected, true));
   std::fprintf(stderr, "engine: \"The capital of France is\" ->%s\n", out.text.c_str());

@@ -91,7 +91,7 @@ TEST_F(PdHandoffTest, MaxTokensOneNeedsNoTransfer) {
   r.export_kv = true;
   CollectedOutput out = Collect(**engine->Submit(r));
   ASSERT_TRUE(out.finish.has_value());
-  EXPECT_EQ(out.finish->reason, RequestFinishReason::kLength);
+  EXPECT_EQ(out.finish->reason, FinishReason::kLength);
   EXPECT_EQ(out.finish->kv_export, nullptr);
   ExpectAllFree(*engine);
 }
@@ -182,7 +182,7 @@ TEST_F(PdHandoffTest, CancelImportedFreesBlocks) {
   decode->Cancel(*h);
   CollectedOutput rest = Collect(**h);
   ASSERT_TRUE(rest.finish.has_value());
-  EXPECT_EQ(rest.finish->reason, RequestFinishReason::kCancelled);
+  EXPECT_EQ(rest.finish->reason, FinishReason::kCancelled);
   ExpectAllFree(*prefill);
   ExpectAllFree(*decode);
 }
@@ -286,7 +286,7 @@ TEST_F(PdHandoffTest, ReplayThatAlreadyFinishesEndsAtOnce) {
     CollectedOutput out = Collect(**engine->Submit(d));
     ASSERT_TRUE(out.finish.has_value());
     EXPECT_TRUE(out.token_ids.empty());
-    EXPECT_EQ(out.finish->reason, RequestFinishReason::kLength);
+    EXPECT_EQ(out.finish->reason, FinishReason::kLength);
     EXPECT_EQ(out.finish->kv_export, nullptr);
   }
   EngineRequest bad = r;
@@ -296,7 +296,7 @@ TEST_F(PdHandoffTest, ReplayThatAlreadyFinishesEndsAtOnce) {
   CollectedOutput out = Collect(**engine->Submit(bad));
   ASSERT_TRUE(out.finish.has_value());
   // Token 2 (or an earlier copy of it) stops the request with tokens after it.
-  EXPECT_EQ(out.finish->reason, RequestFinishReason::kError);
+  EXPECT_EQ(out.finish->reason, FinishReason::kError);
   EXPECT_EQ(out.finish->status.code(), absl::StatusCode::kInvalidArgument);
   ExpectAllFree(*engine);
 }
@@ -371,7 +371,7 @@ TEST_F(PdHandoffTest, StreamedExportMatchesOnePieceAndLeadsWithTheToken) {
       finish = std::get<FinishEvent>(std::move(*ev));
     }
   }
-  EXPECT_EQ(finish->reason, RequestFinishReason::kLength);
+  EXPECT_EQ(finish->reason, FinishReason::kLength);
   EXPECT_EQ(finish->kv_export, nullptr);
   EXPECT_TRUE(finish->kv_exported);
   EXPECT_TRUE(whole.finish->kv_exported);
@@ -407,7 +407,7 @@ TEST_F(PdHandoffTest, StreamedExportStopsWhenTheFirstTokenFinishes) {
       token_seen = true;
     } else {
       const FinishEvent& f = std::get<FinishEvent>(*ev);
-      EXPECT_EQ(f.reason, RequestFinishReason::kLength);
+      EXPECT_EQ(f.reason, FinishReason::kLength);
       EXPECT_EQ(f.kv_export, nullptr);
       EXPECT_FALSE(f.kv_exported);  // max_tokens 1 really ended it
       break;

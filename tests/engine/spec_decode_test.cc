@@ -177,7 +177,7 @@ TEST_F(SpecDecodeTest, StopsAreExactWithSeveralTokensPerStep) {
     r.params.stop.max_tokens = max_tokens;
     const CollectedOutput out = Run({r}, oracle)[0];
     EXPECT_EQ(out.token_ids, std::vector<int32_t>(answer.begin(), answer.begin() + max_tokens));
-    EXPECT_EQ(out.finish->reason, RequestFinishReason::kLength);
+    EXPECT_EQ(out.finish->reason, FinishReason::kLength);
   }
   // A stop token that first appears at output position p ends the output
   // there, even when it arrives as an accepted draft mid-step.
@@ -189,7 +189,7 @@ TEST_F(SpecDecodeTest, StopsAreExactWithSeveralTokensPerStep) {
   r.params.stop.stop_token_ids = {stop};
   const CollectedOutput out = Run({r}, oracle)[0];
   EXPECT_EQ(out.token_ids, std::vector<int32_t>(answer.begin(), answer.begin() + p + 1));
-  EXPECT_EQ(out.finish->reason, RequestFinishReason::kStop);
+  EXPECT_EQ(out.finish->reason, FinishReason::kStop);
 }
 
 // A small step budget truncates drafts (never more tokens than the budget),

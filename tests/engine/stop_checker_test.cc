@@ -28,6 +28,24 @@ FeedResult Feed(StopChecker& checker, const std::vector<std::string>& deltas) {
   return run;
 }
 
+// Which rule ended the sequence, from the update's fields: "none", "eos",
+// "stop_token", "stop_string" or "length".
+std::string Why(const StopUpdate& u) {
+  if (!u.finish.has_value()) return "none";
+  switch (*u.finish) {
+    case FinishReason::kEos:
+      return u.stop_token_id >= 0 ? "eos" : "eos without its token";
+    case FinishReason::kStop:
+      if (u.stop_token_id >= 0 && u.stop_string.empty()) return "stop_token";
+      if (u.stop_token_id < 0 && !u.stop_string.empty()) return "stop_string";
+      return "stop with both or neither of token and string";
+    case FinishReason::kLength:
+      return "length";
+    default:
+      return std::string(FinishReasonName(*u.finish));
+  }
+}
+
 StopChecker WithStops(std::vector<std::string> stops) {
   return StopChecker(StopParams{.stop_strings = std::move(stops)}, {kEos});
 }
@@ -38,22 +56,22 @@ TEST(StopCheckerTest, EosFinishesWithoutItsTextAndReleasesHeldText) {
   EXPECT_EQ(run.emitted, "Hi ");
   EXPECT_EQ(checker.num_held_bytes(), 2u);
   StopUpdate u = checker.Update(kEos, "</s>");
-  EXPECT_EQ(u.finish_reason, StopReason::kEos);
+  EXPECT_EQ(Why(u), "eos");
   EXPECT_EQ(u.stop_token_id, kEos);
   EXPECT_EQ(u.text, "ST");
   EXPECT_TRUE(checker.finished());
   // Later calls change nothing.
   u = checker.Update(kText, "more");
-  EXPECT_EQ(u.finish_reason, StopReason::kEos);
+  EXPECT_EQ(Why(u), "eos");
   EXPECT_EQ(u.text, "");
 }
 
 TEST(StopCheckerTest, IgnoreEosButMaxTokensStillApplies) {
   StopChecker checker(StopParams{.max_tokens = 3, .ignore_eos = true}, {kEos});
-  EXPECT_EQ(checker.Update(kEos, "").finish_reason, StopReason::kNone);
-  EXPECT_EQ(checker.Update(kText, "a").finish_reason, StopReason::kNone);
+  EXPECT_EQ(Why(checker.Update(kEos, "")), "none");
+  EXPECT_EQ(Why(checker.Update(kText, "a")), "none");
   StopUpdate u = checker.Update(kEos, "");
-  EXPECT_EQ(u.finish_reason, StopReason::kLength);
+  EXPECT_EQ(Why(u), "length");
   EXPECT_EQ(checker.num_tokens(), 3);
 }
 
@@ -61,7 +79,7 @@ TEST(StopCheckerTest, StopTokenIdFinishes) {
   StopChecker checker(StopParams{.stop_token_ids = {7}}, {kEos});
   EXPECT_EQ(checker.Update(kText, "x").text, "x");
   StopUpdate u = checker.Update(7, "<tool>");
-  EXPECT_EQ(u.finish_reason, StopReason::kStopToken);
+  EXPECT_EQ(Why(u), "stop_token");
   EXPECT_EQ(u.stop_token_id, 7);
   EXPECT_EQ(u.text, "");
 }
@@ -69,20 +87,20 @@ TEST(StopCheckerTest, StopTokenIdFinishes) {
 TEST(StopCheckerTest, MinTokensDefersTokenStops) {
   StopChecker checker(StopParams{.min_tokens = 2}, {kEos});
   // A token stop needs n > min_tokens (the sampler masks EOS until then).
-  EXPECT_EQ(checker.Update(kEos, "").finish_reason, StopReason::kNone);
-  EXPECT_EQ(checker.Update(kEos, "").finish_reason, StopReason::kNone);
-  EXPECT_EQ(checker.Update(kEos, "").finish_reason, StopReason::kEos);
+  EXPECT_EQ(Why(checker.Update(kEos, "")), "none");
+  EXPECT_EQ(Why(checker.Update(kEos, "")), "none");
+  EXPECT_EQ(Why(checker.Update(kEos, "")), "eos");
 }
 
 TEST(StopCheckerTest, MinTokensDefersStopStrings) {
   StopChecker checker(StopParams{.min_tokens = 2, .stop_strings = {"!"}}, {kEos});
   // Token 1: "!" is plain text.
   StopUpdate u = checker.Update(kText, "a!");
-  EXPECT_EQ(u.finish_reason, StopReason::kNone);
+  EXPECT_EQ(Why(u), "none");
   EXPECT_EQ(u.text, "a!");
   // Token 2: n >= min_tokens, a stop string may complete.
   u = checker.Update(kText, "b!c");
-  EXPECT_EQ(u.finish_reason, StopReason::kStopString);
+  EXPECT_EQ(Why(u), "stop_string");
   EXPECT_EQ(u.text, "b");
 }
 
@@ -90,7 +108,7 @@ TEST(StopCheckerTest, StopStringSplitAcrossTwoTokens) {
   StopChecker checker = WithStops({"world"});
   FeedResult run = Feed(checker, {"Hello", " wor", "ld! more"});
   EXPECT_EQ(run.emitted, "Hello ");
-  EXPECT_EQ(run.last.finish_reason, StopReason::kStopString);
+  EXPECT_EQ(Why(run.last), "stop_string");
   EXPECT_EQ(run.last.stop_string, "world");
 }
 
@@ -102,7 +120,7 @@ TEST(StopCheckerTest, StopStringSplitAcrossThreeTokens) {
   EXPECT_EQ(u.text, "");
   EXPECT_EQ(checker.num_held_bytes(), 4u);
   u = checker.Update(kText, "d|>tail");
-  EXPECT_EQ(u.finish_reason, StopReason::kStopString);
+  EXPECT_EQ(Why(u), "stop_string");
   EXPECT_EQ(u.text, "");
 }
 
@@ -111,7 +129,7 @@ TEST(StopCheckerTest, StopStringThatIsAPrefixOfLaterText) {
   StopChecker checker = WithStops({"end"});
   FeedResult run = Feed(checker, {"The ", "endless", " story"});
   EXPECT_EQ(run.emitted, "The ");
-  EXPECT_EQ(run.last.finish_reason, StopReason::kStopString);
+  EXPECT_EQ(Why(run.last), "stop_string");
   EXPECT_EQ(checker.num_tokens(), 2);
 }
 
@@ -120,7 +138,7 @@ TEST(StopCheckerTest, HeldTextReleasedWhenTheMatchFails) {
   StopUpdate u = checker.Update(kText, "a sto");
   EXPECT_EQ(u.text, "a ");
   u = checker.Update(kText, "rm");
-  EXPECT_EQ(u.finish_reason, StopReason::kNone);
+  EXPECT_EQ(Why(u), "none");
   EXPECT_EQ(u.text, "storm");
   EXPECT_EQ(checker.num_held_bytes(), 0u);
 }
@@ -130,7 +148,7 @@ TEST(StopCheckerTest, OverlappingPartialMatchesAreNotLost) {
   StopChecker checker = WithStops({"aab"});
   FeedResult run = Feed(checker, {"aa", "aab"});
   EXPECT_EQ(run.emitted, "aa");
-  EXPECT_EQ(run.last.finish_reason, StopReason::kStopString);
+  EXPECT_EQ(Why(run.last), "stop_string");
 }
 
 TEST(StopCheckerTest, EarliestOfSeveralStopStringsWins) {
@@ -154,9 +172,9 @@ TEST(StopCheckerTest, MultibyteTextAroundStopsNeverSplitsACodePoint) {
       pos += n;
     }
     emitted += u.text;
-    if (u.finish_reason != StopReason::kNone) break;
+    if (u.finish.has_value()) break;
   }
-  EXPECT_EQ(u.finish_reason, StopReason::kStopString);
+  EXPECT_EQ(Why(u), "stop_string");
   EXPECT_EQ(u.stop_string, "終わり");
   EXPECT_EQ(emitted, "こんにちはcafé?");
 }
@@ -165,14 +183,14 @@ TEST(StopCheckerTest, MaxTokensReleasesHeldText) {
   StopChecker checker(StopParams{.max_tokens = 2, .stop_strings = {"abc"}}, {kEos});
   EXPECT_EQ(checker.Update(kText, "x").text, "x");
   StopUpdate u = checker.Update(kText, "ab");
-  EXPECT_EQ(u.finish_reason, StopReason::kLength);
+  EXPECT_EQ(Why(u), "length");
   EXPECT_EQ(u.text, "ab");
 }
 
 TEST(StopCheckerTest, StopStringOnTheLastTokenBeatsLength) {
   StopChecker checker(StopParams{.max_tokens = 1, .stop_strings = {"."}}, {kEos});
   StopUpdate u = checker.Update(kText, "Hi. There");
-  EXPECT_EQ(u.finish_reason, StopReason::kStopString);
+  EXPECT_EQ(Why(u), "stop_string");
   EXPECT_EQ(u.text, "Hi");
 }
 
@@ -184,11 +202,11 @@ TEST(StopCheckerTest, FlushReturnsHeldText) {
 }
 
 TEST(StopCheckerTest, FinishReasonNames) {
-  EXPECT_EQ(StopReasonName(StopReason::kNone), "none");
-  EXPECT_EQ(StopReasonName(StopReason::kEos), "eos");
-  EXPECT_EQ(StopReasonName(StopReason::kStopToken), "stop_token");
-  EXPECT_EQ(StopReasonName(StopReason::kStopString), "stop_string");
-  EXPECT_EQ(StopReasonName(StopReason::kLength), "length");
+  EXPECT_EQ(FinishReasonName(FinishReason::kEos), "eos");
+  EXPECT_EQ(FinishReasonName(FinishReason::kStop), "stop");
+  EXPECT_EQ(FinishReasonName(FinishReason::kLength), "length");
+  EXPECT_EQ(FinishReasonName(FinishReason::kCancelled), "cancelled");
+  EXPECT_EQ(FinishReasonName(FinishReason::kError), "error");
 }
 
 }  // namespace
