@@ -508,45 +508,9 @@ void Engine::Step() {
     }
     return;
   }
-  const absl::Time now = absl::Now();
-  for (const ScheduledSequence& s : out.scheduled) {
-    ActiveRequest& a = *active_.at(s.seq_id);
-    if (a.scheduled) continue;
-    a.scheduled = true;
-    a.usage.queue_time_s = Seconds(now - a.submit_time);
-    a.usage.num_cached_tokens = s.seq->num_cached_tokens();
-  }
-  for (const KvImport& imp : out.kv_imports) {
-    ActiveRequest& a = *active_.at(imp.seq_id);
-    TANDEM_CHECK(a.import_kv != nullptr);
-    absl::Status imported =
-        ImportKv(*a.import_kv, imp.begin, imp.end, *kv_, imp.seq_id, *executor_);
-    a.import_kv.reset();  // written; a preempted sequence recomputes
-    if (!imported.ok()) {
-      // The request ends with the error; the step runs without it.
-      std::erase_if(out.scheduled, [&](const ScheduledSequence& s) {
-        if (s.seq_id != imp.seq_id) return false;
-        out.num_batched_tokens -= s.num_tokens;
-        return true;
-      });
-      absl::StatusOr<std::unique_ptr<Sequence>> seq = scheduler_->Cancel(imp.seq_id);
-      FinishRequest(imp.seq_id, seq.ok() ? seq->get() : nullptr, FinishReason::kError, imported,
-                    "");
-    }
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    // step_ids_ and step_cancelled_ are empty between steps.
-    for (const ScheduledSequence& s : out.scheduled) step_ids_.insert(s.seq_id);
-    for (int64_t id : cancels_) {
-      if (step_ids_.contains(id)) step_cancelled_.insert(id);
-    }
-    // Stats show the step being run (a long prefill is visible as running).
-    MirrorQueueStats();
-    abort_step_.store(!step_ids_.empty() &&
-                      (step_cancelled_.size() == step_ids_.size() ||
-                       (stopping_ && shutdown_mode_ == ShutdownMode::kCancel)));
-  }
+  MarkScheduled(out);
+  ImportScheduledKv(out);
+  BeginStep(out);
   absl::StatusOr<std::vector<SampledToken>> sampled = runner_->Execute(out);
   const bool aborted = abort_step_.exchange(false) && absl::IsCancelled(sampled.status());
   {
@@ -566,84 +530,8 @@ void Engine::Step() {
   const absl::Time done = absl::Now();
   std::vector<SequenceResult> results;
   results.reserve(sampled->size());
-  for (SampledToken& t : *sampled) {
-    ActiveRequest& a = *active_.at(t.seq_id);
-    const double since_submit = Seconds(done - a.submit_time);
-    // The accepted drafts, then the sampled token, in order; a stop ends the
-    // step's tokens for this request (nothing past it is emitted).
-    std::vector<SampleResult> emitted = std::move(t.accepted);
-    emitted.push_back(std::move(t.result));
-    if (t.num_drafts > 0) {
-      ++spec_stats_.num_drafts;
-      spec_stats_.num_draft_tokens += t.num_drafts;
-      const int64_t accepted = static_cast<int64_t>(emitted.size()) - 1;
-      spec_stats_.num_accepted_tokens += accepted;
-      if (spec_stats_.accepted_per_position.size() < static_cast<size_t>(t.num_drafts)) {
-        spec_stats_.accepted_per_position.resize(t.num_drafts, 0);
-      }
-      for (int64_t i = 0; i < accepted; ++i) ++spec_stats_.accepted_per_position[i];
-    }
-    SequenceResult r;
-    r.seq_id = t.seq_id;
-    std::optional<FinishReason> finish;
-    for (size_t i = 0; i < emitted.size() && !finish.has_value(); ++i) {
-      const int32_t token_id = emitted[i].token_id;
-      TokenOutcome outcome = a.output->Process(token_id);
-      if (a.usage.token_times_s.empty()) a.usage.ttft_s = since_submit;
-      a.usage.token_times_s.push_back(since_submit);
-      std::optional<SampleResult> logprobs;
-      if (a.wants_logprobs) logprobs = std::move(emitted[i]);
-      a.stream->Push(TokenEvent{token_id, std::move(outcome.text), std::move(logprobs)});
-      ++num_generated_tokens_;
-      if (r.token_id != SequenceResult::kNoToken) r.accepted_draft_ids.push_back(r.token_id);
-      r.token_id = token_id;
-      finish = outcome.finish;
-    }
-    if (!finish.has_value() && a.export_kv && a.stream_kv_export) {
-      // Prefill-only, streamed: the rest of the K/V after the first token.
-      const absl::Status st = StreamKv(a, t.seq_id, scheduler_->Find(t.seq_id)->num_tokens());
-      finish = st.ok() ? FinishReason::kLength : FinishReason::kError;
-      a.kv_exported = st.ok();
-      if (!st.ok()) a.error = st;
-    } else if (!finish.has_value() && a.export_kv) {
-      // Prefill-only: copy the computed K/V out before Update frees the blocks.
-      const Sequence* seq = scheduler_->Find(t.seq_id);
-      absl::StatusOr<KvExport> exported = ExportKv(*executor_, *kv_, t.seq_id, seq->token_ids());
-      if (exported.ok()) {
-        a.kv_export = std::make_shared<const KvExport>(*std::move(exported));
-        a.kv_exported = true;
-        finish = FinishReason::kLength;
-      } else {
-        a.error = exported.status();
-        finish = FinishReason::kError;
-      }
-    }
-    if (finish.has_value()) {
-      a.finish = finish;
-      r.finish = *finish;
-    }
-    results.push_back(std::move(r));
-  }
-  // Streamed exports: K/V of prompt chunks computed this step (no token yet).
-  std::vector<std::pair<SeqId, absl::Status>> stream_failures;
-  for (const ScheduledSequence& s : out.scheduled) {
-    if (s.samples) continue;
-    ActiveRequest& a = *active_.at(s.seq_id);
-    if (!a.stream_kv_export || a.finish.has_value()) continue;
-    if (absl::Status st = StreamKv(a, s.seq_id, s.start_position + s.num_tokens); !st.ok()) {
-      stream_failures.emplace_back(s.seq_id, std::move(st));
-    }
-  }
-  // A failed copy (device error) ends that request; the others go on.
-  for (auto& [id, st] : stream_failures) {
-    std::erase_if(out.scheduled, [&, id = id](const ScheduledSequence& s) {
-      if (s.seq_id != id) return false;
-      out.num_batched_tokens -= s.num_tokens;
-      return true;
-    });
-    absl::StatusOr<std::unique_ptr<Sequence>> seq = scheduler_->Cancel(id);
-    FinishRequest(id, seq.ok() ? seq->get() : nullptr, FinishReason::kError, st, "");
-  }
+  for (SampledToken& t : *sampled) results.push_back(ProcessSampled(t, done));
+  StreamPromptKv(out);
   std::vector<std::unique_ptr<Sequence>> finished = scheduler_->Update(out, results);
   for (const std::unique_ptr<Sequence>& seq : finished) {
     const std::optional<FinishReason> reason = active_.at(seq->id())->finish;
@@ -654,6 +542,130 @@ void Engine::Step() {
     integrity_ = kv_->CheckIntegrity();
     if (integrity_.ok() && draft_ != nullptr) integrity_ = draft_->CheckIntegrity(/*idle=*/false);
   }
+}
+
+void Engine::MarkScheduled(const SchedulerOutput& out) {
+  const absl::Time now = absl::Now();
+  for (const ScheduledSequence& s : out.scheduled) {
+    ActiveRequest& a = *active_.at(s.seq_id);
+    if (a.scheduled) continue;
+    a.scheduled = true;
+    a.usage.queue_time_s = Seconds(now - a.submit_time);
+    a.usage.num_cached_tokens = s.seq->num_cached_tokens();
+  }
+}
+
+void Engine::DropFromStep(SchedulerOutput& out, SeqId seq_id, const absl::Status& error) {
+  std::erase_if(out.scheduled, [&](const ScheduledSequence& s) {
+    if (s.seq_id != seq_id) return false;
+    out.num_batched_tokens -= s.num_tokens;
+    return true;
+  });
+  absl::StatusOr<std::unique_ptr<Sequence>> seq = scheduler_->Cancel(seq_id);
+  FinishRequest(seq_id, seq.ok() ? seq->get() : nullptr, FinishReason::kError, error, "");
+}
+
+void Engine::ImportScheduledKv(SchedulerOutput& out) {
+  for (const KvImport& imp : out.kv_imports) {
+    ActiveRequest& a = *active_.at(imp.seq_id);
+    TANDEM_CHECK(a.import_kv != nullptr);
+    absl::Status imported =
+        ImportKv(*a.import_kv, imp.begin, imp.end, *kv_, imp.seq_id, *executor_);
+    a.import_kv.reset();  // written; a preempted sequence recomputes
+    // A failed import ends that request with the error; the step runs without it.
+    if (!imported.ok()) DropFromStep(out, imp.seq_id, imported);
+  }
+}
+
+void Engine::BeginStep(const SchedulerOutput& out) {
+  absl::MutexLock lock(&mu_);
+  // step_ids_ and step_cancelled_ are empty between steps.
+  for (const ScheduledSequence& s : out.scheduled) step_ids_.insert(s.seq_id);
+  for (int64_t id : cancels_) {
+    if (step_ids_.contains(id)) step_cancelled_.insert(id);
+  }
+  // Stats show the step being run (a long prefill is visible as running).
+  MirrorQueueStats();
+  abort_step_.store(!step_ids_.empty() && (step_cancelled_.size() == step_ids_.size() ||
+                                           (stopping_ && shutdown_mode_ == ShutdownMode::kCancel)));
+}
+
+void Engine::RecordSpecStats(int64_t num_drafts, int64_t num_accepted) {
+  if (num_drafts == 0) return;
+  ++spec_stats_.num_drafts;
+  spec_stats_.num_draft_tokens += num_drafts;
+  spec_stats_.num_accepted_tokens += num_accepted;
+  if (spec_stats_.accepted_per_position.size() < static_cast<size_t>(num_drafts)) {
+    spec_stats_.accepted_per_position.resize(num_drafts, 0);
+  }
+  for (int64_t i = 0; i < num_accepted; ++i) ++spec_stats_.accepted_per_position[i];
+}
+
+SequenceResult Engine::ProcessSampled(SampledToken& t, absl::Time done) {
+  ActiveRequest& a = *active_.at(t.seq_id);
+  const double since_submit = Seconds(done - a.submit_time);
+  // The accepted drafts, then the sampled token, in order; a stop ends the
+  // step's tokens for this request (nothing past it is emitted).
+  std::vector<SampleResult> emitted = std::move(t.accepted);
+  emitted.push_back(std::move(t.result));
+  RecordSpecStats(t.num_drafts, static_cast<int64_t>(emitted.size()) - 1);
+  SequenceResult r;
+  r.seq_id = t.seq_id;
+  std::optional<FinishReason> finish;
+  for (size_t i = 0; i < emitted.size() && !finish.has_value(); ++i) {
+    const int32_t token_id = emitted[i].token_id;
+    TokenOutcome outcome = a.output->Process(token_id);
+    if (a.usage.token_times_s.empty()) a.usage.ttft_s = since_submit;
+    a.usage.token_times_s.push_back(since_submit);
+    std::optional<SampleResult> logprobs;
+    if (a.wants_logprobs) logprobs = std::move(emitted[i]);
+    a.stream->Push(TokenEvent{token_id, std::move(outcome.text), std::move(logprobs)});
+    ++num_generated_tokens_;
+    if (r.token_id != SequenceResult::kNoToken) r.accepted_draft_ids.push_back(r.token_id);
+    r.token_id = token_id;
+    finish = outcome.finish;
+  }
+  if (!finish.has_value() && a.export_kv) finish = ExportAfterFirstToken(a, t.seq_id);
+  if (finish.has_value()) {
+    a.finish = finish;
+    r.finish = *finish;
+  }
+  return r;
+}
+
+FinishReason Engine::ExportAfterFirstToken(ActiveRequest& a, SeqId seq_id) {
+  if (a.stream_kv_export) {
+    // Streamed: the rest of the K/V after the first token.
+    const absl::Status st = StreamKv(a, seq_id, scheduler_->Find(seq_id)->num_tokens());
+    a.kv_exported = st.ok();
+    if (!st.ok()) a.error = st;
+    return st.ok() ? FinishReason::kLength : FinishReason::kError;
+  }
+  // Whole: copy the computed K/V out before Update frees the blocks.
+  const Sequence* seq = scheduler_->Find(seq_id);
+  absl::StatusOr<KvExport> exported = ExportKv(*executor_, *kv_, seq_id, seq->token_ids());
+  if (!exported.ok()) {
+    a.error = exported.status();
+    return FinishReason::kError;
+  }
+  a.kv_export = std::make_shared<const KvExport>(*std::move(exported));
+  a.kv_exported = true;
+  return FinishReason::kLength;
+}
+
+void Engine::StreamPromptKv(SchedulerOutput& out) {
+  // K/V of prompt chunks computed this step (no token yet).
+  std::vector<std::pair<SeqId, absl::Status>> failures;
+  for (const ScheduledSequence& s : out.scheduled) {
+    if (s.samples) continue;
+    ActiveRequest& a = *active_.at(s.seq_id);
+    if (!a.stream_kv_export || a.finish.has_value()) continue;
+    if (absl::Status st = StreamKv(a, s.seq_id, s.start_position + s.num_tokens); !st.ok()) {
+      failures.emplace_back(s.seq_id, std::move(st));
+    }
+  }
+  // A failed copy (device error) ends that request; the others go on.
+  for (auto& [id, st] : failures) DropFromStep(out, id, st);
 }
 
 absl::Status Engine::StreamKv(ActiveRequest& a, SeqId seq_id, int64_t end) {

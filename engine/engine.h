@@ -211,7 +211,24 @@ class Engine {
   void Admit(std::vector<Pending> submits);
   void ApplyCancels(const std::vector<int64_t>& ids);
   void CancelAll();
+  // One engine step: Schedule -> Execute -> Update, in the named parts below.
   void Step();
+  // Queue time and cached tokens of requests scheduled for the first time.
+  void MarkScheduled(const SchedulerOutput& out);
+  // Writes imported K/V (the decode side of a handoff) before the step.
+  void ImportScheduledKv(SchedulerOutput& out);
+  // Marks the step's requests (cancels mid-step abort it) and mirrors stats.
+  void BeginStep(const SchedulerOutput& out);
+  // Emits one sequence's accepted drafts and sampled token; decides its finish.
+  SequenceResult ProcessSampled(SampledToken& t, absl::Time done);
+  void RecordSpecStats(int64_t num_drafts, int64_t num_accepted);
+  // Prefill-only requests after their first token: kLength once the K/V is
+  // out (streamed or whole), kError (a.error set) if that failed.
+  FinishReason ExportAfterFirstToken(ActiveRequest& a, SeqId seq_id);
+  // Streamed exports: pushes the K/V of prompt chunks computed this step.
+  void StreamPromptKv(SchedulerOutput& out);
+  // Ends `seq_id` with `error` and takes it out of this step's output.
+  void DropFromStep(SchedulerOutput& out, SeqId seq_id, const absl::Status& error);
   void FinishRequest(int64_t id, const Sequence* seq, FinishReason reason, absl::Status status,
                      std::string tail_text);
   void Publish();  // stats mirror, then the deferred FinishEvents

@@ -73,6 +73,7 @@ class KldBaseWriter {
   // `path`. FailedPrecondition (and the partial file removed) unless every
   // record was written; a writer destroyed unfinished removes it too.
   absl::Status Finish();
+  const KldBaseHeader& header() const { return header_; }
 
  private:
   KldBaseWriter(std::FILE* f, std::string path, KldBaseHeader header)

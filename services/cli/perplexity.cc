@@ -16,8 +16,10 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -189,6 +191,371 @@ json::OrderedJson KldJson(const KldSummary& s, const KldBaseHeader& h) {
           {"same_top_p", JsonMean(s.same_top)}};
 }
 
+// Usage errors (bad flags, unreadable or mismatched inputs: exit 2) travel
+// as InvalidArgument; anything else is a failure of the run (exit 1).
+absl::Status Usage(const std::string& message) { return absl::InvalidArgumentError(message); }
+absl::Status Usage(const absl::Status& s) { return absl::InvalidArgumentError(s.message()); }
+
+int ExitFor(const absl::Status& s) {
+  if (s.code() == absl::StatusCode::kInvalidArgument) return UsageError(std::string(s.message()));
+  return Failure(std::string(s.message()));
+}
+
+// The flags checked and resolved; `reader` is open in compare mode (the base
+// fixes n_ctx and the chunk count unless they are given).
+struct Setup {
+  engine::KernelMode mode{};
+  engine::Device device = engine::Device::kCpu;
+  std::optional<kernels::KvDtype> kv_dtype;
+  std::string text;
+  std::unique_ptr<KldBaseReader> reader;
+};
+
+absl::StatusOr<Setup> CheckFlags(const ArgParser& parser, PerplexityFlags& flags) {
+  if (!parser.WasSet("file")) return Usage("--file is required");
+  if (flags.kl_divergence && flags.kld_base.empty()) {
+    return Usage("--kl-divergence needs --kl-divergence-base FILE");
+  }
+  if (flags.kl_divergence && parser.WasSet("kl-top-k")) {
+    return Usage("--kl-top-k applies when writing a base, not with --kl-divergence");
+  }
+  Setup setup;
+  if (!engine::ParseKernelMode(flags.kernels, &setup.mode)) {
+    return Usage("--kernels: expected fast, fast-int8 or reference, got '" + flags.kernels + "'");
+  }
+  auto device = ResolveDevice(flags.device);
+  if (!device.ok()) return Usage(device.status());
+  setup.device = *device;
+  auto kv_dtype = ResolveKvDtype(flags.kv_cache_dtype, *device);
+  if (!kv_dtype.ok()) return Usage(kv_dtype.status());
+  setup.kv_dtype = *kv_dtype;
+  auto text = ReadText(flags.file);
+  if (!text.ok()) return Usage(text.status());
+  setup.text = *std::move(text);
+  if (flags.kl_divergence) {
+    auto r = KldBaseReader::Open(flags.kld_base);
+    if (!r.ok()) return Usage(r.status());
+    setup.reader = std::move(r).value();
+    const KldBaseHeader& h = setup.reader->header();
+    if (!parser.WasSet("ctx-size")) flags.ctx_size = h.n_ctx;
+    if (!parser.WasSet("chunks")) flags.chunks = h.n_chunks;
+    if (flags.ctx_size != h.n_ctx) {
+      return Usage(absl::StrFormat("--ctx-size %d differs from the base's n_ctx %d", flags.ctx_size,
+                                   h.n_ctx));
+    }
+    if (flags.chunks != h.n_chunks) {
+      return Usage(absl::StrFormat("--chunks %d differs from the base's %d chunks", flags.chunks,
+                                   h.n_chunks));
+    }
+  }
+  return setup;
+}
+
+// The tokenized text cut into chunks, in llama-perplexity's convention.
+struct Chunks {
+  std::vector<int32_t> tokens;
+  bool add_bos = false;
+  int32_t bos_id = -1;
+  int64_t n_ctx = 0;
+  int64_t n_chunks = 0;
+  int64_t first = 0;   // first scored position of a chunk
+  int64_t scored = 0;  // scored positions per chunk
+  int64_t batch = 0;   // tokens per forward step
+};
+
+// Tokenizes as llama.cpp does: BOS when the model asks for it, special-token
+// text treated as plain text.
+absl::StatusOr<Chunks> Tokenize(const PerplexityFlags& flags, const std::string& text,
+                                const tokenizer::Tokenizer& tok, const engine::ModelConfig& config,
+                                bool compare) {
+  Chunks c;
+  c.n_ctx = flags.ctx_size;
+  if (c.n_ctx > config.context_length) {
+    return Usage(absl::StrFormat("--ctx-size %d exceeds the model's context length %d", c.n_ctx,
+                                 config.context_length));
+  }
+  if (tok.vocab().size() != config.vocab_size) {
+    return Usage(absl::StrFormat("the tokenizer has %d tokens, the model's vocab %d",
+                                 tok.vocab().size(), config.vocab_size));
+  }
+  const auto t_tok = std::chrono::steady_clock::now();
+  c.tokens = tok.Encode(text, /*add_special=*/true, /*parse_special=*/false);
+  c.add_bos = tok.vocab().add_bos && tok.vocab().bos_id >= 0;
+  c.bos_id = tok.vocab().bos_id;
+  std::fprintf(stderr, "[perplexity] tokenized %s: %zu bytes -> %zu tokens in %.2f s\n",
+               flags.file.c_str(), text.size(), c.tokens.size(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_tok).count());
+  if (static_cast<int64_t>(c.tokens.size()) < 2 * c.n_ctx) {
+    return Usage(absl::StrFormat(
+        "you need at least %d tokens to evaluate perplexity with a context of %d (the file has "
+        "%d)",
+        2 * c.n_ctx, c.n_ctx, c.tokens.size()));
+  }
+  const int64_t max_chunks = static_cast<int64_t>(c.tokens.size()) / c.n_ctx;
+  c.n_chunks = flags.chunks > 0 ? std::min(flags.chunks, max_chunks) : max_chunks;
+  if (compare && c.n_chunks != flags.chunks) {
+    return Usage(
+        absl::StrFormat("the base has %d chunks, this text only %d", flags.chunks, max_chunks));
+  }
+  c.first = c.n_ctx / 2;
+  c.scored = c.n_ctx - 1 - c.first;
+  c.batch = flags.batch_size > 0 ? std::min(flags.batch_size, c.n_ctx) : c.n_ctx;
+  return c;
+}
+
+// Compare mode: checks that the base was made from this vocabulary, text
+// and chunking. Otherwise, with --kl-divergence-base, creates the writer
+// (null without it).
+absl::StatusOr<std::unique_ptr<KldBaseWriter>> PrepareKldBase(const PerplexityFlags& flags,
+                                                              const Chunks& c,
+                                                              const LoadedModel& loaded,
+                                                              const KldBaseReader* reader) {
+  const tokenizer::Tokenizer& tok = *loaded.tokenizer;
+  const int64_t n_vocab = loaded.model->config().vocab_size;
+  const uint64_t tokens_hash =
+      HashTokens(absl::MakeConstSpan(c.tokens.data(), static_cast<size_t>(c.n_chunks * c.n_ctx)));
+  const uint64_t vocab_fp = HashVocab(tok.vocab().tokens);
+  if (reader != nullptr) {
+    const KldBaseHeader& h = reader->header();
+    if (h.n_vocab != n_vocab || h.vocab_fingerprint != vocab_fp) {
+      return Usage(absl::StrFormat(
+          "%s was made with a different vocabulary (%d tokens) than this model's (%d tokens)",
+          flags.kld_base, h.n_vocab, n_vocab));
+    }
+    if (h.scored_per_chunk != c.scored) {
+      return Usage(absl::StrFormat("%s scores %d tokens per chunk, this run %d", flags.kld_base,
+                                   h.scored_per_chunk, c.scored));
+    }
+    if (h.tokens_hash != tokens_hash) {
+      return Usage(absl::StrFormat(
+          "%s was made from a different text (the token streams differ); use the same --file",
+          flags.kld_base));
+    }
+    std::fprintf(stderr, "[perplexity] KLD base %s: model %s, %d chunks, top-%d log-probs\n",
+                 flags.kld_base.c_str(), h.model_name.c_str(), h.n_chunks, h.top_k);
+    return nullptr;
+  }
+  if (flags.kld_base.empty()) return nullptr;
+  KldBaseHeader h;
+  h.model_fingerprint = services::ModelFingerprint(*loaded.file);
+  h.vocab_fingerprint = vocab_fp;
+  h.tokens_hash = tokens_hash;
+  h.n_vocab = static_cast<uint32_t>(n_vocab);
+  h.n_ctx = static_cast<uint32_t>(c.n_ctx);
+  h.n_chunks = static_cast<uint32_t>(c.n_chunks);
+  h.scored_per_chunk = static_cast<uint32_t>(c.scored);
+  h.top_k = static_cast<uint32_t>(std::min<int64_t>(flags.kl_top_k, n_vocab));
+  h.model_name = loaded.path.substr(0, kKldBaseMaxName);
+  auto w = KldBaseWriter::Create(flags.kld_base, h);
+  if (!w.ok()) return Usage(w.status());
+  return std::move(w).value();
+}
+
+// Scores every chunk through `executor` (one sequence over an identity block
+// table: block i holds positions [i * block_size, (i + 1) * block_size)),
+// printing the running PPL; writes or compares the base on the way.
+class ChunkScorer {
+ public:
+  ChunkScorer(const Chunks& c, int64_t n_vocab, engine::Executor* executor, int64_t num_blocks,
+              KldBaseWriter* writer, KldBaseReader* reader, bool print_running)
+      : c_(c),
+        n_vocab_(n_vocab),
+        executor_(executor),
+        writer_(writer),
+        reader_(reader),
+        print_running_(print_running),
+        block_table_(num_blocks) {
+    for (int64_t i = 0; i < num_blocks; ++i) block_table_[i] = static_cast<int32_t>(i);
+    if (writer_ != nullptr) top_k_ = writer_->header().top_k;
+  }
+
+  absl::Status Run() {
+    if (reader_ != nullptr && print_running_) {
+      std::printf("%5s %12s %24s %16s %12s\n", "chunk", "PPL", "ln(PPL(Q)/PPL(base))",
+                  "KL Divergence", "Same top p");
+    }
+    const auto t_start = std::chrono::steady_clock::now();
+    for (int64_t chunk = 0; chunk < c_.n_chunks; ++chunk) {
+      for (int64_t b0 = 0; b0 < c_.n_ctx; b0 += c_.batch) {
+        if (absl::Status s = Step(chunk, b0); !s.ok()) return s;
+      }
+      chunk_ppl_.push_back(ppl_.Ppl());
+      PrintRunning(chunk);
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+      std::fprintf(stderr, "[perplexity] chunk %d/%d: PPL %.4f, %.2f s/chunk, ETA %.1f s\n",
+                   static_cast<int>(chunk + 1), static_cast<int>(c_.n_chunks), ppl_.Ppl(),
+                   elapsed / (chunk + 1), elapsed / (chunk + 1) * (c_.n_chunks - chunk - 1));
+    }
+    seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    return absl::OkStatus();
+  }
+
+  const PplAccumulator& ppl() const { return ppl_; }
+  const KldAccumulator& kld() const { return kld_; }
+  const std::vector<double>& chunk_ppl() const { return chunk_ppl_; }
+  double seconds() const { return seconds_; }
+
+ private:
+  // One forward step: tokens [b0, b0 + batch) of `chunk`.
+  absl::Status Step(int64_t chunk, int64_t b0) {
+    const int64_t start = chunk * c_.n_ctx;
+    const int64_t n = std::min(c_.batch, c_.n_ctx - b0);
+    engine::ForwardBatch fb;
+    fb.token_ids.assign(c_.tokens.begin() + start + b0, c_.tokens.begin() + start + b0 + n);
+    if (b0 == 0 && c_.add_bos) fb.token_ids[0] = c_.bos_id;
+    fb.positions.resize(n);
+    fb.slot_mapping.resize(n);
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t pos = b0 + k;
+      fb.positions[k] = static_cast<int32_t>(pos);
+      fb.slot_mapping[k] = pos;  // identity block table
+      if (pos >= c_.first && pos < c_.n_ctx - 1) {
+        fb.logits_indices.push_back(static_cast<int32_t>(k));
+      }
+    }
+    fb.query_start = {0, static_cast<int32_t>(n)};
+    fb.context_lens = {static_cast<int32_t>(b0 + n)};
+    fb.block_tables = {block_table_};
+    step_logits_.resize(fb.logits_indices.size() * n_vocab_);
+    if (absl::Status s = executor_->Forward(fb, step_logits_.data()); !s.ok()) {
+      return absl::InternalError(absl::StrFormat("chunk %d: %s", chunk + 1, s.message()));
+    }
+    // Position pos predicts token pos + 1.
+    for (size_t i = 0; i < fb.logits_indices.size(); ++i) {
+      const int64_t pos = b0 + fb.logits_indices[i];
+      const absl::Span<const float> row(step_logits_.data() + i * n_vocab_, n_vocab_);
+      if (absl::Status s = Score(row, c_.tokens[start + pos + 1], chunk, pos); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Score(absl::Span<const float> row, int32_t target, int64_t chunk, int64_t pos) {
+    const TokenScore score = ScoreToken(row, target);
+    if (!std::isfinite(score.nll)) {
+      return absl::InternalError(
+          absl::StrFormat("chunk %d, position %d: non-finite logits", chunk + 1, pos));
+    }
+    ppl_.Add(score.nll);
+    if (writer_ == nullptr && reader_ == nullptr) return absl::OkStatus();
+    LogSoftmax(row, &logprobs_);
+    if (writer_ != nullptr) {
+      record_.nll = static_cast<float>(score.nll);
+      record_.top = TopK(logprobs_, top_k_);
+      if (absl::Status s = writer_->Append(record_); !s.ok())
+        return absl::InternalError(s.message());
+      return absl::OkStatus();
+    }
+    if (absl::Status s = reader_->Next(&record_); !s.ok()) return Usage(s);
+    kld_.Add(score, record_.nll, record_.top[0].id, TopKKld(record_.top, logprobs_));
+    return absl::OkStatus();
+  }
+
+  void PrintRunning(int64_t chunk) {
+    if (!print_running_) return;
+    if (reader_ != nullptr) {
+      std::printf("%5d %12.4f %12.5f ± %9.5f %16.6f %11.3f%%\n", static_cast<int>(chunk + 1),
+                  ppl_.Ppl(), kld_.LnPplRatio().mean, kld_.LnPplRatio().error, kld_.MeanKld(),
+                  100 * kld_.SameTopFraction());
+    } else {
+      std::printf("[%d]%.4f,", static_cast<int>(chunk + 1), ppl_.Ppl());
+    }
+    std::fflush(stdout);
+  }
+
+  const Chunks& c_;
+  const int64_t n_vocab_;
+  engine::Executor* const executor_;
+  KldBaseWriter* const writer_;
+  KldBaseReader* const reader_;
+  const bool print_running_;
+  std::vector<int32_t> block_table_;
+  int64_t top_k_ = 0;               // when writing
+  std::vector<float> step_logits_;  // [scored rows of one step, vocab]
+  std::vector<double> logprobs_;
+  KldBaseRecord record_;
+  PplAccumulator ppl_;
+  KldAccumulator kld_;
+  std::vector<double> chunk_ppl_;
+  double seconds_ = 0;
+};
+
+void PrintResult(const PerplexityFlags& flags, const LoadedModel& loaded, const Chunks& c,
+                 kernels::KvDtype kv_dtype, const ChunkScorer& scorer,
+                 const KldBaseReader* reader) {
+  const PplAccumulator& ppl = scorer.ppl();
+  if (flags.json) {
+    json::OrderedJson out = {{"model", loaded.path},
+                             {"file", flags.file},
+                             {"kernels", flags.kernels},
+                             {"kv_cache_dtype", kernels::KvDtypeName(kv_dtype)},
+                             {"n_ctx", c.n_ctx},
+                             {"batch_size", c.batch},
+                             {"n_tokens", c.tokens.size()},
+                             {"n_chunks", c.n_chunks},
+                             {"scored_tokens", ppl.count()},
+                             {"chunk_ppl", scorer.chunk_ppl()},
+                             {"ppl", ppl.Ppl()},
+                             {"ppl_error", ppl.PplError()},
+                             {"mean_nll", ppl.MeanNll()},
+                             {"seconds", scorer.seconds()}};
+    if (reader != nullptr) {
+      out["kl_divergence"] = KldJson(scorer.kld().Summarize(), reader->header());
+    }
+    std::printf("%s\n", json::Dump(out).c_str());
+    return;
+  }
+  if (reader != nullptr) {
+    PrintKldSummary(scorer.kld().Summarize(), stdout);
+  } else {
+    std::printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", ppl.Ppl(), ppl.PplError());
+  }
+  std::fprintf(stderr, "[perplexity] %d tokens scored in %.2f s (%.1f tokens/s evaluated)\n",
+               static_cast<int>(ppl.count()), scorer.seconds(),
+               static_cast<double>(c.n_chunks * c.n_ctx) / std::max(scorer.seconds(), 1e-9));
+}
+
+absl::Status Perplexity(const ArgParser& parser, PerplexityFlags& flags) {
+  absl::StatusOr<Setup> setup = CheckFlags(parser, flags);
+  if (!setup.ok()) return setup.status();
+  const int threads = flags.threads > 0
+                          ? static_cast<int>(flags.threads)
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ThreadPool pool(threads);
+  auto loaded = LoadModel(flags.model, &pool, /*verbose=*/true, setup->mode);
+  if (!loaded.ok()) return Usage(loaded.status());
+  const engine::ModelConfig& config = loaded->model->config();
+  absl::StatusOr<Chunks> chunks =
+      Tokenize(flags, setup->text, *loaded->tokenizer, config, setup->reader != nullptr);
+  if (!chunks.ok()) return chunks.status();
+  auto writer = PrepareKldBase(flags, *chunks, *loaded, setup->reader.get());
+  if (!writer.ok()) return writer.status();
+
+  engine::ExecutorOptions eopts;
+  eopts.device = setup->device;
+  eopts.kv_dtype = setup->kv_dtype.value_or(engine::DefaultKvDtype(setup->device));
+  eopts.num_blocks = (chunks->n_ctx + eopts.block_size - 1) / eopts.block_size;
+  auto executor = engine::MakeExecutor(loaded->model.get(), eopts);
+  if (!executor.ok()) return absl::InternalError(executor.status().message());
+  std::fprintf(stderr, "[perplexity] %s\n", (*executor)->Describe().c_str());
+  std::fputs(absl::StrFormat("[perplexity] %d chunks of %d tokens, %d scored per chunk, batch %d, "
+                             "kernels %s, KV cache %s\n",
+                             chunks->n_chunks, chunks->n_ctx, chunks->scored, chunks->batch,
+                             flags.kernels, kernels::KvDtypeName(eopts.kv_dtype))
+                 .c_str(),
+             stderr);
+  ChunkScorer scorer(*chunks, config.vocab_size, executor->get(), eopts.num_blocks, writer->get(),
+                     setup->reader.get(), /*print_running=*/!flags.json);
+  if (absl::Status s = scorer.Run(); !s.ok()) return s;
+  if (*writer != nullptr) {
+    if (absl::Status s = (*writer)->Finish(); !s.ok()) return absl::InternalError(s.message());
+    std::fprintf(stderr, "[perplexity] wrote KLD base %s (%d token records)\n",
+                 flags.kld_base.c_str(), static_cast<int>(scorer.ppl().count()));
+  }
+  PrintResult(flags, *loaded, *chunks, eopts.kv_dtype, scorer, setup->reader.get());
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int RunPerplexity(int argc, char** argv) {
@@ -205,259 +572,7 @@ int RunPerplexity(int argc, char** argv) {
     std::fputs(parser.Help().c_str(), stdout);
     return kExitOk;
   }
-  if (!parser.WasSet("file")) return UsageError("--file is required");
-  if (flags.kl_divergence && flags.kld_base.empty()) {
-    return UsageError("--kl-divergence needs --kl-divergence-base FILE");
-  }
-  if (flags.kl_divergence && parser.WasSet("kl-top-k")) {
-    return UsageError("--kl-top-k applies when writing a base, not with --kl-divergence");
-  }
-  engine::KernelMode mode;
-  if (!engine::ParseKernelMode(flags.kernels, &mode)) {
-    return UsageError("--kernels: expected fast, fast-int8 or reference, got '" + flags.kernels +
-                      "'");
-  }
-  auto device = ResolveDevice(flags.device);
-  if (!device.ok()) return UsageError(std::string(device.status().message()));
-  auto kv_dtype = ResolveKvDtype(flags.kv_cache_dtype, *device);
-  if (!kv_dtype.ok()) return UsageError(std::string(kv_dtype.status().message()));
-  auto text = ReadText(flags.file);
-  if (!text.ok()) return UsageError(std::string(text.status().message()));
-
-  // Compare mode: the base fixes n_ctx and the chunk count unless given.
-  std::unique_ptr<KldBaseReader> reader;
-  if (flags.kl_divergence) {
-    auto r = KldBaseReader::Open(flags.kld_base);
-    if (!r.ok()) return UsageError(std::string(r.status().message()));
-    reader = std::move(r).value();
-    const KldBaseHeader& h = reader->header();
-    if (!parser.WasSet("ctx-size")) flags.ctx_size = h.n_ctx;
-    if (!parser.WasSet("chunks")) flags.chunks = h.n_chunks;
-    if (flags.ctx_size != h.n_ctx) {
-      return UsageError(absl::StrFormat("--ctx-size %d differs from the base's n_ctx %d",
-                                        flags.ctx_size, h.n_ctx));
-    }
-    if (flags.chunks != h.n_chunks) {
-      return UsageError(absl::StrFormat("--chunks %d differs from the base's %d chunks",
-                                        flags.chunks, h.n_chunks));
-    }
-  }
-
-  const int threads = flags.threads > 0
-                          ? static_cast<int>(flags.threads)
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  ThreadPool pool(threads);
-  auto loaded = LoadModel(flags.model, &pool, /*verbose=*/true, mode);
-  if (!loaded.ok()) return UsageError(std::string(loaded.status().message()));
-  const tokenizer::Tokenizer& tok = *loaded->tokenizer;
-  const engine::ModelConfig& config = loaded->model->config();
-  const int64_t n_vocab = config.vocab_size;
-  const int64_t n_ctx = flags.ctx_size;
-  if (n_ctx > config.context_length) {
-    return UsageError(absl::StrFormat("--ctx-size %d exceeds the model's context length %d", n_ctx,
-                                      config.context_length));
-  }
-  if (tok.vocab().size() != n_vocab) {
-    return UsageError(absl::StrFormat("the tokenizer has %d tokens, the model's vocab %d",
-                                      tok.vocab().size(), n_vocab));
-  }
-
-  // Tokenize as llama.cpp does: BOS when the model asks for it, special-token
-  // text treated as plain text.
-  const auto t_tok = std::chrono::steady_clock::now();
-  std::vector<int32_t> tokens = tok.Encode(*text, /*add_special=*/true, /*parse_special=*/false);
-  const bool add_bos = tok.vocab().add_bos && tok.vocab().bos_id >= 0;
-  std::fprintf(stderr, "[perplexity] tokenized %s: %zu bytes -> %zu tokens in %.2f s\n",
-               flags.file.c_str(), text->size(), tokens.size(),
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_tok).count());
-  if (static_cast<int64_t>(tokens.size()) < 2 * n_ctx) {
-    return UsageError(absl::StrFormat(
-        "you need at least %d tokens to evaluate perplexity with a context of %d (the file has "
-        "%d)",
-        2 * n_ctx, n_ctx, tokens.size()));
-  }
-  const int64_t max_chunks = static_cast<int64_t>(tokens.size()) / n_ctx;
-  const int64_t n_chunks = flags.chunks > 0 ? std::min(flags.chunks, max_chunks) : max_chunks;
-  if (reader != nullptr && n_chunks != flags.chunks) {
-    return UsageError(
-        absl::StrFormat("the base has %d chunks, this text only %d", flags.chunks, max_chunks));
-  }
-  const int64_t first = n_ctx / 2;
-  const int64_t scored = n_ctx - 1 - first;  // per chunk
-  const int64_t batch = flags.batch_size > 0 ? std::min(flags.batch_size, n_ctx) : n_ctx;
-  const uint64_t tokens_hash =
-      HashTokens(absl::MakeConstSpan(tokens.data(), static_cast<size_t>(n_chunks * n_ctx)));
-  const uint64_t vocab_fp = HashVocab(tok.vocab().tokens);
-
-  std::unique_ptr<KldBaseWriter> writer;
-  int64_t top_k = 0;  // when writing
-  if (reader != nullptr) {
-    const KldBaseHeader& h = reader->header();
-    if (h.n_vocab != n_vocab || h.vocab_fingerprint != vocab_fp) {
-      return UsageError(absl::StrFormat(
-          "%s was made with a different vocabulary (%d tokens) than this model's (%d tokens)",
-          flags.kld_base, h.n_vocab, n_vocab));
-    }
-    if (h.scored_per_chunk != scored) {
-      return UsageError(absl::StrFormat("%s scores %d tokens per chunk, this run %d",
-                                        flags.kld_base, h.scored_per_chunk, scored));
-    }
-    if (h.tokens_hash != tokens_hash) {
-      return UsageError(absl::StrFormat(
-          "%s was made from a different text (the token streams differ); use the same --file",
-          flags.kld_base));
-    }
-    std::fprintf(stderr, "[perplexity] KLD base %s: model %s, %d chunks, top-%d log-probs\n",
-                 flags.kld_base.c_str(), h.model_name.c_str(), h.n_chunks, h.top_k);
-  } else if (!flags.kld_base.empty()) {
-    KldBaseHeader h;
-    h.model_fingerprint = services::ModelFingerprint(*loaded->file);
-    h.vocab_fingerprint = vocab_fp;
-    h.tokens_hash = tokens_hash;
-    h.n_vocab = static_cast<uint32_t>(n_vocab);
-    h.n_ctx = static_cast<uint32_t>(n_ctx);
-    h.n_chunks = static_cast<uint32_t>(n_chunks);
-    h.scored_per_chunk = static_cast<uint32_t>(scored);
-    h.top_k = static_cast<uint32_t>(std::min<int64_t>(flags.kl_top_k, n_vocab));
-    h.model_name = loaded->path.substr(0, kKldBaseMaxName);
-    top_k = h.top_k;
-    auto w = KldBaseWriter::Create(flags.kld_base, h);
-    if (!w.ok()) return UsageError(std::string(w.status().message()));
-    writer = std::move(w).value();
-  }
-
-  // One sequence over an identity block table: block i holds positions
-  // [i * block_size, (i + 1) * block_size).
-  engine::ExecutorOptions eopts;
-  eopts.device = *device;
-  eopts.kv_dtype = kv_dtype->value_or(engine::DefaultKvDtype(*device));
-  const int64_t block_size = eopts.block_size;
-  eopts.num_blocks = (n_ctx + block_size - 1) / block_size;
-  auto executor = engine::MakeExecutor(loaded->model.get(), eopts);
-  if (!executor.ok()) return Failure(std::string(executor.status().message()));
-  std::fprintf(stderr, "[perplexity] %s\n", (*executor)->Describe().c_str());
-  std::fputs(
-      absl::StrFormat(
-          "[perplexity] %d chunks of %d tokens, %d scored per chunk, batch %d, kernels %s, "
-          "KV cache %s\n",
-          n_chunks, n_ctx, scored, batch, flags.kernels, kernels::KvDtypeName(eopts.kv_dtype))
-          .c_str(),
-      stderr);
-  std::vector<int32_t> block_table(eopts.num_blocks);
-  for (int64_t i = 0; i < eopts.num_blocks; ++i) block_table[i] = static_cast<int32_t>(i);
-
-  std::vector<float> step_logits;  // [scored rows of one step, vocab]
-  std::vector<double> logprobs;
-  PplAccumulator ppl;
-  KldAccumulator kld;
-  KldBaseRecord record;
-  std::vector<double> chunk_ppl;
-  const bool print_running = !flags.json;
-  if (reader != nullptr && print_running) {
-    std::printf("%5s %12s %24s %16s %12s\n", "chunk", "PPL", "ln(PPL(Q)/PPL(base))",
-                "KL Divergence", "Same top p");
-  }
-  const auto t_start = std::chrono::steady_clock::now();
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    const int64_t start = c * n_ctx;
-    for (int64_t b0 = 0; b0 < n_ctx; b0 += batch) {
-      const int64_t n = std::min(batch, n_ctx - b0);
-      engine::ForwardBatch fb;
-      fb.token_ids.assign(tokens.begin() + start + b0, tokens.begin() + start + b0 + n);
-      if (b0 == 0 && add_bos) fb.token_ids[0] = tok.vocab().bos_id;
-      fb.positions.resize(n);
-      fb.slot_mapping.resize(n);
-      for (int64_t k = 0; k < n; ++k) {
-        fb.positions[k] = static_cast<int32_t>(b0 + k);
-        fb.slot_mapping[k] = b0 + k;  // identity block table
-        const int64_t pos = b0 + k;
-        if (pos >= first && pos < n_ctx - 1) fb.logits_indices.push_back(static_cast<int32_t>(k));
-      }
-      fb.query_start = {0, static_cast<int32_t>(n)};
-      fb.context_lens = {static_cast<int32_t>(b0 + n)};
-      fb.block_tables = {block_table};
-      step_logits.resize(fb.logits_indices.size() * n_vocab);
-      if (absl::Status s = (*executor)->Forward(fb, step_logits.data()); !s.ok()) {
-        return Failure(absl::StrFormat("chunk %d: %s", c + 1, s.message()));
-      }
-      // Score this step's rows: position pos predicts token pos + 1.
-      for (size_t i = 0; i < fb.logits_indices.size(); ++i) {
-        const int64_t pos = b0 + fb.logits_indices[i];
-        const absl::Span<const float> row(step_logits.data() + i * n_vocab, n_vocab);
-        const int32_t target = tokens[start + pos + 1];
-        const TokenScore score = ScoreToken(row, target);
-        if (!std::isfinite(score.nll)) {
-          return Failure(absl::StrFormat("chunk %d, position %d: non-finite logits", c + 1, pos));
-        }
-        ppl.Add(score.nll);
-        if (writer == nullptr && reader == nullptr) continue;
-        LogSoftmax(row, &logprobs);
-        if (writer != nullptr) {
-          record.nll = static_cast<float>(score.nll);
-          record.top = TopK(logprobs, top_k);
-          if (absl::Status s = writer->Append(record); !s.ok()) {
-            return Failure(std::string(s.message()));
-          }
-        } else {
-          if (absl::Status s = reader->Next(&record); !s.ok()) {
-            return UsageError(std::string(s.message()));
-          }
-          kld.Add(score, record.nll, record.top[0].id, TopKKld(record.top, logprobs));
-        }
-      }
-    }
-    chunk_ppl.push_back(ppl.Ppl());
-    if (print_running) {
-      if (reader != nullptr) {
-        std::printf("%5d %12.4f %12.5f ± %9.5f %16.6f %11.3f%%\n", static_cast<int>(c + 1),
-                    ppl.Ppl(), kld.LnPplRatio().mean, kld.LnPplRatio().error, kld.MeanKld(),
-                    100 * kld.SameTopFraction());
-      } else {
-        std::printf("[%d]%.4f,", static_cast<int>(c + 1), ppl.Ppl());
-      }
-      std::fflush(stdout);
-    }
-    const double elapsed =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    std::fprintf(stderr, "[perplexity] chunk %d/%d: PPL %.4f, %.2f s/chunk, ETA %.1f s\n",
-                 static_cast<int>(c + 1), static_cast<int>(n_chunks), ppl.Ppl(), elapsed / (c + 1),
-                 elapsed / (c + 1) * (n_chunks - c - 1));
-  }
-  if (writer != nullptr) {
-    if (absl::Status s = writer->Finish(); !s.ok()) return Failure(std::string(s.message()));
-    std::fprintf(stderr, "[perplexity] wrote KLD base %s (%d token records)\n",
-                 flags.kld_base.c_str(), static_cast<int>(ppl.count()));
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-
-  if (flags.json) {
-    json::OrderedJson out = {{"model", loaded->path},
-                             {"file", flags.file},
-                             {"kernels", flags.kernels},
-                             {"kv_cache_dtype", kernels::KvDtypeName(eopts.kv_dtype)},
-                             {"n_ctx", n_ctx},
-                             {"batch_size", batch},
-                             {"n_tokens", tokens.size()},
-                             {"n_chunks", n_chunks},
-                             {"scored_tokens", ppl.count()},
-                             {"chunk_ppl", chunk_ppl},
-                             {"ppl", ppl.Ppl()},
-                             {"ppl_error", ppl.PplError()},
-                             {"mean_nll", ppl.MeanNll()},
-                             {"seconds", seconds}};
-    if (reader != nullptr) out["kl_divergence"] = KldJson(kld.Summarize(), reader->header());
-    std::printf("%s\n", json::Dump(out).c_str());
-    return kExitOk;
-  }
-  if (reader != nullptr) {
-    PrintKldSummary(kld.Summarize(), stdout);
-  } else {
-    std::printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", ppl.Ppl(), ppl.PplError());
-  }
-  std::fprintf(stderr, "[perplexity] %d tokens scored in %.2f s (%.1f tokens/s evaluated)\n",
-               static_cast<int>(ppl.count()), seconds,
-               static_cast<double>(n_chunks * n_ctx) / std::max(seconds, 1e-9));
+  if (absl::Status s = Perplexity(parser, flags); !s.ok()) return ExitFor(s);
   return kExitOk;
 }
 
