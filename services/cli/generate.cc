@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "engine/memory_size.h"
 #include "services/cli/args.h"
+#include "services/cli/command_status.h"
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
 #include "services/cli/kv_dtype_flag.h"
@@ -52,11 +53,6 @@ struct GenerateFlags {
   bool json = false;
   bool ignore_eos = false;
 };
-
-int UsageError(const std::string& message) {
-  std::fprintf(stderr, "tandem generate: %s\n", message.c_str());
-  return kExitUsage;
-}
 
 void AddFlags(ArgParser& p, GenerateFlags& f) {
   p.AddString("model", &f.model,
@@ -139,27 +135,35 @@ std::string JsonLine(const RequestResult& r) {
   return json::Dump(line) + "\n";
 }
 
-}  // namespace
+// The flags checked and resolved, the prompts read.
+struct GenerateSetup {
+  bool from_file = false;
+  std::vector<PromptSpec> specs;
+  engine::EngineConfig config;
+};
 
-int RunGenerate(int argc, char** argv) {
-  GenerateFlags flags;
-  ArgParser parser("generate",
-                   "Generates text from a prompt (or a file of prompts, as a continuous batch) "
-                   "with a local GGUF model; greedy when --temperature is 0.");
-  AddFlags(parser, flags);
-  if (absl::Status s = parser.Parse(argc, argv, 2); !s.ok()) {
-    return UsageError(std::string(s.message()));
+// A finished prompt, in input order: a JSON line, the text under a header
+// (--prompts-file) or the newline after the streamed text.
+void PrintResult(const GenerateFlags& flags, const GenerateSetup& setup, size_t index,
+                 const RequestResult& r) {
+  if (flags.json) {
+    std::fputs(JsonLine(r).c_str(), stdout);
+  } else if (setup.from_file) {
+    std::printf("--- prompt %zu (line %d) ---\n%s\n", index + 1, setup.specs[index].line,
+                r.text.c_str());
+  } else {
+    std::fputc('\n', stdout);
   }
-  if (parser.help_requested()) {
-    std::fputs(parser.Help().c_str(), stdout);
-    return kExitOk;
-  }
-  const bool from_file = parser.WasSet("prompts-file");
-  if (from_file == parser.WasSet("prompt")) {
-    return UsageError("give exactly one of --prompt and --prompts-file");
-  }
-  if (!flags.chat && parser.WasSet("system")) return UsageError("--system needs --chat");
+  std::fflush(stdout);
+}
 
+absl::StatusOr<GenerateSetup> CheckFlags(const ArgParser& parser, const GenerateFlags& flags) {
+  GenerateSetup setup;
+  setup.from_file = parser.WasSet("prompts-file");
+  if (setup.from_file == parser.WasSet("prompt")) {
+    return UsageStatus("give exactly one of --prompt and --prompts-file");
+  }
+  if (!flags.chat && parser.WasSet("system")) return UsageStatus("--system needs --chat");
   engine::SamplingParams defaults;
   defaults.temperature = flags.temperature;
   defaults.top_k = flags.top_k;
@@ -168,77 +172,72 @@ int RunGenerate(int argc, char** argv) {
   defaults.seed = static_cast<uint64_t>(flags.seed);
   defaults.stop.max_tokens = flags.max_tokens;
   defaults.stop.ignore_eos = flags.ignore_eos;
-  if (absl::Status s = defaults.Validate(); !s.ok()) return UsageError(std::string(s.message()));
-  std::vector<PromptSpec> specs;
-  if (from_file) {
+  if (absl::Status s = defaults.Validate(); !s.ok()) return UsageStatus(s);
+  if (setup.from_file) {
     auto read = ReadPromptsFile(flags.prompts_file, defaults);
-    if (!read.ok()) return UsageError(std::string(read.status().message()));
-    specs = std::move(read).value();
+    if (!read.ok()) return UsageStatus(read.status());
+    setup.specs = std::move(read).value();
   } else {
-    specs.push_back({flags.prompt, 0, defaults});
+    setup.specs.push_back({flags.prompt, 0, defaults});
   }
   auto kv_bytes = engine::ParseMemorySize(flags.kv_cache_memory);
-  if (!kv_bytes.ok())
-    return UsageError("--kv-cache-memory: " + std::string(kv_bytes.status().message()));
+  if (!kv_bytes.ok()) {
+    return UsageStatus("--kv-cache-memory: " + std::string(kv_bytes.status().message()));
+  }
   auto device = ResolveDevice(flags.device);
-  if (!device.ok()) return UsageError(std::string(device.status().message()));
+  if (!device.ok()) return UsageStatus(device.status());
   auto kv_dtype = ResolveKvDtype(flags.kv_cache_dtype, *device);
-  if (!kv_dtype.ok()) return UsageError(std::string(kv_dtype.status().message()));
+  if (!kv_dtype.ok()) return UsageStatus(kv_dtype.status());
   auto spec = ResolveSpec(flags.spec);
-  if (!spec.ok()) return UsageError(std::string(spec.status().message()));
-
-  const int threads = flags.threads > 0
-                          ? static_cast<int>(flags.threads)
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  ThreadPool pool(threads);
-  if (flags.spec.method == "draft") {
-    auto target = ResolveModelPath(flags.model);
-    if (!target.ok()) return UsageError(std::string(target.status().message()));
-    if (absl::Status s = CheckDraftVocab(flags.spec, *target); !s.ok()) {
-      return UsageError(std::string(s.message()));
-    }
-  }
-  auto loaded = LoadModel(flags.model, &pool, /*verbose=*/true);
-  if (!loaded.ok()) return UsageError(std::string(loaded.status().message()));
-  const tokenizer::Tokenizer& tok = *loaded->tokenizer;
-  const int64_t context = loaded->model->config().context_length;
-
-  std::vector<RequestResult> results(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const std::string where =
-        from_file ? absl::StrFormat("%s:%d: ", flags.prompts_file, specs[i].line) : "";
-    auto ids = EncodePrompt(flags, specs[i].text, tok);
-    if (!ids.ok()) return UsageError(where + std::string(ids.status().message()));
-    if (ids->empty()) return UsageError(where + "the prompt encodes to zero tokens");
-    const int64_t max_tokens = specs[i].params.stop.max_tokens.value_or(flags.max_tokens);
-    if (static_cast<int64_t>(ids->size()) + max_tokens > context) {
-      return UsageError(absl::StrFormat(
-          "%sprompt (%d tokens) + --max-tokens %d exceeds the model's context length %d", where,
-          ids->size(), max_tokens, context));
-    }
-    results[i].prompt_ids = std::move(ids).value();
-  }
-
-  engine::EngineConfig config;
+  if (!spec.ok()) return UsageStatus(spec.status());
+  engine::EngineConfig& config = setup.config;
   config.device = *device;
   config.kv_cache_dtype = *kv_dtype;
   config.spec = *spec;
   config.kv_cache_memory_bytes = *kv_bytes;
   config.scheduler.max_num_seqs = flags.max_num_seqs;
   config.scheduler.max_num_batched_tokens = flags.max_num_batched_tokens;
-  auto eng = engine::Engine::Create(config, loaded->model.get(), &tok);
-  if (!eng.ok()) return UsageError(std::string(eng.status().message()));
-  std::fprintf(stderr, "[engine] %s\n[engine] %s\n", (*eng)->kv_cache_description().c_str(),
-               (*eng)->executor_description().c_str());
-  if (!(*eng)->draft_description().empty()) {
-    std::fprintf(stderr, "[engine] %s\n", (*eng)->draft_description().c_str());
+  if (flags.spec.method == "draft") {
+    auto target = ResolveModelPath(flags.model);
+    if (!target.ok()) return UsageStatus(target.status());
+    if (absl::Status s = CheckDraftVocab(flags.spec, *target); !s.ok()) return UsageStatus(s);
   }
+  return setup;
+}
 
+// One result per prompt, with its token ids; every prompt fits the context.
+absl::StatusOr<std::vector<RequestResult>> EncodeAll(const GenerateFlags& flags,
+                                                     const GenerateSetup& setup,
+                                                     const tokenizer::Tokenizer& tok,
+                                                     int64_t context) {
+  std::vector<RequestResult> results(setup.specs.size());
+  for (size_t i = 0; i < setup.specs.size(); ++i) {
+    const PromptSpec& spec = setup.specs[i];
+    const std::string where =
+        setup.from_file ? absl::StrFormat("%s:%d: ", flags.prompts_file, spec.line) : "";
+    auto ids = EncodePrompt(flags, spec.text, tok);
+    if (!ids.ok()) return UsageStatus(where + std::string(ids.status().message()));
+    if (ids->empty()) return UsageStatus(where + "the prompt encodes to zero tokens");
+    const int64_t max_tokens = spec.params.stop.max_tokens.value_or(flags.max_tokens);
+    if (static_cast<int64_t>(ids->size()) + max_tokens > context) {
+      return UsageStatus(absl::StrFormat(
+          "%sprompt (%d tokens) + --max-tokens %d exceeds the model's context length %d", where,
+          ids->size(), max_tokens, context));
+    }
+    results[i].prompt_ids = std::move(ids).value();
+  }
+  return results;
+}
+
+// Runs every prompt through `eng`, --concurrency at a time: streams the text
+// of a single prompt as it comes, prints finished prompts in input order.
+absl::Status RunAll(const GenerateFlags& flags, const GenerateSetup& setup, engine::Engine& eng,
+                    std::vector<RequestResult>& results) {
   EventQueue queue;
-  const bool stream_text = !from_file && !flags.json;
-  const size_t concurrency = from_file ? static_cast<size_t>(flags.concurrency) : 1;
+  const std::vector<PromptSpec>& specs = setup.specs;
+  const bool stream_text = !setup.from_file && !flags.json;
+  const size_t concurrency = setup.from_file ? static_cast<size_t>(flags.concurrency) : 1;
   size_t next_submit = 0, in_flight = 0, done = 0, next_print = 0;
-  const absl::Time start = absl::Now();
   while (done < specs.size()) {
     while (in_flight < concurrency && next_submit < specs.size()) {
       const size_t i = next_submit++;
@@ -247,12 +246,8 @@ int RunGenerate(int argc, char** argv) {
       req.prompt_token_ids = results[i].prompt_ids;
       req.params = specs[i].params;
       req.on_event = [&queue, i](const engine::EngineEvent& e) { queue.Push(i, e); };
-      auto handle = (*eng)->Submit(std::move(req));
-      if (!handle.ok()) {
-        std::fprintf(stderr, "tandem generate: %s\n",
-                     std::string(handle.status().message()).c_str());
-        return kExitFailure;
-      }
+      auto handle = eng.Submit(std::move(req));
+      if (!handle.ok()) return absl::InternalError(handle.status().message());
       ++in_flight;
     }
     auto [i, event] = queue.Pop();
@@ -268,31 +263,64 @@ int RunGenerate(int argc, char** argv) {
     }
     const auto& finish = std::get<engine::FinishEvent>(event);
     if (finish.reason == engine::FinishReason::kError) {
-      std::fprintf(stderr, "tandem generate: request %zu failed: %s\n", i,
-                   std::string(finish.status.message()).c_str());
-      return kExitFailure;
+      return absl::InternalError(
+          absl::StrFormat("request %d failed: %s", i, finish.status.message()));
     }
     r.Finish(finish, std::string(engine::FinishReasonName(finish.reason)));
     if (stream_text) std::fwrite(finish.text.data(), 1, finish.text.size(), stdout);
     --in_flight;
     ++done;
     for (; next_print < specs.size() && results[next_print].done; ++next_print) {
-      const RequestResult& p = results[next_print];
-      if (flags.json) {
-        std::fputs(JsonLine(p).c_str(), stdout);
-      } else if (from_file) {
-        std::printf("--- prompt %zu (line %d) ---\n%s\n", next_print + 1, specs[next_print].line,
-                    p.text.c_str());
-      } else {
-        std::fputc('\n', stdout);
-      }
-      std::fflush(stdout);
+      PrintResult(flags, setup, next_print, results[next_print]);
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Generate(const ArgParser& parser, const GenerateFlags& flags) {
+  absl::StatusOr<GenerateSetup> setup = CheckFlags(parser, flags);
+  if (!setup.ok()) return setup.status();
+  const int threads = flags.threads > 0
+                          ? static_cast<int>(flags.threads)
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ThreadPool pool(threads);
+  auto loaded = LoadModel(flags.model, &pool, /*verbose=*/true);
+  if (!loaded.ok()) return UsageStatus(loaded.status());
+  const tokenizer::Tokenizer& tok = *loaded->tokenizer;
+  auto results = EncodeAll(flags, *setup, tok, loaded->model->config().context_length);
+  if (!results.ok()) return results.status();
+  auto eng = engine::Engine::Create(setup->config, loaded->model.get(), &tok);
+  if (!eng.ok()) return UsageStatus(eng.status());
+  std::fprintf(stderr, "[engine] %s\n[engine] %s\n", (*eng)->kv_cache_description().c_str(),
+               (*eng)->executor_description().c_str());
+  if (!(*eng)->draft_description().empty()) {
+    std::fprintf(stderr, "[engine] %s\n", (*eng)->draft_description().c_str());
+  }
+  const absl::Time start = absl::Now();
+  if (absl::Status s = RunAll(flags, *setup, **eng, *results); !s.ok()) return s;
   const double wall_s = absl::ToDoubleSeconds(absl::Now() - start);
   const engine::EngineStats stats = (*eng)->Stats();
   (*eng)->Shutdown();
-  PrintRunStats(results, wall_s, stats, /*per_request=*/from_file, stderr);
+  PrintRunStats(*results, wall_s, stats, /*per_request=*/setup->from_file, stderr);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunGenerate(int argc, char** argv) {
+  GenerateFlags flags;
+  ArgParser parser("generate",
+                   "Generates text from a prompt (or a file of prompts, as a continuous batch) "
+                   "with a local GGUF model; greedy when --temperature is 0.");
+  AddFlags(parser, flags);
+  if (absl::Status s = parser.Parse(argc, argv, 2); !s.ok()) {
+    return ExitFor("generate", UsageStatus(s));
+  }
+  if (parser.help_requested()) {
+    std::fputs(parser.Help().c_str(), stdout);
+    return kExitOk;
+  }
+  if (absl::Status s = Generate(parser, flags); !s.ok()) return ExitFor("generate", s);
   return kExitOk;
 }
 

@@ -32,6 +32,7 @@
 #include "engine/executor.h"
 #include "engine/forward_batch.h"
 #include "services/cli/args.h"
+#include "services/cli/command_status.h"
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
 #include "services/cli/kld_base.h"
@@ -60,16 +61,6 @@ struct PerplexityFlags {
   int64_t kl_top_k = 1024;
   bool json = false;
 };
-
-int UsageError(const std::string& message) {
-  std::fprintf(stderr, "tandem perplexity: %s\n", message.c_str());
-  return kExitUsage;
-}
-
-int Failure(const std::string& message) {
-  std::fprintf(stderr, "tandem perplexity: %s\n", message.c_str());
-  return kExitFailure;
-}
 
 void AddFlags(ArgParser& p, PerplexityFlags& f) {
   p.AddString("model", &f.model,
@@ -191,15 +182,8 @@ json::OrderedJson KldJson(const KldSummary& s, const KldBaseHeader& h) {
           {"same_top_p", JsonMean(s.same_top)}};
 }
 
-// Usage errors (bad flags, unreadable or mismatched inputs: exit 2) travel
-// as InvalidArgument; anything else is a failure of the run (exit 1).
-absl::Status Usage(const std::string& message) { return absl::InvalidArgumentError(message); }
-absl::Status Usage(const absl::Status& s) { return absl::InvalidArgumentError(s.message()); }
-
-int ExitFor(const absl::Status& s) {
-  if (s.code() == absl::StatusCode::kInvalidArgument) return UsageError(std::string(s.message()));
-  return Failure(std::string(s.message()));
-}
+absl::Status Usage(const std::string& message) { return UsageStatus(message); }
+absl::Status Usage(const absl::Status& s) { return UsageStatus(s); }
 
 // The flags checked and resolved; `reader` is open in compare mode (the base
 // fixes n_ctx and the chunk count unless they are given).
@@ -566,13 +550,13 @@ int RunPerplexity(int argc, char** argv) {
                    "against a saved base run (docs/perplexity.md).");
   AddFlags(parser, flags);
   if (absl::Status s = parser.Parse(argc, argv, 2); !s.ok()) {
-    return UsageError(std::string(s.message()));
+    return ExitFor("perplexity", UsageStatus(s));
   }
   if (parser.help_requested()) {
     std::fputs(parser.Help().c_str(), stdout);
     return kExitOk;
   }
-  if (absl::Status s = Perplexity(parser, flags); !s.ok()) return ExitFor(s);
+  if (absl::Status s = Perplexity(parser, flags); !s.ok()) return ExitFor("perplexity", s);
   return kExitOk;
 }
 
