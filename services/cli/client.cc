@@ -14,6 +14,7 @@
 #include "common/json.h"
 #include "grpcpp/create_channel.h"
 #include "services/cli/args.h"
+#include "services/cli/command_status.h"
 #include "services/cli/commands.h"
 #include "services/cli/run_stats.h"
 #include "services/cli/security_flags.h"
@@ -131,9 +132,9 @@ std::string JsonLine(const Result& r) {
 
 }  // namespace
 
-int RunClient(int argc, char** argv) {
-  ClientFlags f;
-  ArgParser p("client", "Calls tandem.v1.Generation/Generate on a running server.");
+namespace {
+
+void AddClientFlags(ArgParser& p, ClientFlags& f) {
   p.AddString("server", &f.server, "router address host:port");
   p.AddString("prompt", &f.prompt, "prompt text (required)");
   p.AddBool("chat", &f.chat,
@@ -156,44 +157,12 @@ int RunClient(int argc, char** argv) {
   p.AddString("api-key", &f.api_key,
               "bearer key for a router started with --api-key-file (default $TANDEM_API_KEY)");
   AddClientTlsFlags(p, f.tls);
-  if (absl::Status s = p.Parse(argc, argv, 2); !s.ok()) {
-    std::fprintf(stderr, "tandem client: %s\n", std::string(s.message()).c_str());
-    return kExitUsage;
-  }
-  if (p.help_requested()) {
-    std::fputs(p.Help().c_str(), stdout);
-    return kExitOk;
-  }
-  if (!p.WasSet("prompt")) {
-    std::fprintf(stderr, "tandem client: --prompt is required\n");
-    return kExitUsage;
-  }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  f.api_key = ResolveApiKey(f.api_key);
-  auto security = services::MakeChannelSecurity(f.tls);
-  if (!security.ok()) {
-    std::fprintf(stderr, "tandem client: %s\n", std::string(security.status().message()).c_str());
-    return kExitUsage;
-  }
-  auto channel = services::CreateChannel(f.server, *security, args);
-  auto stub = tandem::v1::Generation::NewStub(channel);
+}
 
-  std::vector<Result> results(static_cast<size_t>(f.num_requests));
-  std::atomic<int64_t> next{0};
-  const bool print_stream = f.stream && !f.json && f.num_requests == 1;
-  const absl::Time start = absl::Now();
-  std::vector<std::thread> threads;
-  for (int64_t t = 0; t < std::min(f.concurrency, f.num_requests); ++t) {
-    threads.emplace_back([&] {
-      for (int64_t i; (i = next.fetch_add(1)) < f.num_requests;) {
-        results[i] = RunOne(*stub, f, i, print_stream);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  const double wall_s = absl::ToDoubleSeconds(absl::Now() - start);
-
+// Prints each result (JSON lines, or the text) and the summary on stderr;
+// exit 1 when any request failed.
+int Report(const ClientFlags& f, const std::vector<Result>& results, double wall_s,
+           bool print_stream) {
   int exit_code = kExitOk;
   std::vector<double> ttft, tpot;
   int64_t tokens = 0;
@@ -225,6 +194,42 @@ int RunClient(int argc, char** argv) {
                  Quantile(tpot, 0.5), Quantile(tpot, 0.99));
   }
   return exit_code;
+}
+
+}  // namespace
+
+int RunClient(int argc, char** argv) {
+  ClientFlags f;
+  ArgParser p("client", "Calls tandem.v1.Generation/Generate on a running server.");
+  AddClientFlags(p, f);
+  if (absl::Status s = p.Parse(argc, argv, 2); !s.ok()) return ExitFor("client", UsageStatus(s));
+  if (p.help_requested()) {
+    std::fputs(p.Help().c_str(), stdout);
+    return kExitOk;
+  }
+  if (!p.WasSet("prompt")) return ExitFor("client", UsageStatus("--prompt is required"));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  f.api_key = ResolveApiKey(f.api_key);
+  auto security = services::MakeChannelSecurity(f.tls);
+  if (!security.ok()) return ExitFor("client", UsageStatus(security.status()));
+  auto channel = services::CreateChannel(f.server, *security, args);
+  auto stub = tandem::v1::Generation::NewStub(channel);
+
+  std::vector<Result> results(static_cast<size_t>(f.num_requests));
+  std::atomic<int64_t> next{0};
+  const bool print_stream = f.stream && !f.json && f.num_requests == 1;
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> threads;
+  for (int64_t t = 0; t < std::min(f.concurrency, f.num_requests); ++t) {
+    threads.emplace_back([&] {
+      for (int64_t i; (i = next.fetch_add(1)) < f.num_requests;) {
+        results[i] = RunOne(*stub, f, i, print_stream);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return Report(f, results, absl::ToDoubleSeconds(absl::Now() - start), print_stream);
 }
 
 }  // namespace tandem::cli

@@ -36,55 +36,44 @@ std::vector<std::string> SplitList(const std::string& list) {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& flags) {
-  // Security flags are checked before any slow start-up work.
-  TANDEM_RETURN_IF_ERROR(services::ValidateServerTls(flags.tls));
-  std::vector<std::string> api_keys;
-  if (!flags.api_key_file.empty()) {
-    TANDEM_ASSIGN_OR_RETURN(api_keys, services::LoadApiKeyFile(flags.api_key_file));
+namespace {
+
+// --colocated: loads the whole model into `r` and starts the engine the
+// router runs in-process.
+absl::Status StartLocalEngine(const RouterFlags& flags, const std::string& path, RunningRouter& r,
+                              router::RouterServer::Options& o) {
+  const int threads = flags.threads > 0
+                          ? static_cast<int>(flags.threads)
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  r.pool = std::make_unique<ThreadPool>(threads);
+  TANDEM_ASSIGN_OR_RETURN(r.loaded, LoadModel(path, r.pool.get(), /*verbose=*/true));
+  auto kv_bytes = engine::ParseMemorySize(flags.kv_cache_memory);
+  if (!kv_bytes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--kv-cache-memory: %s", kv_bytes.status().message()));
   }
-  auto r = std::make_unique<RunningRouter>();
-  TANDEM_ASSIGN_OR_RETURN(std::string path, ResolveModelPath(flags.model));
-  router::RouterServer::Options o;
-  if (flags.colocated) {
-    const int threads = flags.threads > 0
-                            ? static_cast<int>(flags.threads)
-                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    r->pool = std::make_unique<ThreadPool>(threads);
-    TANDEM_ASSIGN_OR_RETURN(r->loaded, LoadModel(path, r->pool.get(), /*verbose=*/true));
-    auto kv_bytes = engine::ParseMemorySize(flags.kv_cache_memory);
-    if (!kv_bytes.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("--kv-cache-memory: %s", kv_bytes.status().message()));
-    }
-    engine::EngineConfig config;
-    TANDEM_ASSIGN_OR_RETURN(config.device, ResolveDevice(flags.device));
-    TANDEM_ASSIGN_OR_RETURN(config.kv_cache_dtype,
-                            ResolveKvDtype(flags.kv_cache_dtype, config.device));
-    TANDEM_ASSIGN_OR_RETURN(config.spec, ResolveSpec(flags.spec));
-    config.kv_cache_memory_bytes = *kv_bytes;
-    config.scheduler.max_num_seqs = flags.max_num_seqs;
-    config.scheduler.max_num_batched_tokens = flags.max_num_batched_tokens;
-    config.scheduler.max_waiting_requests = flags.max_waiting_requests;
-    config.scheduler.max_waiting_tokens = flags.max_waiting_tokens;
-    TANDEM_ASSIGN_OR_RETURN(r->engine, engine::Engine::Create(config, r->loaded.model.get(),
-                                                              r->loaded.tokenizer.get()));
-    spdlog::info("engine: {}", r->engine->kv_cache_description());
-    spdlog::info("engine: {}", r->engine->executor_description());
-    o.local_engine = r->engine.get();
-    o.kv_bytes_per_token = r->engine->kv_bytes_per_token();
-  } else {
-    TANDEM_ASSIGN_OR_RETURN(r->loaded, LoadTokenizer(path));
-    o.static_prefill = SplitList(flags.prefill);
-    o.static_decode = SplitList(flags.decode);
-  }
-  TANDEM_ASSIGN_OR_RETURN(engine::ModelConfig config,
-                          engine::ModelConfig::FromGguf(*r->loaded.file));
-  o.host = flags.host;
-  o.port = static_cast<int>(flags.port);
-  o.metrics_port = static_cast<int>(flags.metrics_port);
-  o.metrics_host = flags.host;
-  o.tokenizer = r->loaded.tokenizer.get();
+  engine::EngineConfig config;
+  TANDEM_ASSIGN_OR_RETURN(config.device, ResolveDevice(flags.device));
+  TANDEM_ASSIGN_OR_RETURN(config.kv_cache_dtype,
+                          ResolveKvDtype(flags.kv_cache_dtype, config.device));
+  TANDEM_ASSIGN_OR_RETURN(config.spec, ResolveSpec(flags.spec));
+  config.kv_cache_memory_bytes = *kv_bytes;
+  config.scheduler.max_num_seqs = flags.max_num_seqs;
+  config.scheduler.max_num_batched_tokens = flags.max_num_batched_tokens;
+  config.scheduler.max_waiting_requests = flags.max_waiting_requests;
+  config.scheduler.max_waiting_tokens = flags.max_waiting_tokens;
+  TANDEM_ASSIGN_OR_RETURN(
+      r.engine, engine::Engine::Create(config, r.loaded.model.get(), r.loaded.tokenizer.get()));
+  spdlog::info("engine: {}", r.engine->kv_cache_description());
+  spdlog::info("engine: {}", r.engine->executor_description());
+  o.local_engine = r.engine.get();
+  o.kv_bytes_per_token = r.engine->kv_bytes_per_token();
+  return absl::OkStatus();
+}
+
+// The router's options that come from the model file and the flags.
+void SetModelOptions(const RouterFlags& flags, const std::string& path,
+                     const engine::ModelConfig& config, router::RouterServer::Options& o) {
   o.limits.context_length = static_cast<int32_t>(config.context_length);
   o.limits.vocab_size = static_cast<int32_t>(config.vocab_size);
   o.limits.max_tokens_limit = static_cast<int32_t>(config.context_length - 1);
@@ -101,6 +90,48 @@ absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& fl
   }
   o.model_name = config.name.empty() ? path.substr(path.find_last_of('/') + 1) : config.name;
   o.architecture = config.architecture;
+}
+
+// The OpenAI-compatible HTTP front door on the router's GenerationService.
+absl::StatusOr<std::unique_ptr<http::OpenAiServer>> StartHttp(const RouterFlags& flags,
+                                                              router::RouterServer* server) {
+  http::OpenAiServer::Options ho;
+  ho.host = flags.host;
+  ho.port = static_cast<int>(flags.http_port);
+  ho.generation = server->generation();
+  ho.ready = [server] { return server->Ready(); };
+  // Each streaming call holds a connection thread: as many as gRPC may admit.
+  ho.num_threads = static_cast<int>(std::min<int64_t>(flags.max_inflight + 8, 1024));
+  return http::OpenAiServer::Start(std::move(ho));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& flags) {
+  // Security flags are checked before any slow start-up work.
+  TANDEM_RETURN_IF_ERROR(services::ValidateServerTls(flags.tls));
+  std::vector<std::string> api_keys;
+  if (!flags.api_key_file.empty()) {
+    TANDEM_ASSIGN_OR_RETURN(api_keys, services::LoadApiKeyFile(flags.api_key_file));
+  }
+  auto r = std::make_unique<RunningRouter>();
+  TANDEM_ASSIGN_OR_RETURN(std::string path, ResolveModelPath(flags.model));
+  router::RouterServer::Options o;
+  if (flags.colocated) {
+    TANDEM_RETURN_IF_ERROR(StartLocalEngine(flags, path, *r, o));
+  } else {
+    TANDEM_ASSIGN_OR_RETURN(r->loaded, LoadTokenizer(path));
+    o.static_prefill = SplitList(flags.prefill);
+    o.static_decode = SplitList(flags.decode);
+  }
+  TANDEM_ASSIGN_OR_RETURN(engine::ModelConfig config,
+                          engine::ModelConfig::FromGguf(*r->loaded.file));
+  SetModelOptions(flags, path, config, o);
+  o.host = flags.host;
+  o.port = static_cast<int>(flags.port);
+  o.metrics_port = static_cast<int>(flags.metrics_port);
+  o.metrics_host = flags.host;
+  o.tokenizer = r->loaded.tokenizer.get();
   o.max_inflight = static_cast<int>(flags.max_inflight);
   o.migration_limit = static_cast<int>(flags.migration_limit);
   o.remote_prefill_min_tokens = flags.remote_prefill_min_tokens;
@@ -109,15 +140,7 @@ absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& fl
   o.max_inflight_tokens = flags.max_inflight_tokens;
   TANDEM_ASSIGN_OR_RETURN(r->server, router::RouterServer::Start(std::move(o)));
   if (flags.http_port >= 0) {
-    http::OpenAiServer::Options ho;
-    ho.host = flags.host;
-    ho.port = static_cast<int>(flags.http_port);
-    ho.generation = r->server->generation();
-    router::RouterServer* server = r->server.get();
-    ho.ready = [server] { return server->Ready(); };
-    // Each streaming call holds a connection thread: as many as gRPC may admit.
-    ho.num_threads = static_cast<int>(std::min<int64_t>(flags.max_inflight + 8, 1024));
-    TANDEM_ASSIGN_OR_RETURN(r->http, http::OpenAiServer::Start(std::move(ho)));
+    TANDEM_ASSIGN_OR_RETURN(r->http, StartHttp(flags, r->server.get()));
   }
   return r;
 }

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <string_view>
 
 #include "absl/strings/str_format.h"
 #include "engine/memory_size.h"
 #include "services/cli/args.h"
+#include "services/cli/command_status.h"
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
 #include "services/cli/kv_dtype_flag.h"
@@ -46,10 +48,7 @@ struct WorkerFlags {
   SpecFlags spec;                        // decode: docs/speculative.md
 };
 
-template <typename Server>
-int RunWorker(const char* role, int argc, char** argv) {
-  WorkerFlags f;
-  ArgParser p(role, absl::StrFormat("Runs a %s worker (registers with --router).", role));
+void AddWorkerFlags(ArgParser& p, WorkerFlags& f, std::string_view role) {
   p.AddString("host", &f.host, "gRPC listen host");
   p.AddInt("port", &f.port, 0, 65535, "gRPC port (0 = any free port)");
   p.AddInt("metrics-port", &f.metrics_port, -1, 65535, "/metrics HTTP port (-1 = off, 0 = any)");
@@ -71,39 +70,31 @@ int RunWorker(const char* role, int argc, char** argv) {
   AddServerTlsFlags(p, f.tls);
   AddDeviceFlag(p, &f.device);
   AddKvDtypeFlag(p, &f.kv_cache_dtype);
-  if (std::string_view(role) == "decode") AddSpecFlags(p, &f.spec);
+  if (role == "decode") AddSpecFlags(p, &f.spec);
   p.AddString("kv-transport", &f.kv_transport,
               "KV handoff prefill -> decode: host (gRPC) or nccl (GPUs, docs/nccl.md); "
               "both roles must agree");
-  auto usage = [role](const std::string& m) {
-    std::fprintf(stderr, "tandem %s: %s\n", role, m.c_str());
-    return kExitUsage;
-  };
-  if (absl::Status s = p.Parse(argc, argv, 2); !s.ok()) return usage(std::string(s.message()));
-  if (p.help_requested()) {
-    std::fputs(p.Help().c_str(), stdout);
-    return kExitOk;
-  }
-  if (absl::Status s = services::ValidateServerTls(f.tls); !s.ok()) {
-    return usage(std::string(s.message()));
-  }
+}
+
+// The flags checked (every error a usage error) and mapped to the config.
+absl::StatusOr<services::WorkerServerConfig> ConfigFromFlags(const WorkerFlags& f) {
+  if (absl::Status s = services::ValidateServerTls(f.tls); !s.ok()) return UsageStatus(s);
   if (absl::Status s = transfer::CheckKvTransportKind(f.kv_transport); !s.ok()) {
-    return usage(std::string(s.message()));
+    return UsageStatus(s);
   }
   auto device = ResolveDevice(f.device);
-  if (!device.ok()) return usage(std::string(device.status().message()));
+  if (!device.ok()) return UsageStatus(device.status());
   auto kv_dtype = ResolveKvDtype(f.kv_cache_dtype, *device);
-  if (!kv_dtype.ok()) return usage(std::string(kv_dtype.status().message()));
+  if (!kv_dtype.ok()) return UsageStatus(kv_dtype.status());
   auto spec = ResolveSpec(f.spec);
-  if (!spec.ok()) return usage(std::string(spec.status().message()));
+  if (!spec.ok()) return UsageStatus(spec.status());
   auto path = ResolveModelPath(f.model);
-  if (!path.ok()) return usage(std::string(path.status().message()));
-  if (absl::Status s = CheckDraftVocab(f.spec, *path); !s.ok())
-    return usage(std::string(s.message()));
+  if (!path.ok()) return UsageStatus(path.status());
+  if (absl::Status s = CheckDraftVocab(f.spec, *path); !s.ok()) return UsageStatus(s);
   auto kv_bytes = engine::ParseMemorySize(f.kv_cache_memory);
-  if (!kv_bytes.ok())
-    return usage("--kv-cache-memory: " + std::string(kv_bytes.status().message()));
-
+  if (!kv_bytes.ok()) {
+    return UsageStatus("--kv-cache-memory: " + std::string(kv_bytes.status().message()));
+  }
   services::WorkerServerConfig config;
   config.listen_address = absl::StrFormat("%s:%d", f.host, f.port);
   if (f.metrics_port >= 0) {
@@ -120,23 +111,26 @@ int RunWorker(const char* role, int argc, char** argv) {
   config.engine.scheduler.max_num_batched_tokens = f.max_num_batched_tokens;
   config.engine.scheduler.max_waiting_requests = f.max_waiting_requests;
   config.engine.scheduler.max_waiting_tokens = f.max_waiting_tokens;
-  // Every running or waiting request holds one sync RPC thread, so the
-  // engine's bounds (with their message) come before gRPC's thread quota;
-  // the rest serve PushKv, ReleaseKv, GetStats and health.
+  // gRPC's thread quota for the worker's synchronous RPCs (the streaming
+  // Prefill / Decode run on reactors and hold no thread): the engine's
+  // bounds, with their message, come before it.
   config.max_rpc_threads =
       static_cast<int>(std::min<int64_t>(f.max_num_seqs + f.max_waiting_requests + 32, 4096));
   config.router_address = f.router;
   config.tls = f.tls;
   config.kv_lease = absl::Seconds(f.kv_lease_seconds);
   config.kv_transport = f.kv_transport;
+  return config;
+}
 
+// Starts the server, serves until SIGINT / SIGTERM, drains, stops.
+template <typename Server>
+absl::Status Serve(const char* role, const WorkerFlags& f,
+                   const services::WorkerServerConfig& config) {
   LogInit(role);
   BlockStopSignals();
   auto server = Server::Start(config);
-  if (!server.ok()) {
-    std::fprintf(stderr, "tandem %s: %s\n", role, std::string(server.status().message()).c_str());
-    return kExitFailure;
-  }
+  if (!server.ok()) return absl::InternalError(server.status().message());
   spdlog::info("gRPC on {}:{}, /metrics on port {}{}{}", f.host, (*server)->port(),
                (*server)->metrics_port(), f.router.empty() ? "" : ", router ", f.router);
   while (WaitStopSignal(absl::Seconds(1)) == 0) {
@@ -149,6 +143,22 @@ int RunWorker(const char* role, int argc, char** argv) {
                idle ? "drained" : "drain timed out, cutting the calls left",
                absl::ToDoubleSeconds(absl::Now() - drain_start));
   (*server)->Shutdown();
+  return absl::OkStatus();
+}
+
+template <typename Server>
+int RunWorker(const char* role, int argc, char** argv) {
+  WorkerFlags f;
+  ArgParser p(role, absl::StrFormat("Runs a %s worker (registers with --router).", role));
+  AddWorkerFlags(p, f, role);
+  if (absl::Status s = p.Parse(argc, argv, 2); !s.ok()) return ExitFor(role, UsageStatus(s));
+  if (p.help_requested()) {
+    std::fputs(p.Help().c_str(), stdout);
+    return kExitOk;
+  }
+  absl::StatusOr<services::WorkerServerConfig> config = ConfigFromFlags(f);
+  if (!config.ok()) return ExitFor(role, config.status());
+  if (absl::Status s = Serve<Server>(role, f, *config); !s.ok()) return ExitFor(role, s);
   return kExitOk;
 }
 
