@@ -105,12 +105,13 @@ int64_t MaxSequences(double budget_bytes, int64_t kv_bytes_per_sequence) {
 
 }  // namespace
 
-absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
-  if (absl::Status s = in.Validate(); !s.ok()) return s;
+namespace {
+
+// Memory: weights, the KV budget, sequences that fit (per KV dtype too).
+void PlanMemory(const PlanInputs& in, Plan& p) {
   const ModelShape& m = in.model;
-  Plan p;
   p.num_parameters = m.NumParameters();
-  // Memory: the seed's formula, exactly (+ int8/fp8 scales).
+  // The seed's formula, exactly (+ int8/fp8 scales).
   p.kv_bytes_per_token = KvBytesPerToken(m, in.kv_bytes_per_element, in.kv_scale_bytes_per_head);
   p.kv_bytes_per_sequence = p.kv_bytes_per_token * in.context_length;
   if (in.use_file_weight_bytes) {
@@ -121,8 +122,8 @@ absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
   }
   p.weight_bits =
       8.0 * static_cast<double>(p.weights_bytes) / static_cast<double>(p.num_parameters);
-  const double weights = static_cast<double>(p.weights_bytes);
-  p.kv_budget_bytes = in.device.memory_bytes - weights - in.reserve_bytes;
+  p.kv_budget_bytes =
+      in.device.memory_bytes - static_cast<double>(p.weights_bytes) - in.reserve_bytes;
   p.max_concurrent_sequences = MaxSequences(p.kv_budget_bytes, p.kv_bytes_per_sequence);
   for (const KvDtypeSpec& s : KvDtypeSpecs()) {
     const int64_t bpt = KvBytesPerToken(m, s.bytes_per_element, s.scale_bytes_per_head);
@@ -133,8 +134,11 @@ absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
   p.batch_fits = p.batch <= p.max_concurrent_sequences;
   p.kv_bytes_for_batch =
       static_cast<double>(p.batch) * static_cast<double>(p.kv_bytes_per_sequence);
+}
 
-  // Decode.
+// Decode: bytes per step, the roofline bound and the expected rate.
+void PlanDecode(const PlanInputs& in, Plan& p) {
+  const double weights = static_cast<double>(p.weights_bytes);
   p.decode_context = std::min(in.decode_context, in.context_length);
   p.decode_bytes_per_step = weights + static_cast<double>(p.batch) *
                                           static_cast<double>(p.decode_context) *
@@ -154,19 +158,11 @@ absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
   p.decode_steps_per_second_bound_full_context =
       1.0 /
       DecodeStepSeconds(in, weights, p.kv_bytes_per_token, p.batch, in.context_length, 1.0, 1.0);
+}
 
-  // Prefill.
-  p.prefill_flops_per_token = PrefillFlopsPerToken(m, in.workload.prompt_tokens);
-  p.prefill_tokens_per_second_bound = in.device.flops_per_second / p.prefill_flops_per_token;
-  p.prefill_tokens_per_second = in.compute_efficiency * p.prefill_tokens_per_second_bound;
-
-  // Cost.
-  p.usd_per_million_output_tokens = in.usd_per_hour / (p.decode_tokens_per_second * 3600) * 1e6;
-  p.usd_per_million_prompt_tokens = in.usd_per_hour / (p.prefill_tokens_per_second * 3600) * 1e6;
-  p.worker_ratio = ComputeWorkerRatio(in, p);
-
-  // Assumptions, stated where the numbers are printed.
-  auto& a = p.assumptions;
+// The assumptions behind the numbers, printed with them.
+std::vector<std::string> Assumptions(const PlanInputs& in, const Plan& p) {
+  std::vector<std::string> a;
   a.push_back(absl::StrFormat(
       "weights %.3g bits/weight (%s); memory in SI units (1 GB = 1e9 B)", p.weight_bits,
       in.use_file_weight_bytes ? "as stored in the file" : "parameters x bits / 8"));
@@ -188,14 +184,33 @@ absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
       absl::StrFormat("decode reaches %.0f%% of peak bandwidth, prefill %.0f%% of peak FLOP/s "
                       "(--bandwidth-efficiency, --compute-efficiency)",
                       100 * in.bandwidth_efficiency, 100 * in.compute_efficiency));
-  if (in.context_length > m.context_length) {
+  if (in.context_length > in.model.context_length) {
     a.push_back(absl::StrFormat("context %d exceeds the model's trained context %d",
-                                in.context_length, m.context_length));
+                                in.context_length, in.model.context_length));
   }
   if (!p.batch_fits) {
     a.push_back(absl::StrFormat("batch %d does not fit: only %d sequences of %d tokens fit",
                                 p.batch, p.max_concurrent_sequences, in.context_length));
   }
+  return a;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> ComputePlan(const PlanInputs& in) {
+  if (absl::Status s = in.Validate(); !s.ok()) return s;
+  Plan p;
+  PlanMemory(in, p);
+  PlanDecode(in, p);
+  // Prefill.
+  p.prefill_flops_per_token = PrefillFlopsPerToken(in.model, in.workload.prompt_tokens);
+  p.prefill_tokens_per_second_bound = in.device.flops_per_second / p.prefill_flops_per_token;
+  p.prefill_tokens_per_second = in.compute_efficiency * p.prefill_tokens_per_second_bound;
+  // Cost.
+  p.usd_per_million_output_tokens = in.usd_per_hour / (p.decode_tokens_per_second * 3600) * 1e6;
+  p.usd_per_million_prompt_tokens = in.usd_per_hour / (p.prefill_tokens_per_second * 3600) * 1e6;
+  p.worker_ratio = ComputeWorkerRatio(in, p);
+  p.assumptions = Assumptions(in, p);
   return p;
 }
 

@@ -189,9 +189,9 @@ std::string FormatPlanTable(const PlanInputs& in, const Plan& p,
   return out;
 }
 
-std::string FormatPlanJson(const PlanInputs& in, const Plan& p,
-                           const MeasuredComparison* measured) {
-  JsonObject o;
+namespace {
+
+void JsonInputs(JsonObject& o, const PlanInputs& in, const Plan& p) {
   o.Str("model", in.model.name);
   o.Str("device", in.device.name);
   o.Bytes("device_memory_bytes", in.device.memory_bytes);
@@ -211,6 +211,9 @@ std::string FormatPlanJson(const PlanInputs& in, const Plan& p,
   o.Bytes("reserve_bytes", in.reserve_bytes);
   o.Num("bandwidth_efficiency", in.bandwidth_efficiency);
   o.Num("compute_efficiency", in.compute_efficiency);
+}
+
+void JsonMemory(JsonObject& o, const Plan& p) {
   o.Int("kv_bytes_per_token", p.kv_bytes_per_token);
   o.Int("kv_bytes_per_sequence", p.kv_bytes_per_sequence);
   o.Int("weights_bytes", p.weights_bytes);
@@ -230,6 +233,9 @@ std::string FormatPlanJson(const PlanInputs& in, const Plan& p,
   o.Int("batch", p.batch);
   o.Bool("batch_fits", p.batch_fits);
   o.Bytes("kv_bytes_for_batch", p.kv_bytes_for_batch);
+}
+
+void JsonDecodeAndPrefill(JsonObject& o, const Plan& p) {
   o.Int("decode_context", p.decode_context);
   o.Bytes("decode_bytes_per_step", p.decode_bytes_per_step);
   o.Bool("decode_compute_bound", p.decode_compute_bound);
@@ -244,7 +250,9 @@ std::string FormatPlanJson(const PlanInputs& in, const Plan& p,
   o.Num("prefill_tokens_per_second", p.prefill_tokens_per_second);
   o.Num("usd_per_million_output_tokens", p.usd_per_million_output_tokens);
   o.Num("usd_per_million_prompt_tokens", p.usd_per_million_prompt_tokens);
-  const WorkerRatio& r = p.worker_ratio;
+}
+
+void JsonWorkerRatio(JsonObject& o, const PlanInputs& in, const WorkerRatio& r) {
   o.Int("workload_prompt_tokens", in.workload.prompt_tokens);
   o.Int("workload_output_tokens", in.workload.output_tokens);
   o.Num("workload_request_rate", in.workload.request_rate);
@@ -261,24 +269,36 @@ std::string FormatPlanJson(const PlanInputs& in, const Plan& p,
   o.Num("decode_tokens_per_second_per_worker", r.decode_tokens_per_second_per_worker);
   o.Int("decode_workers", r.decode_workers);
   o.Num("prefill_to_decode_ratio", r.prefill_to_decode_ratio);
-  if (measured != nullptr) {
-    const MeasuredComparison& m = *measured;
-    o.Num("measured_output_tokens_per_second", m.bench.output_tokens_per_second);
-    o.Num("measured_concurrency", m.bench.concurrency);
-    o.Num("measured_decode_steps_per_second", m.decode_steps_per_second);
-    o.Num("measured_decode_context", m.decode_context);
-    o.Bytes("measured_decode_bytes_per_step", m.decode_bytes_per_step);
-    o.Num("achieved_bandwidth_bytes_per_second", m.achieved_bandwidth_bytes_per_second);
-    o.Num("bandwidth_fraction_of_limit", m.bandwidth_fraction_of_limit);
-    o.Num("measured_output_tokens_per_second_bound", m.output_tokens_per_second_bound);
-    o.Num("output_tokens_fraction_of_bound", m.output_tokens_fraction_of_bound);
-    if (m.prefill_tokens_per_second) {
-      o.Num("measured_prefill_tokens_per_second", *m.prefill_tokens_per_second);
-      o.Num("compute_fraction_of_limit", *m.compute_fraction_of_limit);
-    }
-    o.Num("measured_usd_per_million_output_tokens", m.usd_per_million_output_tokens);
-    o.Strs("measured_warnings", m.warnings);
+}
+
+void JsonMeasured(JsonObject& o, const MeasuredComparison& m) {
+  o.Num("measured_output_tokens_per_second", m.bench.output_tokens_per_second);
+  o.Num("measured_concurrency", m.bench.concurrency);
+  o.Num("measured_decode_steps_per_second", m.decode_steps_per_second);
+  o.Num("measured_decode_context", m.decode_context);
+  o.Bytes("measured_decode_bytes_per_step", m.decode_bytes_per_step);
+  o.Num("achieved_bandwidth_bytes_per_second", m.achieved_bandwidth_bytes_per_second);
+  o.Num("bandwidth_fraction_of_limit", m.bandwidth_fraction_of_limit);
+  o.Num("measured_output_tokens_per_second_bound", m.output_tokens_per_second_bound);
+  o.Num("output_tokens_fraction_of_bound", m.output_tokens_fraction_of_bound);
+  if (m.prefill_tokens_per_second) {
+    o.Num("measured_prefill_tokens_per_second", *m.prefill_tokens_per_second);
+    o.Num("compute_fraction_of_limit", *m.compute_fraction_of_limit);
   }
+  o.Num("measured_usd_per_million_output_tokens", m.usd_per_million_output_tokens);
+  o.Strs("measured_warnings", m.warnings);
+}
+
+}  // namespace
+
+std::string FormatPlanJson(const PlanInputs& in, const Plan& p,
+                           const MeasuredComparison* measured) {
+  JsonObject o;
+  JsonInputs(o, in, p);
+  JsonMemory(o, p);
+  JsonDecodeAndPrefill(o, p);
+  JsonWorkerRatio(o, in, p.worker_ratio);
+  if (measured != nullptr) JsonMeasured(o, *measured);
   o.Strs("assumptions", p.assumptions);
   return o.Finish();
 }
