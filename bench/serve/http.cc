@@ -8,6 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -57,6 +58,132 @@ std::string ErrorName(httplib::Error e) {
   }
 }
 
+// The /v1/completions request: greedy, streamed, with the usage chunk.
+json::Json Body(const std::string& model, const BenchRequest& request) {
+  json::Json body = {{"model", model},
+                     {"max_tokens", request.max_tokens},
+                     {"temperature", 0},
+                     {"stream", true},
+                     {"ignore_eos", request.ignore_eos},
+                     {"stream_options", {{"include_usage", true}}}};
+  if (request.prompt_ids.empty()) {
+    body["prompt"] = request.prompt_text;
+  } else {
+    body["prompt"] = request.prompt_ids;
+  }
+  return body;
+}
+
+// One streamed completion: the HTTP status, the server-sent events as they
+// arrive (timings, usage, finish reason) and how the stream ended.
+class StreamReader {
+ public:
+  StreamReader(const BenchRequest& request, absl::Time deadline)
+      : deadline_(deadline), t0_(absl::Now()) {
+    r_.prompt_tokens = request.expected_prompt_tokens;
+  }
+
+  int status = 0;  // set by the response handler
+
+  // The body bytes as they come; false stops the transfer.
+  bool OnBytes(std::string_view data) {
+    total_ += data.size();
+    if (total_ > kMaxResponseBytes) return Stop("TOO_LARGE", "response over 64 MiB");
+    if (absl::Now() >= deadline_) return Stop("DEADLINE_EXCEEDED", "deadline");
+    if (status != 200) {
+      error_body_.append(data.substr(0, 200 - std::min<size_t>(200, error_body_.size())));
+      return true;
+    }
+    for (const std::string& event : sse_.Feed(data)) {
+      if (!OnEvent(event)) return false;
+    }
+    return true;
+  }
+
+  // The record once the client returned `res`.
+  RequestRecord Finish(const httplib::Result& res) {
+    if (!done_) {
+      if (!stream_error_.empty()) return Fail(stream_error_, error_body_);
+      if (status != 0 && status != 200) return Fail(absl::StrCat("HTTP_", status), error_body_);
+      if (!res) {
+        return Fail(absl::Now() >= deadline_ ? "DEADLINE_EXCEEDED" : ErrorName(res.error()),
+                    httplib::to_string(res.error()));
+      }
+    }
+    r_.e2e_ms = absl::ToDoubleMilliseconds(absl::Now() - t0_);
+    r_.output_tokens = usage_tokens_ >= 0 ? usage_tokens_ : r_.num_chunks;
+    if (r_.num_chunks == 0) return Fail("NO_TOKENS", "stream ended without text");
+    r_.ok = true;
+    r_.error_code = "OK";
+    return r_;
+  }
+
+ private:
+  bool Stop(std::string code, std::string body) {
+    stream_error_ = std::move(code);
+    error_body_ = std::move(body);
+    return false;
+  }
+
+  RequestRecord Fail(std::string code, std::string msg) {
+    r_.e2e_ms = absl::ToDoubleMilliseconds(absl::Now() - t0_);
+    r_.error_code = std::move(code);
+    r_.error_message = std::move(msg);
+    return r_;
+  }
+
+  // One `data:` payload; false ends the stream ([DONE] or malformed).
+  bool OnEvent(const std::string& data) {
+    if (data == "[DONE]") {
+      done_ = true;
+      return false;
+    }
+    absl::StatusOr<json::Json> v = json::Parse(data);
+    if (!v.ok() || !v->is_object()) return Stop("SSE_MALFORMED", data.substr(0, 200));
+    if (auto u = v->find("usage"); u != v->end() && u->is_object()) ReadUsage(*u);
+    auto choices = v->find("choices");
+    if (choices == v->end() || !choices->is_array() || choices->empty()) return true;
+    const json::Json& ch = (*choices)[0];
+    if (!ch.is_object()) return true;
+    if (auto fr = ch.find("finish_reason"); fr != ch.end() && fr->is_string()) {
+      r_.finish_reason = fr->get<std::string>();
+    }
+    auto text = ch.find("text");
+    if (text == ch.end() || !text->is_string() || text->get_ref<const std::string&>().empty()) {
+      return true;
+    }
+    const double now_ms = absl::ToDoubleMilliseconds(absl::Now() - t0_);
+    if (r_.num_chunks == 0) {
+      r_.ttft_ms = now_ms;
+    } else {
+      r_.itl_ms.push_back(now_ms - last_ms_);
+    }
+    last_ms_ = now_ms;
+    ++r_.num_chunks;
+    return true;
+  }
+
+  void ReadUsage(const json::Json& u) {
+    if (auto n = u.find("completion_tokens"); n != u.end() && n->is_number()) {
+      usage_tokens_ = n->get<int64_t>();
+    }
+    if (auto n = u.find("prompt_tokens"); n != u.end() && n->is_number()) {
+      r_.prompt_tokens = n->get<int64_t>();
+    }
+  }
+
+  const absl::Time deadline_;
+  const absl::Time t0_;
+  RequestRecord r_;
+  std::string error_body_;
+  std::string stream_error_;  // set when the receiver stops the transfer
+  bool done_ = false;
+  SseParser sse_;
+  int64_t usage_tokens_ = -1;
+  double last_ms_ = 0;
+  size_t total_ = 0;
+};
+
 class OpenAiHttpBackend : public Backend {
  public:
   OpenAiHttpBackend(std::string host, std::string port, std::string path, std::string model)
@@ -79,124 +206,23 @@ class OpenAiHttpBackend : public Backend {
   }
 
   RequestRecord Send(const BenchRequest& request, absl::Time deadline) override {
-    RequestRecord r;
-    r.prompt_tokens = request.expected_prompt_tokens;
-    json::Json body = {{"model", model_},
-                       {"max_tokens", request.max_tokens},
-                       {"temperature", 0},
-                       {"stream", true},
-                       {"ignore_eos", request.ignore_eos},
-                       {"stream_options", {{"include_usage", true}}}};
-    if (request.prompt_ids.empty()) {
-      body["prompt"] = request.prompt_text;
-    } else {
-      body["prompt"] = request.prompt_ids;
-    }
-    const absl::Time t0 = absl::Now();
-    auto fail = [&](std::string code, std::string msg) {
-      r.e2e_ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
-      r.error_code = std::move(code);
-      r.error_message = std::move(msg);
-      return r;
-    };
-
-    int status = 0;
-    std::string error_body;
-    std::string stream_error;  // set by the receiver when it stops the transfer
-    bool done = false;
-    SseParser sse;
-    int64_t usage_tokens = -1;
-    double last_ms = 0;
-    size_t total = 0;
-    auto on_event = [&](const std::string& data) -> bool {
-      if (data == "[DONE]") {
-        done = true;
-        return false;
-      }
-      absl::StatusOr<json::Json> v = json::Parse(data);
-      if (!v.ok() || !v->is_object()) {
-        stream_error = "SSE_MALFORMED";
-        error_body = data.substr(0, 200);
-        return false;
-      }
-      if (auto u = v->find("usage"); u != v->end() && u->is_object()) {
-        if (auto n = u->find("completion_tokens"); n != u->end() && n->is_number()) {
-          usage_tokens = n->get<int64_t>();
-        }
-        if (auto n = u->find("prompt_tokens"); n != u->end() && n->is_number()) {
-          r.prompt_tokens = n->get<int64_t>();
-        }
-      }
-      auto choices = v->find("choices");
-      if (choices == v->end() || !choices->is_array() || choices->empty()) return true;
-      const json::Json& ch = (*choices)[0];
-      if (!ch.is_object()) return true;
-      if (auto fr = ch.find("finish_reason"); fr != ch.end() && fr->is_string()) {
-        r.finish_reason = fr->get<std::string>();
-      }
-      auto text = ch.find("text");
-      if (text == ch.end() || !text->is_string() || text->get_ref<const std::string&>().empty()) {
-        return true;
-      }
-      const double now_ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
-      if (r.num_chunks == 0) {
-        r.ttft_ms = now_ms;
-      } else {
-        r.itl_ms.push_back(now_ms - last_ms);
-      }
-      last_ms = now_ms;
-      ++r.num_chunks;
-      return true;
-    };
-
+    StreamReader reader(request, deadline);
     httplib::Request req;
     req.method = "POST";
     req.path = path_;
     req.headers = {{"Accept", "text/event-stream"}};
-    req.body = json::Dump(body);
+    req.body = json::Dump(Body(model_, request));
     req.set_header("Content-Type", "application/json");
     req.response_handler = [&](const httplib::Response& res) {
-      status = res.status;
+      reader.status = res.status;
       return true;
     };
     req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-      total += n;
-      if (total > kMaxResponseBytes) {
-        stream_error = "TOO_LARGE";
-        error_body = "response over 64 MiB";
-        return false;
-      }
-      if (absl::Now() >= deadline) {
-        stream_error = "DEADLINE_EXCEEDED";
-        error_body = "deadline";
-        return false;
-      }
-      if (status != 200) {
-        error_body.append(data,
-                          std::min<size_t>(n, 200 - std::min<size_t>(200, error_body.size())));
-        return true;
-      }
-      for (const std::string& event : sse.Feed(std::string_view(data, n))) {
-        if (!on_event(event)) return false;
-      }
-      return true;
+      return reader.OnBytes(std::string_view(data, n));
     };
     httplib::Client c = Client(deadline);
     httplib::Result res = c.send(req);
-    if (!done) {
-      if (!stream_error.empty()) return fail(stream_error, error_body);
-      if (status != 0 && status != 200) return fail(absl::StrCat("HTTP_", status), error_body);
-      if (!res) {
-        return fail(absl::Now() >= deadline ? "DEADLINE_EXCEEDED" : ErrorName(res.error()),
-                    httplib::to_string(res.error()));
-      }
-    }
-    r.e2e_ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
-    r.output_tokens = usage_tokens >= 0 ? usage_tokens : r.num_chunks;
-    if (r.num_chunks == 0) return fail("NO_TOKENS", "stream ended without text");
-    r.ok = true;
-    r.error_code = "OK";
-    return r;
+    return reader.Finish(res);
   }
 
  private:
