@@ -1,5 +1,5 @@
-// Many concurrent Generate streams against a real `tandem serve --colocated`
-// (issue 16: the asynchronous gRPC edge). Every stream is admitted (the
+// Many concurrent Generate streams against a real `tandem serve`, colocated
+// and disaggregated (issue 16: the asynchronous gRPC edge). Every stream is admitted (the
 // router's and the engine's bounds are set above the stream count), so none
 // may end RESOURCE_EXHAUSTED; all complete with max_tokens tokens; and the
 // router's thread count stays bounded while they are open: Generate is a
@@ -86,7 +86,9 @@ class StreamReader final : public grpc::ClientReadReactor<tandem::v1::GenerateRe
   tandem::v1::FinishReason reason_ = tandem::v1::FINISH_REASON_UNSPECIFIED;
 };
 
-TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
+// Runs NumStreams() streams against `tandem serve` started with `args`
+// (plus the bounds above the stream count) and checks the above.
+void RunManyStreams(const char* mode, std::vector<std::string> args) {
   const int n = NumStreams();
   constexpr int kMaxTokens = 4;
   // A thread-per-stream router would add about n threads; gRPC's callback
@@ -96,9 +98,13 @@ TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
   const std::string limit = std::to_string(n + 16);
   // No HTTP API: its connection pool (a thread per connection, sized from
   // --max-inflight, all started up front) would hide the gRPC edge's count.
-  const std::string err =
-      cluster.Start({"--colocated", "--max-inflight", limit, "--max-waiting-requests", limit,
-                     "--threads", "2", "--http-port", "-1"});
+  for (const std::string& a : {std::string("--max-inflight"), limit,
+                               std::string("--max-waiting-requests"), limit,
+                               std::string("--threads"), std::string("2"),
+                               std::string("--http-port"), std::string("-1")}) {
+    args.push_back(a);
+  }
+  const std::string err = cluster.Start(args);
   ASSERT_EQ(err, "") << err;
   const Endpoint router = cluster.endpoints()[0];
   ASSERT_EQ(router.role, "router");
@@ -112,10 +118,10 @@ TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
   // Several connections, as many clients would open.
   std::vector<std::unique_ptr<tandem::v1::Generation::Stub>> stubs;
   for (int c = 0; c < 8; ++c) {
-    grpc::ChannelArguments args;
-    args.SetInt("tandem.test.channel", c);  // distinct args: a connection each
-    stubs.push_back(tandem::v1::Generation::NewStub(
-        grpc::CreateCustomChannel(router.grpc_address, grpc::InsecureChannelCredentials(), args)));
+    grpc::ChannelArguments channel_args;
+    channel_args.SetInt("tandem.test.channel", c);  // distinct args: a connection each
+    stubs.push_back(tandem::v1::Generation::NewStub(grpc::CreateCustomChannel(
+        router.grpc_address, grpc::InsecureChannelCredentials(), channel_args)));
   }
   {  // warm: connections, the router's first call
     std::atomic<int> done{0};
@@ -170,9 +176,9 @@ TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
     }
   }
   std::printf(
-      "[many_streams] %d streams: %d ok, %d RESOURCE_EXHAUSTED, %d other errors in %.2f s; "
+      "[many_streams %s] %d streams: %d ok, %d RESOURCE_EXHAUSTED, %d other errors in %.2f s; "
       "router threads %d before, peak %d while open; peak %g router requests in flight\n",
-      n, ok, exhausted, other, wall_s, threads_before, threads_peak.load(), running_peak.load());
+      mode, n, ok, exhausted, other, wall_s, threads_before, threads_peak.load(), running_peak.load());
   EXPECT_EQ(ok, n);
   EXPECT_EQ(exhausted, 0);  // below every configured limit
   // The streams were open together (admission is immediate; the engine
@@ -183,6 +189,22 @@ TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
   // Every admitted call gave its slot back.
   EXPECT_TRUE(WaitFor([&] { return RouterMetric(router, "tandem_num_requests_running") == 0; }));
   EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
+}
+
+TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
+  RunManyStreams("colocated", {"--colocated"});
+}
+
+// The same through prefill and decode workers: every prompt goes to the
+// prefill worker (ServeProcess sets --remote-prefill-min-tokens 0), so each
+// call holds a Prefill stream, then a Decode stream, from the router. The
+// disaggregated backend's calls are callback state machines, not a thread
+// each, so the router's thread count stays bounded here too. The KV cache is
+// sized so the decode worker can lease every stream's prompt at once (no
+// RESOURCE_EXHAUSTED from the handoff).
+TEST(ManyStreamsTest, DisaggregatedStreamsCompleteWithBoundedRouterThreads) {
+  RunManyStreams("disaggregated", {"--prefill-workers", "1", "--decode-workers", "1",
+                                   "--kv-cache-memory", "1GiB"});
 }
 
 }  // namespace
