@@ -51,7 +51,7 @@ class PushKvReactor final : public grpc::ServerReadReactor<tandem::v1::KvChunk> 
   grpc::CallbackServerContext* const context_;
   tandem::v1::PushKvResponse* const response_;
   const services::ActiveRpc active_;
-  tandem::v1::KvChunk chunk_;  // the read in flight
+  tandem::v1::KvChunk chunk_;                         // the read in flight
   std::optional<transfer::KvPushReceiver> receiver_;  // after the header
   absl::Time start_;
 };

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <optional>
 #include <functional>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -214,8 +214,8 @@ class DisaggregatedCall final : public std::enable_shared_from_this<Disaggregate
 
   // DecodeWorker.ReleaseKv(handle) on `decode` when `release` (best effort:
   // the lease expires anyway), then `next`, on the RPC's callback thread.
-  void ReleaseKvThen(bool release, const std::shared_ptr<Worker>& decode,
-                     const std::string& handle, std::function<void()> next) {
+  void ReleaseKvThen(bool release, const std::shared_ptr<Worker>& decode, const std::string& handle,
+                     std::function<void()> next) {
     if (!release) {
       next();
       return;
@@ -228,12 +228,11 @@ class DisaggregatedCall final : public std::enable_shared_from_this<Disaggregate
     auto* r = new Release;
     r->context.set_deadline(absl::ToChronoTime(absl::Now() + kReleaseTimeout));
     r->request.set_kv_handle(handle);
-    decode->decode->async()->ReleaseKv(
-        &r->context, &r->request, &r->response,
-        [r, decode, next = std::move(next)](const grpc::Status&) {
-          delete r;
-          next();
-        });
+    decode->decode->async()->ReleaseKv(&r->context, &r->request, &r->response,
+                                       [r, decode, next = std::move(next)](const grpc::Status&) {
+                                         delete r;
+                                         next();
+                                       });
   }
 
   // Ends the request with `s` (not a worker fault, or no retry left).
@@ -314,9 +313,8 @@ class DisaggregatedCall final : public std::enable_shared_from_this<Disaggregate
     if (!s.ok()) {
       const Worker* failed = failed_worker();
       // A hung decode worker would hold the release until its timeout.
-      ReleaseKvThen(failed != decode_.get(), decode_, handle_, [self, s, failed] {
-        self->AfterPrefillFailed(s, failed);
-      });
+      ReleaseKvThen(failed != decode_.get(), decode_, handle_,
+                    [self, s, failed] { self->AfterPrefillFailed(s, failed); });
       return;
     }
     if (early_finish_ != tandem::v1::FINISH_REASON_UNSPECIFIED || cancelled()) {
@@ -428,10 +426,10 @@ class DisaggregatedCall final : public std::enable_shared_from_this<Disaggregate
     (f == Failure::kPrefill ? bad_prefill_ : bad_decode_)
         .insert(f == Failure::kPrefill ? prefill_.get() : decode_.get());
     if (attempt_ >= options_.migration_limit) {
-      Finish(tandem::v1::FINISH_REASON_UNSPECIFIED,
-             absl::UnavailableError(
-                 absl::StrFormat("gave up after %d migrations (--migration-limit); last: %s",
-                                 attempt_, last_error_)));
+      Finish(
+          tandem::v1::FINISH_REASON_UNSPECIFIED,
+          absl::UnavailableError(absl::StrFormat(
+              "gave up after %d migrations (--migration-limit); last: %s", attempt_, last_error_)));
       return;
     }
     if (options_.metrics != nullptr) options_.metrics->Migrations(FailureName(f))->Inc();
@@ -439,8 +437,8 @@ class DisaggregatedCall final : public std::enable_shared_from_this<Disaggregate
     decode_ = pool_->PickDecode(bad_decode_);
     if (decode_ == nullptr) {
       Finish(tandem::v1::FINISH_REASON_UNSPECIFIED,
-             absl::UnavailableError(absl::StrFormat(
-                 "no healthy decode worker to migrate to; last: %s", last_error_)));
+             absl::UnavailableError(
+                 absl::StrFormat("no healthy decode worker to migrate to; last: %s", last_error_)));
       return;
     }
     // Null: no prefill worker is healthy; the decode worker prefills.

@@ -98,10 +98,10 @@ void RunManyStreams(const char* mode, std::vector<std::string> args) {
   const std::string limit = std::to_string(n + 16);
   // No HTTP API: its connection pool (a thread per connection, sized from
   // --max-inflight, all started up front) would hide the gRPC edge's count.
-  for (const std::string& a : {std::string("--max-inflight"), limit,
-                               std::string("--max-waiting-requests"), limit,
-                               std::string("--threads"), std::string("2"),
-                               std::string("--http-port"), std::string("-1")}) {
+  for (const std::string& a :
+       {std::string("--max-inflight"), limit, std::string("--max-waiting-requests"), limit,
+        std::string("--threads"), std::string("2"), std::string("--http-port"),
+        std::string("-1")}) {
     args.push_back(a);
   }
   const std::string err = cluster.Start(args);
@@ -178,7 +178,8 @@ void RunManyStreams(const char* mode, std::vector<std::string> args) {
   std::printf(
       "[many_streams %s] %d streams: %d ok, %d RESOURCE_EXHAUSTED, %d other errors in %.2f s; "
       "router threads %d before, peak %d while open; peak %g router requests in flight\n",
-      mode, n, ok, exhausted, other, wall_s, threads_before, threads_peak.load(), running_peak.load());
+      mode, n, ok, exhausted, other, wall_s, threads_before, threads_peak.load(),
+      running_peak.load());
   EXPECT_EQ(ok, n);
   EXPECT_EQ(exhausted, 0);  // below every configured limit
   // The streams were open together (admission is immediate; the engine
@@ -203,8 +204,8 @@ TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
 // sized so the decode worker can lease every stream's prompt at once (no
 // RESOURCE_EXHAUSTED from the handoff).
 TEST(ManyStreamsTest, DisaggregatedStreamsCompleteWithBoundedRouterThreads) {
-  RunManyStreams("disaggregated", {"--prefill-workers", "1", "--decode-workers", "1",
-                                   "--kv-cache-memory", "1GiB"});
+  RunManyStreams("disaggregated",
+                 {"--prefill-workers", "1", "--decode-workers", "1", "--kv-cache-memory", "1GiB"});
 }
 
 }  // namespace
