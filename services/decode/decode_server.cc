@@ -9,6 +9,7 @@
 #include "services/common/convert.h"
 #include "services/common/grpc_status.h"
 #include "services/decode/decode_reactor.h"
+#include "services/decode/push_kv_reactor.h"
 #include "services/transfer/kv_push_receiver.h"
 #include "services/transfer/kv_transport.h"
 #include "services/transfer/nccl_kv_transport.h"
@@ -47,44 +48,17 @@ grpc::Status DrainingStatus() {
 DecodeServiceImpl::DecodeServiceImpl(services::WorkerRuntime* runtime, absl::Duration kv_lease)
     : runtime_(runtime), leases_(kv_lease, runtime->compat().block_size()) {}
 
-grpc::Status DecodeServiceImpl::PushKv(grpc::ServerContext* context,
-                                       grpc::ServerReader<tandem::v1::KvChunk>* reader,
-                                       tandem::v1::PushKvResponse* response) {
-  services::ActiveRpc active(&active_rpcs_);
-  engine::Engine& engine = runtime_->engine();
-  tandem::v1::KvChunk chunk;
-  if (!reader->Read(&chunk)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "PushKv: empty stream");
-  }
-  if (!chunk.has_header()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "PushKv: the first message must be the header");
-  }
-  // Everything is checked before any payload byte is read or memory taken.
-  transfer::KvPushReceiver receiver(&leases_, PushLimits(engine, runtime_->compat()));
-  absl::Status st = receiver.Validate(chunk.header());
-  if (!st.ok()) return services::ToGrpcStatus(st);
-  if (draining_.load()) return DrainingStatus();
-  st = receiver.Reserve(FreeKvBytes(engine, runtime_->compat().block_size()));
-  if (!st.ok()) return services::ToGrpcStatus(st, context);
+grpc::ServerReadReactor<tandem::v1::KvChunk>* DecodeServiceImpl::PushKv(
+    grpc::CallbackServerContext* context, tandem::v1::PushKvResponse* response) {
+  return new PushKvReactor(this, context, response);
+}
 
-  const absl::Time start = absl::Now();
-  while (reader->Read(&chunk)) {
-    if (chunk.part_case() != tandem::v1::KvChunk::kData) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "PushKv: a second header");
-    }
-    st = receiver.AddData(chunk.data());
-    if (!st.ok()) return services::ToGrpcStatus(st);
-  }
-  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "PushKv cancelled");
-  absl::StatusOr<int64_t> committed = receiver.Commit();
-  if (!committed.ok()) return services::ToGrpcStatus(committed.status());
-  const int64_t received = *committed;
-  runtime_->metrics().kv_transfer_bytes->Inc(static_cast<double>(received));
-  runtime_->metrics().kv_transfer_time->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-  response->set_bytes_received(received);
-  response->set_lease_seconds(absl::ToDoubleSeconds(leases_.lease()));
-  return grpc::Status::OK;
+transfer::KvPushLimits DecodeServiceImpl::push_limits() {
+  return PushLimits(runtime_->engine(), runtime_->compat());
+}
+
+int64_t DecodeServiceImpl::free_kv_bytes() {
+  return FreeKvBytes(runtime_->engine(), runtime_->compat().block_size());
 }
 
 grpc::ServerWriteReactor<tandem::v1::DecodeResponse>* DecodeServiceImpl::Decode(

@@ -33,6 +33,7 @@
 #include "services/common/worker_host.h"
 #include "services/common/worker_runtime.h"
 #include "services/transfer/kv_lease_table.h"
+#include "services/transfer/kv_push_receiver.h"
 #include "services/transfer/nccl_receiver.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -41,16 +42,18 @@ namespace tandem::decode {
 // UNAVAILABLE: new work goes to another decode worker.
 grpc::Status DrainingStatus();
 
-// Decode is on gRPC's callback API (decode_reactor.h: no thread per stream,
-// woken by the engine); the other methods are sync.
-class DecodeServiceImpl final : public tandem::v1::DecodeWorker::WithCallbackMethod_Decode<
-                                    tandem::v1::DecodeWorker::Service> {
+// Decode and PushKv are on gRPC's callback API (decode_reactor.h: no thread
+// per stream, woken by the engine; push_kv_reactor.h: no thread per push);
+// the other methods are sync.
+class DecodeServiceImpl final
+    : public tandem::v1::DecodeWorker::WithCallbackMethod_Decode<
+          tandem::v1::DecodeWorker::WithCallbackMethod_PushKv<tandem::v1::DecodeWorker::Service>> {
  public:
   // runtime: not owned.
   DecodeServiceImpl(services::WorkerRuntime* runtime, absl::Duration kv_lease);
 
-  grpc::Status PushKv(grpc::ServerContext* context, grpc::ServerReader<tandem::v1::KvChunk>* reader,
-                      tandem::v1::PushKvResponse* response) override;
+  grpc::ServerReadReactor<tandem::v1::KvChunk>* PushKv(
+      grpc::CallbackServerContext* context, tandem::v1::PushKvResponse* response) override;
   grpc::ServerWriteReactor<tandem::v1::DecodeResponse>* Decode(
       grpc::CallbackServerContext* context, const tandem::v1::DecodeRequest* request) override;
   grpc::Status ReleaseKv(grpc::ServerContext* context, const tandem::v1::ReleaseKvRequest* request,
@@ -75,6 +78,9 @@ class DecodeServiceImpl final : public tandem::v1::DecodeWorker::WithCallbackMet
 
  private:
   friend class DecodeReactor;
+  friend class PushKvReactor;
+  transfer::KvPushLimits push_limits();
+  int64_t free_kv_bytes();  // KV bytes the engine's free blocks hold
   services::WorkerRuntime* runtime_;
   transfer::KvLeaseTable leases_;
   std::atomic<bool> draining_{false};

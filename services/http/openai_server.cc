@@ -38,6 +38,8 @@ class CollectSink final : public router::GenerateSink {
   }
   void WriteLast(const tandem::v1::GenerateResponse& r) override { builder_->Add(r); }
   bool IsCancelled() override { return false; }
+  // No disconnect check: the handler waits for the call's events only.
+  absl::Time NextCheck() override { return absl::InfiniteFuture(); }
 
  private:
   ResponseBuilder* builder_;
@@ -61,6 +63,8 @@ class SseSink final : public router::GenerateSink {
     if (absl::Now() - last_write_ >= ping_interval_) Send(": ping\n\n");
     return broken_;
   }
+  // Only a ping can find the peer gone: no wakeup before the next is due.
+  absl::Time NextCheck() override { return last_write_ + ping_interval_; }
   bool Send(const std::string& data) {
     if (broken_) return false;
     last_write_ = absl::Now();

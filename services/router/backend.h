@@ -46,8 +46,8 @@ struct BackendEvent {
 // stream. Two ways to consume: Pop (blocking, the HTTP server's handler
 // thread) or a notifier (the gRPC reactor, generate_reactor.h): SetNotify
 // registers a function that runs after every Push, on the pushing thread
-// (the engine thread, a backend call thread), without the queue's lock held;
-// it then drains the queue with TryPop. It must be quick and never block.
+// (the engine thread, a gRPC callback thread of the disaggregated backend), without the queue's
+// lock held; it then drains the queue with TryPop. It must be quick and never block.
 class CallQueue {
  public:
   void Push(BackendEvent event) {

@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <optional>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "grpcpp/support/client_callback.h"
 #include "services/common/convert.h"
 #include "services/common/grpc_status.h"
 #include "spdlog/spdlog.h"
@@ -55,43 +56,102 @@ bool WorkerFault(grpc::StatusCode code) {
   }
 }
 
-class DisaggregatedCall final {
+// One stream from a worker (Prefill or Decode) as a gRPC callback
+// reader: each message and the end go to the call's functions on gRPC's
+// callback threads; the reader deletes itself after its OnDone.
+template <typename Request, typename Response>
+class StreamReader final : public grpc::ClientReadReactor<Response> {
+ public:
+  using OnMessage = std::function<void(const Response&)>;
+  using OnEnd = std::function<void(const grpc::Status&)>;
+  StreamReader(Request request, OnMessage on_message, OnEnd on_end)
+      : request_(std::move(request)),
+        on_message_(std::move(on_message)),
+        on_end_(std::move(on_end)) {
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + kWorkerRpcLimit));
+  }
+  grpc::ClientContext* context() { return &context_; }
+  const Request& request() const { return request_; }
+  // Once the stub's async() method has bound the RPC to this reader.
+  void Begin() {
+    this->StartRead(&response_);
+    this->StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows
+    on_message_(response_);
+    this->StartRead(&response_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    OnEnd on_end = std::move(on_end_);
+    on_end(status);  // the call lets go of context_ before anything else
+    delete this;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  const Request request_;
+  Response response_;
+  OnMessage on_message_;
+  OnEnd on_end_;
+};
+
+using PrefillReader = StreamReader<tandem::v1::PrefillRequest, tandem::v1::PrefillResponse>;
+using DecodeReader = StreamReader<tandem::v1::DecodeRequest, tandem::v1::DecodeResponse>;
+
+// One request's state machine. Every step runs on a gRPC callback thread
+// (or, for the first, the thread that called Start) when the previous one's
+// RPC has ended: attempt = [Prefill stream] -> Decode stream, with an
+// asynchronous ReleaseKv before the outcome on every path that does not end
+// in a clean Decode finish, and a re-dispatch (Migrate) after a worker
+// fault. Steps never overlap, so the request's state below needs no lock;
+// only what Cancel() and the pool's watch reach (from other threads) is
+// under mu_. The readers and ReleaseKv callbacks hold the call (shared_ptr)
+// while they are in flight; when the last lets go the call is destroyed and
+// tells LiveCalls.
+class DisaggregatedCall final : public std::enable_shared_from_this<DisaggregatedCall> {
  public:
   DisaggregatedCall(PreparedRequest request, std::shared_ptr<CallQueue> queue, WorkerPool* pool,
-                    const DisaggregatedBackend::Options& options, std::string handle_base)
+                    const DisaggregatedBackend::Options& options, std::string handle_base,
+                    std::shared_ptr<LiveCalls> live)
       : request_(std::move(request)),
         queue_(std::move(queue)),
         pool_(pool),
         options_(options),
-        handle_base_(std::move(handle_base)) {}
+        handle_base_(std::move(handle_base)),
+        live_(std::move(live)) {
+    live_->Add();
+  }
+  // The last step has ended (and let go of the call): the backend may go.
+  ~DisaggregatedCall() { live_->Done(); }
 
-  // Runs `call` on a thread of its own that owns it (a reference) until the
-  // call has ended, ReleaseKv included; `live` counts it meanwhile.
-  static void Launch(std::shared_ptr<DisaggregatedCall> call, std::shared_ptr<Worker> prefill,
-                     std::shared_ptr<Worker> decode, std::shared_ptr<LiveCalls> live) {
-    live->Add();
-    std::thread([call = std::move(call), p = std::move(prefill), d = std::move(decode),
-                 live = std::move(live)]() mutable {
-      std::shared_ptr<DisaggregatedCall> self = std::move(call);
-      self->Run(std::move(p), std::move(d));
-      self.reset();  // the call is gone before the backend may be
-      live->Done();
-    }).detach();
+  // Starts the first attempt. REQUIRES: owned by a shared_ptr.
+  void Begin(std::shared_ptr<Worker> prefill, std::shared_ptr<Worker> decode) {
+    services::ToProto(request_.params, &params_);
+    params_.set_cache_key(request_.cache_key);
+    if (!request_.logprobs) params_.set_top_logprobs(-1);
+    prefill_ = std::move(prefill);
+    decode_ = std::move(decode);
+    StartAttempt();
   }
 
   void Cancel() {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
+    // gRPC 1.51's client reactions never run inline (can_inline = false), so
+    // this cannot re-enter the call under mu_.
     if (active_ != nullptr) active_->TryCancel();
   }
 
  private:
-  // Makes `ctx` the context Cancel() reaches; false when already cancelled.
-  bool Arm(grpc::ClientContext* ctx) {
+  // Makes `ctx` the context Cancel() reaches (and the pool's watch cuts);
+  // cancels it at once when the call already is. Before the RPC is bound: a
+  // ClientContext cancelled before its call exists cancels the call at bind.
+  void Arm(grpc::ClientContext* ctx) {
     absl::MutexLock lock(&mu_);
     active_ = ctx;
     failed_worker_ = nullptr;
-    return !cancelled_;
+    if (cancelled_) ctx->TryCancel();
   }
   void Disarm() {
     absl::MutexLock lock(&mu_);
@@ -106,24 +166,24 @@ class DisaggregatedCall final {
     absl::MutexLock lock(&mu_);
     return failed_worker_;
   }
-  // The pool declared `w` (which the RPC in flight depends on) failed: cut it.
+  // The pool declared `w` (which the RPC in flight depends on) failed: cut
+  // it. Runs on the poll thread under w.mu.
   void OnWorkerFailed(const Worker* w) {
     absl::MutexLock lock(&mu_);
     if (failed_worker_ == nullptr) failed_worker_ = w;
     if (active_ != nullptr) active_->TryCancel();
   }
 
-  // Watches `w` for the duration of one RPC.
-  class WatchScope {
-   public:
-    WatchScope(DisaggregatedCall* call, Worker& w)
-        : w_(w), id_(WorkerPool::Watch(w, [call, p = &w] { call->OnWorkerFailed(p); })) {}
-    ~WatchScope() { WorkerPool::Unwatch(w_, id_); }
-
-   private:
-    Worker& w_;
-    const uint64_t id_;
-  };
+  // Watches `w` until Unwatch(), for the RPC about to start. The watch's
+  // callback holds `this` raw: Unwatch runs (under w.mu, so after any
+  // callback in progress) before the RPC's step lets go of the call.
+  void Watch(Worker& w) {
+    watches_.emplace_back(&w, WorkerPool::Watch(w, [this, p = &w] { OnWorkerFailed(p); }));
+  }
+  void Unwatch() {
+    for (auto& [w, id] : watches_) WorkerPool::Unwatch(*w, id);
+    watches_.clear();
+  }
 
   void Finish(tandem::v1::FinishReason reason, absl::Status status) {
     BackendEvent e;
@@ -152,13 +212,27 @@ class DisaggregatedCall final {
     queue_->Push(std::move(e));
   }
 
-  static void ReleaseKv(Worker& decode, const std::string& handle) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + kReleaseTimeout));
-    tandem::v1::ReleaseKvRequest req;
-    req.set_kv_handle(handle);
-    tandem::v1::ReleaseKvResponse resp;
-    (void)decode.decode->ReleaseKv(&ctx, req, &resp);  // best effort; the lease expires anyway
+  // DecodeWorker.ReleaseKv(handle) on `decode` when `release` (best effort:
+  // the lease expires anyway), then `next`, on the RPC's callback thread.
+  void ReleaseKvThen(bool release, const std::shared_ptr<Worker>& decode, const std::string& handle,
+                     std::function<void()> next) {
+    if (!release) {
+      next();
+      return;
+    }
+    struct Release {
+      grpc::ClientContext context;
+      tandem::v1::ReleaseKvRequest request;
+      tandem::v1::ReleaseKvResponse response;
+    };
+    auto* r = new Release;
+    r->context.set_deadline(absl::ToChronoTime(absl::Now() + kReleaseTimeout));
+    r->request.set_kv_handle(handle);
+    decode->decode->async()->ReleaseKv(&r->context, &r->request, &r->response,
+                                       [r, decode, next = std::move(next)](const grpc::Status&) {
+                                         delete r;
+                                         next();
+                                       });
   }
 
   // Ends the request with `s` (not a worker fault, or no retry left).
@@ -175,195 +249,210 @@ class DisaggregatedCall final {
 
   void FinishCancelled() { Finish(tandem::v1::FINISH_REASON_CANCELLED, absl::OkStatus()); }
 
-  // One dispatch: prefill on `prefill` (null: decode-side prefill), decode
-  // on `decode`. Returns kNone when the request ended (its finish pushed),
-  // else what failed; `last_error` describes it.
-  Failure Attempt(const std::shared_ptr<Worker>& prefill, const std::shared_ptr<Worker>& decode,
-                  const tandem::v1::WorkerSamplingParams& params, int attempt) {
-    const std::string handle =
-        prefill != nullptr ? absl::StrFormat("%s.%d", handle_base_, attempt) : "";
-    // 1. Prefill (prompt + delivered tokens), which pushes the KV to `decode`.
-    if (prefill != nullptr) {
-      tandem::v1::PrefillRequest req;
-      req.set_request_id(request_.request_id);
-      req.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
-                                          request_.prompt_token_ids.end());
-      req.mutable_prefix_output_token_ids()->Add(delivered_.begin(), delivered_.end());
-      *req.mutable_params() = params;
-      req.set_decode_address(decode->address);
-      req.set_kv_handle(handle);
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + kWorkerRpcLimit));
-      grpc::Status s;
-      tandem::v1::FinishReason early_finish = tandem::v1::FINISH_REASON_UNSPECIFIED;
-      bool kv_landed = false;
-      {
-        // The push hangs on the decode worker too when that one hangs.
-        WatchScope watch_prefill(this, *prefill);
-        WatchScope watch_decode(this, *decode);
-        if (Arm(&ctx)) {
-          auto reader = prefill->prefill->Prefill(&ctx, req);
-          tandem::v1::PrefillResponse msg;
-          while (reader->Read(&msg)) {
-            num_cached_tokens_ = std::max(num_cached_tokens_, msg.num_cached_tokens());
-            queue_seconds_ += msg.queue_seconds();
-            // 2. The first token goes to the client the moment it arrives
-            // (TTFT), while the prefill worker still pushes the K/V.
-            std::vector<tandem::v1::PositionLogprobs> lp;
-            if (msg.first_token_id() >= 0 && request_.logprobs) lp.push_back(msg.first_logprobs());
-            if (msg.first_token_id() >= 0) {
-              PushTokens({msg.first_token_id()}, msg.first_text(), std::move(lp));
-            } else if (!msg.first_text().empty()) {
-              PushTokens({}, msg.first_text(), {});
-            }
-            if (msg.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
-              early_finish = msg.finish_reason();
-            }
-            kv_landed = kv_landed || msg.kv_landed();
-          }
-          s = reader->Finish();
-        } else {
-          s = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-        }
-      }
-      Disarm();
-      WorkerPool::DonePrefill(*prefill, static_cast<int64_t>(request_.prompt_token_ids.size()));
-      if (s.ok() && early_finish == tandem::v1::FINISH_REASON_UNSPECIFIED && !kv_landed) {
-        s = grpc::Status(grpc::StatusCode::INTERNAL, "prefill ended without its K/V landing");
-      }
-      if (!s.ok()) {
-        const Worker* failed = failed_worker();
-        if (failed != decode.get()) ReleaseKv(*decode, handle);  // a hung one would stall us
-        WorkerPool::DoneDecode(*decode);
-        if (cancelled()) {
-          FinishCancelled();
-          return Failure::kNone;
-        }
-        last_error_ = absl::StrFormat("prefill worker %s: %s", prefill->address, s.error_message());
-        if (failed == decode.get()) {
-          last_error_ = absl::StrFormat("decode worker %s missed its health checks during the push",
-                                        decode->address);
-          return Failure::kTransfer;
-        }
-        if (s.error_code() == grpc::StatusCode::ABORTED) {  // the push failed
-          WorkerPool::ReportFailure(*decode);
-          return Failure::kTransfer;
-        }
-        if (failed != nullptr || WorkerFault(s.error_code())) {
-          WorkerPool::ReportFailure(*prefill);
-          return Failure::kPrefill;
-        }
-        FinishError(s, absl::StrFormat("prefill worker %s", prefill->address));
-        return Failure::kNone;
-      }
-      if (early_finish != tandem::v1::FINISH_REASON_UNSPECIFIED || cancelled()) {
-        ReleaseKv(*decode, handle);
-        WorkerPool::DoneDecode(*decode);
-        if (cancelled()) {
-          FinishCancelled();
-        } else {
-          Finish(early_finish, absl::OkStatus());
-        }
-        return Failure::kNone;
-      }
+  // One dispatch: prefill on prefill_ (null: decode-side prefill), decode on
+  // decode_.
+  void StartAttempt() {
+    handle_ = prefill_ != nullptr ? absl::StrFormat("%s.%d", handle_base_, attempt_) : "";
+    if (prefill_ != nullptr) {
+      StartPrefill();
+    } else {
+      StartDecode();
     }
-    // 3. Decode adopts the leased KV (or prefills here) and streams the rest.
+  }
+
+  // 1. Prefill (prompt + delivered tokens), which pushes the KV to decode_.
+  void StartPrefill() {
+    tandem::v1::PrefillRequest req;
+    req.set_request_id(request_.request_id);
+    req.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
+                                        request_.prompt_token_ids.end());
+    req.mutable_prefix_output_token_ids()->Add(delivered_.begin(), delivered_.end());
+    *req.mutable_params() = params_;
+    req.set_decode_address(decode_->address);
+    req.set_kv_handle(handle_);
+    early_finish_ = tandem::v1::FINISH_REASON_UNSPECIFIED;
+    kv_landed_ = false;
+    std::shared_ptr<DisaggregatedCall> self = shared_from_this();
+    auto* reader = new PrefillReader(
+        std::move(req), [this](const tandem::v1::PrefillResponse& msg) { OnPrefillMessage(msg); },
+        [self](const grpc::Status& s) { self->OnPrefillEnd(s); });
+    Arm(reader->context());
+    // The push hangs on the decode worker too when that one hangs.
+    Watch(*prefill_);
+    Watch(*decode_);
+    prefill_->prefill->async()->Prefill(reader->context(), &reader->request(), reader);
+    reader->Begin();
+  }
+
+  void OnPrefillMessage(const tandem::v1::PrefillResponse& msg) {
+    num_cached_tokens_ = std::max(num_cached_tokens_, msg.num_cached_tokens());
+    queue_seconds_ += msg.queue_seconds();
+    // 2. The first token goes to the client the moment it arrives (TTFT),
+    // while the prefill worker still pushes the K/V.
+    std::vector<tandem::v1::PositionLogprobs> lp;
+    if (msg.first_token_id() >= 0 && request_.logprobs) lp.push_back(msg.first_logprobs());
+    if (msg.first_token_id() >= 0) {
+      PushTokens({msg.first_token_id()}, msg.first_text(), std::move(lp));
+    } else if (!msg.first_text().empty()) {
+      PushTokens({}, msg.first_text(), {});
+    }
+    if (msg.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+      early_finish_ = msg.finish_reason();
+    }
+    kv_landed_ = kv_landed_ || msg.kv_landed();
+  }
+
+  void OnPrefillEnd(grpc::Status s) {
+    Disarm();
+    Unwatch();
+    WorkerPool::DonePrefill(*prefill_, static_cast<int64_t>(request_.prompt_token_ids.size()));
+    if (s.ok() && early_finish_ == tandem::v1::FINISH_REASON_UNSPECIFIED && !kv_landed_) {
+      s = grpc::Status(grpc::StatusCode::INTERNAL, "prefill ended without its K/V landing");
+    }
+    std::shared_ptr<DisaggregatedCall> self = shared_from_this();
+    if (!s.ok()) {
+      const Worker* failed = failed_worker();
+      // A hung decode worker would hold the release until its timeout.
+      ReleaseKvThen(failed != decode_.get(), decode_, handle_,
+                    [self, s, failed] { self->AfterPrefillFailed(s, failed); });
+      return;
+    }
+    if (early_finish_ != tandem::v1::FINISH_REASON_UNSPECIFIED || cancelled()) {
+      ReleaseKvThen(true, decode_, handle_, [self] {
+        WorkerPool::DoneDecode(*self->decode_);
+        if (self->cancelled()) {
+          self->FinishCancelled();
+        } else {
+          self->Finish(self->early_finish_, absl::OkStatus());
+        }
+      });
+      return;
+    }
+    StartDecode();
+  }
+
+  void AfterPrefillFailed(const grpc::Status& s, const Worker* failed) {
+    WorkerPool::DoneDecode(*decode_);
+    if (cancelled()) {
+      FinishCancelled();
+      return;
+    }
+    last_error_ = absl::StrFormat("prefill worker %s: %s", prefill_->address, s.error_message());
+    if (failed == decode_.get()) {
+      last_error_ = absl::StrFormat("decode worker %s missed its health checks during the push",
+                                    decode_->address);
+      Migrate(Failure::kTransfer);
+      return;
+    }
+    if (s.error_code() == grpc::StatusCode::ABORTED) {  // the push failed
+      WorkerPool::ReportFailure(*decode_);
+      Migrate(Failure::kTransfer);
+      return;
+    }
+    if (failed != nullptr || WorkerFault(s.error_code())) {
+      WorkerPool::ReportFailure(*prefill_);
+      Migrate(Failure::kPrefill);
+      return;
+    }
+    FinishError(s, absl::StrFormat("prefill worker %s", prefill_->address));
+  }
+
+  // 3. Decode adopts the leased KV (or prefills here) and streams the rest.
+  void StartDecode() {
     tandem::v1::DecodeRequest req;
     req.set_request_id(request_.request_id);
-    req.set_kv_handle(handle);
+    req.set_kv_handle(handle_);
     req.mutable_prompt_token_ids()->Add(request_.prompt_token_ids.begin(),
                                         request_.prompt_token_ids.end());
     req.mutable_prefix_output_token_ids()->Add(delivered_.begin(), delivered_.end());
     req.set_first_token_id(-1);
-    *req.mutable_params() = params;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + kWorkerRpcLimit));
-    tandem::v1::FinishReason reason = tandem::v1::FINISH_REASON_UNSPECIFIED;
-    grpc::Status s;
-    {
-      WatchScope watch(this, *decode);
-      if (Arm(&ctx)) {
-        auto reader = decode->decode->Decode(&ctx, req);
-        tandem::v1::DecodeResponse resp;
-        while (reader->Read(&resp)) {
-          if (resp.queue_seconds() > 0) queue_seconds_ += resp.queue_seconds();
-          if (resp.num_cached_tokens() > 0 && prefill == nullptr) {
-            num_cached_tokens_ = std::max(num_cached_tokens_, resp.num_cached_tokens());
-          }
-          if (!resp.token_ids().empty() || !resp.text().empty()) {
-            PushTokens({resp.token_ids().begin(), resp.token_ids().end()}, resp.text(),
-                       {resp.logprobs().begin(), resp.logprobs().end()});
-          }
-          if (resp.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
-            reason = resp.finish_reason();
-          }
-        }
-        s = reader->Finish();
-      } else {
-        s = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
-      }
-    }
-    Disarm();
-    WorkerPool::DoneDecode(*decode);
-    if (s.ok() && reason != tandem::v1::FINISH_REASON_UNSPECIFIED) {
-      Finish(reason, absl::OkStatus());
-      return Failure::kNone;
-    }
-    const bool failed = failed_worker() != nullptr;
-    if (!handle.empty() && !failed) ReleaseKv(*decode, handle);
-    if (cancelled()) {
-      FinishCancelled();
-      return Failure::kNone;
-    }
-    if (s.ok()) s = grpc::Status(grpc::StatusCode::INTERNAL, "stream ended without a finish");
-    last_error_ = absl::StrFormat("decode worker %s: %s", decode->address, s.error_message());
-    if (failed || WorkerFault(s.error_code())) {
-      if (s.error_code() != grpc::StatusCode::NOT_FOUND) WorkerPool::ReportFailure(*decode);
-      return Failure::kDecode;
-    }
-    FinishError(s, absl::StrFormat("decode worker %s", decode->address));
-    return Failure::kNone;
+    *req.mutable_params() = params_;
+    decode_reason_ = tandem::v1::FINISH_REASON_UNSPECIFIED;
+    std::shared_ptr<DisaggregatedCall> self = shared_from_this();
+    auto* reader = new DecodeReader(
+        std::move(req), [this](const tandem::v1::DecodeResponse& resp) { OnDecodeMessage(resp); },
+        [self](const grpc::Status& s) { self->OnDecodeEnd(s); });
+    Arm(reader->context());
+    Watch(*decode_);
+    decode_->decode->async()->Decode(reader->context(), &reader->request(), reader);
+    reader->Begin();
   }
 
-  void Run(std::shared_ptr<Worker> prefill, std::shared_ptr<Worker> decode) {
-    tandem::v1::WorkerSamplingParams params;
-    services::ToProto(request_.params, &params);
-    params.set_cache_key(request_.cache_key);
-    if (!request_.logprobs) params.set_top_logprobs(-1);
-
-    WorkerSet bad_prefill, bad_decode;
-    for (int attempt = 0;; ++attempt) {
-      const Failure f = Attempt(prefill, decode, params, attempt);
-      if (f == Failure::kNone) return;
-      (f == Failure::kPrefill ? bad_prefill : bad_decode)
-          .insert(f == Failure::kPrefill ? prefill.get() : decode.get());
-      if (attempt >= options_.migration_limit) {
-        Finish(tandem::v1::FINISH_REASON_UNSPECIFIED,
-               absl::UnavailableError(
-                   absl::StrFormat("gave up after %d migrations (--migration-limit); last: %s",
-                                   attempt, last_error_)));
-        return;
-      }
-      if (options_.metrics != nullptr) options_.metrics->Migrations(FailureName(f))->Inc();
-      if (!failed_at_.has_value()) failed_at_ = absl::Now();
-      decode = pool_->PickDecode(bad_decode);
-      if (decode == nullptr) {
-        Finish(tandem::v1::FINISH_REASON_UNSPECIFIED,
-               absl::UnavailableError(absl::StrFormat(
-                   "no healthy decode worker to migrate to; last: %s", last_error_)));
-        return;
-      }
-      // Null: no prefill worker is healthy; the decode worker prefills.
-      prefill = pool_->PickPrefill(request_.prompt_token_ids, request_.cache_key, bad_prefill);
-      pool_->NotePrompt(*decode, request_.prompt_token_ids, request_.cache_key);
-      const std::string via =
-          prefill != nullptr
-              ? absl::StrFormat("prefill %s + decode %s", prefill->address, decode->address)
-              : absl::StrFormat("decode %s (decode-side prefill)", decode->address);
-      spdlog::warn("request {}: {}; migrating ({}/{}) to {}, {} tokens delivered",
-                   request_.request_id, last_error_, attempt + 1, options_.migration_limit, via,
-                   delivered_.size());
+  void OnDecodeMessage(const tandem::v1::DecodeResponse& resp) {
+    if (resp.queue_seconds() > 0) queue_seconds_ += resp.queue_seconds();
+    if (resp.num_cached_tokens() > 0 && prefill_ == nullptr) {
+      num_cached_tokens_ = std::max(num_cached_tokens_, resp.num_cached_tokens());
     }
+    if (!resp.token_ids().empty() || !resp.text().empty()) {
+      PushTokens({resp.token_ids().begin(), resp.token_ids().end()}, resp.text(),
+                 {resp.logprobs().begin(), resp.logprobs().end()});
+    }
+    if (resp.finish_reason() != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+      decode_reason_ = resp.finish_reason();
+    }
+  }
+
+  void OnDecodeEnd(const grpc::Status& s) {
+    Disarm();
+    Unwatch();
+    WorkerPool::DoneDecode(*decode_);
+    if (s.ok() && decode_reason_ != tandem::v1::FINISH_REASON_UNSPECIFIED) {
+      Finish(decode_reason_, absl::OkStatus());
+      return;
+    }
+    const bool failed = failed_worker() != nullptr;
+    std::shared_ptr<DisaggregatedCall> self = shared_from_this();
+    ReleaseKvThen(!handle_.empty() && !failed, decode_, handle_,
+                  [self, s, failed] { self->AfterDecodeFailed(s, failed); });
+  }
+
+  void AfterDecodeFailed(grpc::Status s, bool failed) {
+    if (cancelled()) {
+      FinishCancelled();
+      return;
+    }
+    if (s.ok()) s = grpc::Status(grpc::StatusCode::INTERNAL, "stream ended without a finish");
+    last_error_ = absl::StrFormat("decode worker %s: %s", decode_->address, s.error_message());
+    if (failed || WorkerFault(s.error_code())) {
+      if (s.error_code() != grpc::StatusCode::NOT_FOUND) WorkerPool::ReportFailure(*decode_);
+      Migrate(Failure::kDecode);
+      return;
+    }
+    FinishError(s, absl::StrFormat("decode worker %s", decode_->address));
+  }
+
+  // The attempt failed with `f`: re-dispatch elsewhere, or end the request.
+  void Migrate(Failure f) {
+    (f == Failure::kPrefill ? bad_prefill_ : bad_decode_)
+        .insert(f == Failure::kPrefill ? prefill_.get() : decode_.get());
+    if (attempt_ >= options_.migration_limit) {
+      Finish(
+          tandem::v1::FINISH_REASON_UNSPECIFIED,
+          absl::UnavailableError(absl::StrFormat(
+              "gave up after %d migrations (--migration-limit); last: %s", attempt_, last_error_)));
+      return;
+    }
+    if (options_.metrics != nullptr) options_.metrics->Migrations(FailureName(f))->Inc();
+    if (!failed_at_.has_value()) failed_at_ = absl::Now();
+    decode_ = pool_->PickDecode(bad_decode_);
+    if (decode_ == nullptr) {
+      Finish(tandem::v1::FINISH_REASON_UNSPECIFIED,
+             absl::UnavailableError(
+                 absl::StrFormat("no healthy decode worker to migrate to; last: %s", last_error_)));
+      return;
+    }
+    // Null: no prefill worker is healthy; the decode worker prefills.
+    prefill_ = pool_->PickPrefill(request_.prompt_token_ids, request_.cache_key, bad_prefill_);
+    pool_->NotePrompt(*decode_, request_.prompt_token_ids, request_.cache_key);
+    const std::string via =
+        prefill_ != nullptr
+            ? absl::StrFormat("prefill %s + decode %s", prefill_->address, decode_->address)
+            : absl::StrFormat("decode %s (decode-side prefill)", decode_->address);
+    spdlog::warn("request {}: {}; migrating ({}/{}) to {}, {} tokens delivered",
+                 request_.request_id, last_error_, attempt_ + 1, options_.migration_limit, via,
+                 delivered_.size());
+    ++attempt_;
+    StartAttempt();
   }
 
   const PreparedRequest request_;
@@ -371,7 +460,18 @@ class DisaggregatedCall final {
   WorkerPool* const pool_;
   const DisaggregatedBackend::Options options_;
   const std::string handle_base_;
-  // Call thread only.
+  const std::shared_ptr<LiveCalls> live_;
+  // The request's state: touched by one step at a time (see above).
+  tandem::v1::WorkerSamplingParams params_;
+  std::shared_ptr<Worker> prefill_;  // null: decode-side prefill
+  std::shared_ptr<Worker> decode_;
+  int attempt_ = 0;
+  std::string handle_;  // this attempt's kv_handle ("" without a handoff)
+  WorkerSet bad_prefill_, bad_decode_;
+  std::vector<std::pair<Worker*, uint64_t>> watches_;  // the RPC in flight's
+  tandem::v1::FinishReason early_finish_ = tandem::v1::FINISH_REASON_UNSPECIFIED;
+  bool kv_landed_ = false;
+  tandem::v1::FinishReason decode_reason_ = tandem::v1::FINISH_REASON_UNSPECIFIED;
   std::vector<int32_t> delivered_;  // tokens pushed to the client, in order
   std::string last_error_;
   std::optional<absl::Time> failed_at_;  // a failure not yet followed by a token
@@ -385,17 +485,19 @@ class DisaggregatedCall final {
 };
 
 // What the router holds: destroying it cancels the call and returns at once
-// (a gRPC reaction must not block); the call's thread winds down (TryCancel,
-// ReleaseKv) on its own.
+// (a gRPC reaction must not block); the call winds down (TryCancel,
+// ReleaseKv) on gRPC's callback threads. It does not keep the call alive.
 class DisaggregatedCallHandle final : public BackendCall {
  public:
-  explicit DisaggregatedCallHandle(std::shared_ptr<DisaggregatedCall> call)
+  explicit DisaggregatedCallHandle(std::weak_ptr<DisaggregatedCall> call)
       : call_(std::move(call)) {}
-  ~DisaggregatedCallHandle() override { call_->Cancel(); }
-  void Cancel() override { call_->Cancel(); }
+  ~DisaggregatedCallHandle() override { Cancel(); }
+  void Cancel() override {
+    if (std::shared_ptr<DisaggregatedCall> call = call_.lock()) call->Cancel();
+  }
 
  private:
-  std::shared_ptr<DisaggregatedCall> call_;
+  std::weak_ptr<DisaggregatedCall> call_;
 };
 
 }  // namespace
@@ -443,9 +545,9 @@ absl::StatusOr<std::unique_ptr<BackendCall>> DisaggregatedBackend::Start(
   }
   std::string handle = absl::StrFormat("%s/%d", request.request_id, next_handle_.fetch_add(1));
   auto call = std::make_shared<DisaggregatedCall>(request, std::move(queue), pool_, options_,
-                                                  std::move(handle));
-  DisaggregatedCall::Launch(call, std::move(prefill), std::move(decode), live_);
-  return std::make_unique<DisaggregatedCallHandle>(std::move(call));
+                                                  std::move(handle), live_);
+  call->Begin(std::move(prefill), std::move(decode));
+  return std::make_unique<DisaggregatedCallHandle>(call);
 }
 
 }  // namespace tandem::router

@@ -34,13 +34,14 @@
 // tandem_request_migrations_total{reason} and
 // tandem_migration_recovery_seconds.
 //
-// Each call runs on its own thread (bounded by the router's admission
-// limit, plus calls still winding down after the router let go of them);
-// Cancel() TryCancels the RPC in flight. Destroying the BackendCall cancels
-// and returns at once; the thread ends by itself (after ReleaseKv), and the
-// backend's destructor waits for every such thread. The client side is sync
-// gRPC on that thread, not a reactor chain (docs/architecture.md,
-// "Threads").
+// No thread per call: each call is a state machine on gRPC's callback client
+// API (a ClientReadReactor per Prefill / Decode stream, ReleaseKv as a unary
+// callback). A step runs on a gRPC callback thread when the previous RPC
+// ends, and never blocks, so thousands of open streams cost no threads
+// (tests/integration/many_streams_test.cc). Cancel() TryCancels the RPC in
+// flight. Destroying the BackendCall cancels and returns at once; the call
+// winds down (ReleaseKv included) on its own, and the backend's destructor
+// waits until every call has ended (docs/architecture.md, "Threads").
 //
 // Thread safety: thread-safe.
 #ifndef TANDEM_SERVICES_ROUTER_DISAGGREGATED_BACKEND_H_
@@ -61,7 +62,7 @@ namespace tandem::router {
 // (docs/architecture.md, "Where a prompt is prefilled").
 inline constexpr int64_t kDefaultRemotePrefillMinTokens = 64;
 
-// Threads of calls still running (the backend's destructor waits for none).
+// Calls still running (the backend's destructor waits for none).
 class LiveCalls {
  public:
   void Add();
@@ -87,7 +88,7 @@ class DisaggregatedBackend final : public Backend {
   // `pool` (and options.metrics) must outlive the backend and every call.
   explicit DisaggregatedBackend(WorkerPool* pool) : DisaggregatedBackend(pool, Options()) {}
   DisaggregatedBackend(WorkerPool* pool, Options options) : pool_(pool), options_(options) {}
-  ~DisaggregatedBackend() override;  // waits until every call's thread has ended
+  ~DisaggregatedBackend() override;  // waits until every call has ended
   absl::StatusOr<std::unique_ptr<BackendCall>> Start(const PreparedRequest& request,
                                                      std::shared_ptr<CallQueue> queue) override;
   bool Ready() const override;
@@ -96,7 +97,7 @@ class DisaggregatedBackend final : public Backend {
   WorkerPool* pool_;
   const Options options_;
   std::atomic<uint64_t> next_handle_{1};
-  // Shared with the call threads: the last one may still be leaving it.
+  // Shared with the calls: the last one may still be leaving it.
   const std::shared_ptr<LiveCalls> live_ = std::make_shared<LiveCalls>();
 };
 

@@ -16,10 +16,6 @@ namespace {
 using tandem::v1::FinishReason;
 using tandem::v1::GenerateResponse;
 
-// The HTTP path (Stream) checks its connection this often; gRPC streams are
-// woken instead (generate_reactor.h).
-constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
-
 }  // namespace
 
 std::string SanitizeUtf8(std::string_view s) {
@@ -229,8 +225,7 @@ absl::Status GenerationServiceImpl::Stream(AdmittedCall& admitted, absl::Time de
   metrics::TandemMetrics* m = options_.metrics;
   GenerateResponseBuilder builder(admitted.request_, admitted.start_, m);
   while (true) {
-    const absl::Time now = absl::Now();
-    std::optional<BackendEvent> ev = queue->Pop(std::min(now + kPollInterval, finish_by));
+    std::optional<BackendEvent> ev = queue->Pop(std::min(sink->NextCheck(), finish_by));
     if (!ev.has_value()) {
       if (sink->IsCancelled()) {
         call->Cancel();

@@ -48,8 +48,12 @@ class GenerateSink {
   virtual bool Write(const tandem::v1::GenerateResponse& response) = 0;
   // The final message (finish reason, usage, timings).
   virtual void WriteLast(const tandem::v1::GenerateResponse& response) = 0;
-  // True once the client has cancelled / disconnected (polled every 20 ms).
+  // True once the client has cancelled / disconnected. Stream() asks when no
+  // event has come by NextCheck(); until then it waits on the call's queue,
+  // woken by the backend's next event, not by a timer.
   virtual bool IsCancelled() = 0;
+  // When IsCancelled() should next be asked (absl::InfiniteFuture(): never).
+  virtual absl::Time NextCheck() = 0;
 };
 
 // Turns one call's BackendEvents into GenerateResponses and records the

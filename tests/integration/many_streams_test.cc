@@ -1,10 +1,11 @@
-// Many concurrent Generate streams against a real `tandem serve --colocated`
-// (issue 16: the asynchronous gRPC edge). Every stream is admitted (the
+// Many concurrent Generate streams against a real `tandem serve`, colocated
+// and disaggregated (issue 16: the asynchronous gRPC edge). Every stream is admitted (the
 // router's and the engine's bounds are set above the stream count), so none
 // may end RESOURCE_EXHAUSTED; all complete with max_tokens tokens; and the
 // router's thread count stays bounded while they are open: Generate is a
 // callback reactor, not a thread per call (a thread-per-stream router would
-// grow by about the stream count).
+// grow by about the stream count). Disaggregated, the decode worker's
+// thread count stays bounded too (PushKv and Decode are reactors).
 //
 // The client is one process with gRPC callback readers (no thread per
 // stream either). TANDEM_TEST_STREAMS sets the stream count (default 400;
@@ -86,7 +87,9 @@ class StreamReader final : public grpc::ClientReadReactor<tandem::v1::GenerateRe
   tandem::v1::FinishReason reason_ = tandem::v1::FINISH_REASON_UNSPECIFIED;
 };
 
-TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
+// Runs NumStreams() streams against `tandem serve` started with `args`
+// (plus the bounds above the stream count) and checks the above.
+void RunManyStreams(const char* mode, std::vector<std::string> args) {
   const int n = NumStreams();
   constexpr int kMaxTokens = 4;
   // A thread-per-stream router would add about n threads; gRPC's callback
@@ -96,9 +99,13 @@ TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
   const std::string limit = std::to_string(n + 16);
   // No HTTP API: its connection pool (a thread per connection, sized from
   // --max-inflight, all started up front) would hide the gRPC edge's count.
-  const std::string err =
-      cluster.Start({"--colocated", "--max-inflight", limit, "--max-waiting-requests", limit,
-                     "--threads", "2", "--http-port", "-1"});
+  for (const std::string& a :
+       {std::string("--max-inflight"), limit, std::string("--max-waiting-requests"), limit,
+        std::string("--threads"), std::string("2"), std::string("--http-port"),
+        std::string("-1")}) {
+    args.push_back(a);
+  }
+  const std::string err = cluster.Start(args);
   ASSERT_EQ(err, "") << err;
   const Endpoint router = cluster.endpoints()[0];
   ASSERT_EQ(router.role, "router");
@@ -112,10 +119,10 @@ TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
   // Several connections, as many clients would open.
   std::vector<std::unique_ptr<tandem::v1::Generation::Stub>> stubs;
   for (int c = 0; c < 8; ++c) {
-    grpc::ChannelArguments args;
-    args.SetInt("tandem.test.channel", c);  // distinct args: a connection each
-    stubs.push_back(tandem::v1::Generation::NewStub(
-        grpc::CreateCustomChannel(router.grpc_address, grpc::InsecureChannelCredentials(), args)));
+    grpc::ChannelArguments channel_args;
+    channel_args.SetInt("tandem.test.channel", c);  // distinct args: a connection each
+    stubs.push_back(tandem::v1::Generation::NewStub(grpc::CreateCustomChannel(
+        router.grpc_address, grpc::InsecureChannelCredentials(), channel_args)));
   }
   {  // warm: connections, the router's first call
     std::atomic<int> done{0};
@@ -128,13 +135,23 @@ TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
   ASSERT_TRUE(WaitFor([&] { return RouterMetric(router, "tandem_num_requests_running") == 0; }));
   const int threads_before = NumThreads(router.pid);
   ASSERT_GT(threads_before, 0);
+  // The decode worker (disaggregated): its PushKv and Decode are reactors too.
+  int decode_pid = 0;
+  for (const Endpoint& e : cluster.endpoints()) {
+    if (e.role == "decode") decode_pid = e.pid;
+  }
+  const int decode_threads_before = decode_pid != 0 ? NumThreads(decode_pid) : 0;
 
   std::atomic<bool> sampling{true};
   std::atomic<int> threads_peak{threads_before};
+  std::atomic<int> decode_threads_peak{decode_threads_before};
   std::atomic<double> running_peak{0};
   std::thread sampler([&] {
     while (sampling.load()) {
       threads_peak.store(std::max(threads_peak.load(), NumThreads(router.pid)));
+      if (decode_pid != 0) {
+        decode_threads_peak.store(std::max(decode_threads_peak.load(), NumThreads(decode_pid)));
+      }
       running_peak.store(
           std::max(running_peak.load(), RouterMetric(router, "tandem_num_requests_running")));
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -170,9 +187,11 @@ TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
     }
   }
   std::printf(
-      "[many_streams] %d streams: %d ok, %d RESOURCE_EXHAUSTED, %d other errors in %.2f s; "
-      "router threads %d before, peak %d while open; peak %g router requests in flight\n",
-      n, ok, exhausted, other, wall_s, threads_before, threads_peak.load(), running_peak.load());
+      "[many_streams %s] %d streams: %d ok, %d RESOURCE_EXHAUSTED, %d other errors in %.2f s; "
+      "router threads %d before, peak %d while open; peak %g router requests in flight; "
+      "decode worker threads %d before, peak %d\n",
+      mode, n, ok, exhausted, other, wall_s, threads_before, threads_peak.load(),
+      running_peak.load(), decode_threads_before, decode_threads_peak.load());
   EXPECT_EQ(ok, n);
   EXPECT_EQ(exhausted, 0);  // below every configured limit
   // The streams were open together (admission is immediate; the engine
@@ -180,9 +199,31 @@ TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
   // something.
   EXPECT_GE(running_peak.load(), n / 2);
   EXPECT_LE(threads_peak.load(), threads_before + kMaxExtraThreads);
+  // Nor the decode worker's: a sync PushKv held one of its handler threads
+  // per push in flight (measured +40 at 400 streams), the reactor none (+3).
+  constexpr int kMaxExtraDecodeThreads = 24;
+  if (decode_pid != 0) {
+    EXPECT_LE(decode_threads_peak.load(), decode_threads_before + kMaxExtraDecodeThreads);
+  }
   // Every admitted call gave its slot back.
   EXPECT_TRUE(WaitFor([&] { return RouterMetric(router, "tandem_num_requests_running") == 0; }));
   EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
+}
+
+TEST(ManyStreamsTest, ConcurrentStreamsCompleteWithBoundedRouterThreads) {
+  RunManyStreams("colocated", {"--colocated"});
+}
+
+// The same through prefill and decode workers: every prompt goes to the
+// prefill worker (ServeProcess sets --remote-prefill-min-tokens 0), so each
+// call holds a Prefill stream, then a Decode stream, from the router. The
+// disaggregated backend's calls are callback state machines, not a thread
+// each, so the router's thread count stays bounded here too. The KV cache is
+// sized so the decode worker can lease every stream's prompt at once (no
+// RESOURCE_EXHAUSTED from the handoff).
+TEST(ManyStreamsTest, DisaggregatedStreamsCompleteWithBoundedRouterThreads) {
+  RunManyStreams("disaggregated",
+                 {"--prefill-workers", "1", "--decode-workers", "1", "--kv-cache-memory", "1GiB"});
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "tandem/v1/generation.grpc.pb.h"
 #include "tests/integration/cluster_util.h"
 #include "tests/util/http_get.h"
+#include "tests/util/wait.h"
 
 namespace tandem::testing {
 namespace {
@@ -215,8 +216,10 @@ TEST(OverloadTest, RouterInflightBoundRejectsBurstFastWithBoundedMemory) {
   // under a loaded machine never reach it) and holds nothing now.
   EXPECT_GE(RouterMetric(router, "tandem_request_errors_total", "RESOURCE_EXHAUSTED"),
             t.refused_by_router);
-  EXPECT_EQ(RouterMetric(router, "tandem_num_requests_running"), 0);
-  EXPECT_EQ(RouterMetric(router, "tandem_num_inflight_tokens"), 0);
+  // The slots go back when each call's reactor is deleted, just after its
+  // client has the status: wait for it.
+  EXPECT_TRUE(WaitFor([&] { return RouterMetric(router, "tandem_num_requests_running") == 0; }));
+  EXPECT_TRUE(WaitFor([&] { return RouterMetric(router, "tandem_num_inflight_tokens") == 0; }));
 
   // Recovered: the next normal request succeeds.
   const Outcome after = One(address, TextRequest(8, 7));
@@ -286,7 +289,10 @@ TEST(OverloadTest, RouterTokenBound) {
   EXPECT_GE(t.exhausted, kBurst / 2);
   EXPECT_LT(t.max_rejected_s, 1.0);
   EXPECT_GT(t.max_ok_s, t.max_rejected_s);
-  EXPECT_EQ(RouterMetric(server.endpoints()[0], "tandem_num_inflight_tokens"), 0);
+  // Given back when each call's reactor is deleted, just after its client
+  // has the status.
+  EXPECT_TRUE(WaitFor(
+      [&] { return RouterMetric(server.endpoints()[0], "tandem_num_inflight_tokens") == 0; }));
 
   const Outcome after = One(address, TextRequest(8, 3));
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();
