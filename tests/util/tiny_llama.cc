@@ -18,6 +18,12 @@ class Builder {
               float scale, float offset = 0.f) {
     if (s_.omit_tensors.count(name)) return;
     if (auto it = s_.shape_override.find(name); it != s_.shape_override.end()) shape = it->second;
+    const size_t dot =
+        name.rfind('.', name.rfind('.') - 1);  // "attn_v.weight" of "blk.0.attn_v.weight"
+    if (auto it = s_.type_override.find(name.substr(dot == std::string::npos ? 0 : dot + 1));
+        it != s_.type_override.end()) {
+      type = it->second;
+    }
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     std::uniform_real_distribution<float> u(-1.f, 1.f);
