@@ -169,7 +169,7 @@ void QuantizeRowRef(const float* x, int64_t cols, const cpu::ActRow& o) {
     for (int i = 0; i < kQBlock; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
     const float dx = amax / 127.f;
     const float id = dx != 0.f ? 1.f / dx : 0.f;
-    int32_t lo, lo2;
+    int32_t lo = 0, lo2 = 0;
     int32_t sum = QuantizeBlockRef(xb, id, o.q + k * kQBlock, qf, &lo);
     float d = dx;
     if (o.q2 != nullptr) {
