@@ -255,7 +255,7 @@ void LlamaModel::RunPackedLayer(int64_t layer, const ForwardBatch& b,
   const int64_t width = qd + 2 * kvd;
   kernels::RmsNormQuantize(s.x.data(), w.attn_norm.data(), T, c.hidden_size, c.rms_eps, &s.acts,
                            levels_.qkv, pool_);
-  kernels::QGemm(w.qkv, s.acts, s.qkv.data(), width, false, pool_);
+  QGemm(w.qkv, s.acts, s.qkv.data(), width, false, pool_);
   // Split Q|K|V (+ bias), RoPE and the K/V cache write, per token (each
   // token's values are computed by one thread alone).
   const kernels::RopeParams rope = RopeOf();
@@ -286,7 +286,7 @@ void LlamaModel::RunPackedLayer(int64_t layer, const ForwardBatch& b,
 
   kernels::RmsNormQuantize(s.x.data(), w.ffn_norm.data(), T, c.hidden_size, c.rms_eps, &s.acts,
                            levels_.gate_up, pool_);
-  kernels::QGemm(w.gate_up, s.acts, s.gu.data(), 2 * c.ffn_size, false, pool_);
+  QGemm(w.gate_up, s.acts, s.gu.data(), 2 * c.ffn_size, false, pool_);
   kernels::SiluMulQuantize(s.gu.data(), T, c.ffn_size, &s.acts, levels_.down, pool_);
   kernels::QGemm(w.down_p, s.acts, s.x.data(), c.hidden_size, true, pool_);
 }

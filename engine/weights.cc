@@ -143,22 +143,52 @@ absl::StatusOr<ModelWeights> ModelWeights::Load(const gguf::GgufFile& file, cons
 
 void ModelWeights::ArenaFree::operator()(uint8_t* p) const { std::free(p); }
 
+int64_t PackedStack::bytes() const {
+  int64_t total = 0;
+  for (const Part& p : parts) total += p.w.bytes();
+  return total;
+}
+
+void QGemm(const PackedStack& m, const kernels::QuantizedActs& acts, float* y, int64_t ldy,
+           bool accumulate, ThreadPool* pool) {
+  for (const PackedStack::Part& p : m.parts) {
+    kernels::QGemm(p.w, acts, y + p.offset, ldy, accumulate, pool);
+  }
+}
+
 void ModelWeights::Pack(ThreadPool* pool) {
   using kernels::IsPackable;
   using kernels::PackedWeight;
   struct Job {
-    std::vector<kernels::WeightView> views;
+    std::vector<kernels::WeightView> views;  // one type
     PackedWeight* out;
     int64_t offset = 0;
   };
   std::vector<Job> jobs;
+  // Runs of consecutive views of one type become the parts of `out`.
+  auto stack = [&](std::vector<kernels::WeightView> views, PackedStack* out) {
+    out->parts.clear();
+    out->parts.reserve(views.size());
+    int64_t row = 0;
+    for (size_t i = 0; i < views.size(); ++i) {
+      if (i == 0 || views[i].type != views[i - 1].type) {
+        out->parts.push_back({PackedWeight(), row});
+        jobs.push_back({{}, &out->parts.back().w});
+      }
+      jobs.back().views.push_back(views[i]);
+      row += views[i].rows;
+    }
+  };
   for (LayerWeights& l : layers) {
-    const bool qkv_ok = IsPackable(l.wq.type) && l.wk.type == l.wq.type && l.wv.type == l.wq.type;
-    const bool ffn_ok = IsPackable(l.w_gate.type) && l.w_up.type == l.w_gate.type;
-    if (!qkv_ok || !ffn_ok || !IsPackable(l.wo.type) || !IsPackable(l.w_down.type)) continue;
-    jobs.push_back({{l.wq, l.wk, l.wv}, &l.qkv});
+    bool ok = true;
+    for (const kernels::WeightView* v :
+         {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      ok = ok && IsPackable(v->type);
+    }
+    if (!ok) continue;
+    stack({l.wq, l.wk, l.wv}, &l.qkv);
     jobs.push_back({{l.wo}, &l.wo_p});
-    jobs.push_back({{l.w_gate, l.w_up}, &l.gate_up});
+    stack({l.w_gate, l.w_up}, &l.gate_up);
     jobs.push_back({{l.w_down}, &l.down_p});
   }
   if (IsPackable(lm_head.type)) jobs.push_back({{lm_head}, &lm_head_p});

@@ -6,7 +6,9 @@
 // repacks the quantized matrices once into the interleaved row-group layout
 // of kernels/qgemm.h (owned, 64-byte aligned copies: about the size of the
 // file's matrices again; the views stay valid for the reference path and the
-// embedding lookup). Q|K|V and gate|up are stacked into one matrix each.
+// embedding lookup). Q|K|V and gate|up are stacked into one matrix each
+// (PackedStack: one PackedWeight per run of views that share a type, as in
+// K-quant files whose 576-column Q/K fall back to Q5_0 and V to Q8_0).
 //
 // Ownership: the GgufFile must outlive the ModelWeights.
 #ifndef TANDEM_ENGINE_WEIGHTS_H_
@@ -25,6 +27,24 @@
 
 namespace tandem::engine {
 
+// Stacked views packed as consecutive parts, one per run of views of one
+// type; part p holds rows [offset, offset + w.rows()) of the stack.
+struct PackedStack {
+  struct Part {
+    kernels::PackedWeight w;
+    int64_t offset = 0;
+  };
+  std::vector<Part> parts;
+  bool empty() const { return parts.empty(); }
+  int64_t bytes() const;
+};
+
+// kernels::QGemm of every part into its rows of y (ldy: row stride). Each
+// output element is computed by exactly one part, as if the stack were one
+// PackedWeight.
+void QGemm(const PackedStack& m, const kernels::QuantizedActs& acts, float* y, int64_t ldy,
+           bool accumulate, ThreadPool* pool);
+
 struct LayerWeights {
   std::vector<float> attn_norm;   // [hidden]
   std::vector<float> ffn_norm;    // [hidden]
@@ -37,12 +57,12 @@ struct LayerWeights {
   kernels::WeightView w_down;     // [hidden, ffn]
   std::vector<float> bq, bk, bv;  // [q_dim], [kv_dim], [kv_dim]; empty without bias
 
-  // Filled by ModelWeights::Pack when every matrix of the layer is packable
-  // (and Q/K/V, gate/up share a type); empty otherwise.
-  kernels::PackedWeight qkv;      // [q_dim + 2 * kv_dim, hidden]: Q rows, K rows, V rows
-  kernels::PackedWeight wo_p;     // [hidden, q_dim]
-  kernels::PackedWeight gate_up;  // [2 * ffn, hidden]: gate rows then up rows
-  kernels::PackedWeight down_p;   // [hidden, ffn]
+  // Filled by ModelWeights::Pack when every matrix of the layer is packable;
+  // empty otherwise.
+  PackedStack qkv;               // [q_dim + 2 * kv_dim, hidden]: Q rows, K rows, V rows
+  kernels::PackedWeight wo_p;    // [hidden, q_dim]
+  PackedStack gate_up;           // [2 * ffn, hidden]: gate rows then up rows
+  kernels::PackedWeight down_p;  // [hidden, ffn]
   bool packed() const { return !qkv.empty(); }
 };
 

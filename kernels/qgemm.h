@@ -1,18 +1,31 @@
 // Quantized matrix kernels: repacked weights x int8 activations.
 //
-// A PackedWeight holds a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 matrix repacked
-// once at load into row groups of kGroupRows (16) rows: for every 32-column
-// block a group stores its quants interleaved so that one 64-byte register
-// holds 4 consecutive quants of each of the 16 rows (the operand layout of
-// AVX-512 VNNI `vpdpbusd`, and of two AVX2 `pmaddubsw` halves), then the 16
-// row scales d (f16) and, for Q4_1 / Q5_1, the 16 mins m (f16). Every weight
-// is stored unsigned, w = d * q + m with q in [0, 15] (4-bit types) or
-// [0, 255] (Q5_x and Q8_0, expanded to 8 bits); types without a min use
-// m = -offset * d (offset 8, 16 or 128). Rows past `rows` are zero padding.
+// A PackedWeight holds a Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K /
+// Q6_K matrix repacked once at load into row groups of kGroupRows (16) rows:
+// for every 32-column block a group stores its quants interleaved so that
+// one 64-byte register holds 4 consecutive quants of each of the 16 rows
+// (the operand layout of AVX-512 VNNI `vpdpbusd`, of two AVX2 `pmaddubsw`
+// halves and of AMX's B tile), then the 16 row scales. Every weight is
+// stored unsigned, q in [0, 15] (4-bit: Q4_0, Q4_1, Q4_K) or [0, 255]
+// (8-bit: Q5_x, Q8_0, Q5_K, Q6_K, expanded to bytes). Rows past `rows` are
+// zero padding. The scales come in three formats (ScaleFormat):
+//
+//  - kF16 (legacy types): d[16] f16 and, for Q4_1 / Q5_1, m[16] f16;
+//    w = d * q + m, types without a min use m = -offset * d (offset 8, 16
+//    or 128).
+//  - kF32 (Q4_K, Q5_K): D[16] f32, M[16] f32 with D = d * sc and
+//    M = -(dmin * m) of the block's 6-bit sub-block scale and min. Both
+//    products are exact in f32 (11-bit f16 mantissa x 6-bit integer), so
+//    the packed matrix is exactly the one DequantizeRow describes:
+//    w = D * q + M with the same D and M (DequantizeRow then rounds
+//    D * q - dmin * m once to f32; the kernel never forms w).
+//  - kF32Halves (Q6_K): D_lo[16] f32 for columns 0-15 of the block and
+//    D_hi[16] f32 for columns 16-31, D = d * sc of the int8 sub-block scale
+//    (exact in f32); w = D * (q - 32), q in [0, 63].
 //
 // Activations are quantized on the fly to int8 per 32-column block (the
 // Q8_0 rule: dx = max|x| / 127, q = round-to-nearest-even(x / dx)), with the
-// block sum kept, so one block's dot product is
+// block sum kept, so one block's dot product is (kF16 / kF32)
 //   dot_b = float(sum_i q_i qx_i) * (d * dx) + m * (dx * sum_i qx_i)
 // computed exactly in integers up to that one f32 expression. With two
 // levels (the default for the model), the residual r = x - dx * qx is
@@ -21,6 +34,16 @@
 // integer work, no extra weight bytes and the same f32 steps, with
 //   isum = (sum_i q_i qx_i) * 256 + sum_i q_i qx2_i   (exact int32)
 //   d_x = e, sd = e * (256 sum(qx) + sum(qx2)).
+// kF32Halves sums the two 16-column halves apart, with the offset applied
+// in integers (s_lo: the activation sum of columns 0-15, as s):
+//   lo = isum_lo - 32 s_lo, hi = isum_hi - 32 (s - s_lo)   (exact int32)
+//   dot_b = fma(float(lo), D_lo * d_x, float(hi) * (D_hi * d_x)).
+// The only rounding beyond the activation quantization is that of these f32
+// steps (float(isum) is exact below 2^24; two-level Q5_K / Q6_K / Q8_0 sums
+// can exceed it and then round once, the same way on every path).
+//
+// F16 / BF16 / F32 weights are not packed: they stay on the exact f32 path
+// (kernels::MatMul), since an int8 repack would be a lossy requantization.
 //
 // Determinism: y[t, r] = sum over blocks b in increasing order of dot_b,
 // accumulated in f32 (acc = acc + dot_b), the same instruction sequence for
@@ -49,11 +72,15 @@ inline constexpr int64_t kQBlock = 32;
 // True for the weight types PackWeight accepts.
 bool IsPackable(gguf::TensorType type);
 
+// How a packed chunk stores its row scales (see the top of this file).
+enum class ScaleFormat { kF16, kF32, kF32Halves };
+
 class PackedWeight {
  public:
   PackedWeight() = default;
 
-  // Repacks `w` (REQUIRES: IsPackable(w.type), cols % 32 == 0). Several views
+  // Repacks `w` (REQUIRES: IsPackable(w.type), cols a multiple of the type's
+  // block size: 32, or 256 for the K types). Several views
   // of the same type and cols may be stacked into one matrix (rows
   // concatenated in order), e.g. Q|K|V or gate|up. With `storage` (64-byte
   // aligned, PackedBytes(...) bytes, outliving the result) the packed data
@@ -69,13 +96,16 @@ class PackedWeight {
   int64_t cols() const { return cols_; }
   int64_t num_groups() const { return (rows_ + kGroupRows - 1) / kGroupRows; }
   int64_t num_blocks() const { return cols_ / kQBlock; }
-  int bits() const { return bits_; }                    // 4 or 8
-  bool has_min() const { return has_min_; }             // Q4_1 / Q5_1
-  float offset() const { return offset_; }              // m = -offset * d when !has_min
+  int bits() const { return bits_; }         // 4 or 8
+  bool has_min() const { return has_min_; }  // Q4_1 / Q5_1 / Q4_K / Q5_K
+  float offset() const { return offset_; }   // m = -offset * d when !has_min
+  ScaleFormat scale_format() const { return scales_; }
   int64_t chunk_bytes() const { return chunk_bytes_; }  // one group x one block
   int64_t bytes() const { return num_groups() * num_blocks() * chunk_bytes_; }
   gguf::TensorType source_type() const { return type_; }
-  // Group g, block b: quants (bits * 64 B), then d[16] f16, then m[16] f16.
+  // Group g, block b: quants (bits * 64 B), then the scales: d[16] f16,
+  // m[16] f16 (kF16); D[16], M[16] f32 (kF32); D_lo[16], D_hi[16] f32
+  // (kF32Halves).
   const uint8_t* chunk(int64_t g, int64_t b) const {
     return data_ + (g * num_blocks() + b) * chunk_bytes_;
   }
@@ -89,26 +119,29 @@ class PackedWeight {
   int bits_ = 0;
   bool has_min_ = false;
   float offset_ = 0.f;
+  ScaleFormat scales_ = ScaleFormat::kF16;
   std::unique_ptr<uint8_t[], Free> owned_;
   uint8_t* data_ = nullptr;  // 64-byte aligned: owned_ or caller storage
 };
 
 // int8 activations of n tokens, stored in tiles of kActTile tokens so that a
 // register tile reads one block of all its tokens from one place:
-// qs [ceil(n / 8), cols / 32, 8, 32], d / sd / s [ceil(n / 8), cols / 32, 8].
+// qs [ceil(n / 8), cols / 32, 8, 32], d / sd / s / s_lo [ceil(n / 8),
+// cols / 32, 8].
 inline constexpr int64_t kActTile = 8;
 struct QuantizedActs {
   int64_t n = 0, cols = 0;
-  int levels = 1;           // 1 (int8) or 2 (int8 + int8 residual)
-  std::vector<int8_t> qs;   // level 1 quants
-  std::vector<int8_t> qs2;  // level 2 quants (levels == 2)
-  std::vector<float> d;     // dx (one level) or e = dx / 256 (two levels)
-  std::vector<float> sd;    // d * s
-  std::vector<int32_t> s;   // sum(qx) or 256 sum(qx) + sum(qx2)
+  int levels = 1;             // 1 (int8) or 2 (int8 + int8 residual)
+  std::vector<int8_t> qs;     // level 1 quants
+  std::vector<int8_t> qs2;    // level 2 quants (levels == 2)
+  std::vector<float> d;       // dx (one level) or e = dx / 256 (two levels)
+  std::vector<float> sd;      // d * s
+  std::vector<int32_t> s;     // sum(qx) or 256 sum(qx) + sum(qx2)
+  std::vector<int32_t> s_lo;  // as s, over the block's columns 0-15 only
 
   void Resize(int64_t num_tokens, int64_t num_cols, int num_levels);
   int64_t num_blocks() const { return cols / kQBlock; }
-  // Slot of (token t, block b) in d / sd / s; quants at qs + 32 * Index.
+  // Slot of (token t, block b) in d / sd / s / s_lo; quants at qs + 32 * Index.
   int64_t Index(int64_t t, int64_t b) const {
     return ((t / kActTile) * num_blocks() + b) * kActTile + t % kActTile;
   }

@@ -97,7 +97,7 @@ struct GroupBuffer {
   }
 };
 
-template <int kBits, bool kHasMin, bool kTwo>
+template <int kBits, bool kHasMin, ScaleFormat kFmt, bool kTwo>
 void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
            int64_t ldy, bool accumulate) {
   static const TileConfig config = MakeConfig();
@@ -127,12 +127,17 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
         }
       }
       const uint8_t* sc = c + kBits * 64;
-      const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
-      __m512 mv;
-      if constexpr (kHasMin) {
-        mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
+      __m512 dv, mv;
+      if constexpr (kFmt == ScaleFormat::kF32) {  // Q4_K / Q5_K: D, M as f32
+        dv = _mm512_loadu_ps(sc);
+        mv = _mm512_loadu_ps(sc + 64);
       } else {
-        mv = _mm512_mul_ps(dv, negoff);
+        dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
+        if constexpr (kHasMin) {
+          mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
+        } else {
+          mv = _mm512_mul_ps(dv, negoff);
+        }
       }
       _mm512_store_ps(scales + b * 32, dv);
       _mm512_store_ps(scales + b * 32 + 16, mv);
@@ -218,16 +223,24 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
 template <bool kTwo>
 void GemmL(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
            int64_t ldy, bool accumulate) {
-  if (w.bits() == 4) {
-    (w.has_min() ? GemmT<4, true, kTwo> : GemmT<4, false, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
+  constexpr ScaleFormat kF16 = ScaleFormat::kF16, kF32 = ScaleFormat::kF32;
+  if (w.scale_format() == kF32) {  // Q4_K, Q5_K
+    (w.bits() == 4 ? GemmT<4, true, kF32, kTwo> : GemmT<8, true, kF32, kTwo>)(w, a, g0, g1, y, ldy,
+                                                                              accumulate);
+  } else if (w.bits() == 4) {
+    (w.has_min() ? GemmT<4, true, kF16, kTwo> : GemmT<4, false, kF16, kTwo>)(w, a, g0, g1, y, ldy,
+                                                                             accumulate);
   } else {
-    (w.has_min() ? GemmT<8, true, kTwo> : GemmT<8, false, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
+    (w.has_min() ? GemmT<8, true, kF16, kTwo> : GemmT<8, false, kF16, kTwo>)(w, a, g0, g1, y, ldy,
+                                                                             accumulate);
   }
 }
 
 void Gemm(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
           int64_t ldy, bool accumulate) {
-  if (a.n < kAmxMinTokens) {
+  // Q6_K's two scales per block (kF32Halves) need half-block dots: VNNI,
+  // bit-identical, for every batch size.
+  if (a.n < kAmxMinTokens || w.scale_format() == ScaleFormat::kF32Halves) {
     Avx512VnniImpl()->gemm(w, a, g0, g1, y, ldy, accumulate);
     return;
   }

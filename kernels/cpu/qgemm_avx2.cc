@@ -57,7 +57,31 @@ inline __m256i BlockDot(const __m256i* wq, const int8_t* x) {
   }
 }
 
-template <int kKind, bool kHasMin, bool kTwo, int kNt>
+// kKind 1, the two 16-column halves apart (kF32Halves): wq[0..3] hold
+// columns 0-15, wq[4..7] columns 16-31.
+inline void HalfDots(const __m256i* wq, const int8_t* x, __m256i* lo, __m256i* hi) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i l = _mm256_setzero_si256(), h = _mm256_setzero_si256();
+  for (int j = 0; j < 4; ++j) {
+    l = _mm256_add_epi32(l, _mm256_madd_epi16(_mm256_maddubs_epi16(wq[j], Bcast(x + 4 * j)), ones));
+    h = _mm256_add_epi32(
+        h, _mm256_madd_epi16(_mm256_maddubs_epi16(wq[4 + j], Bcast(x + 16 + 4 * j)), ones));
+  }
+  *lo = l;
+  *hi = h;
+}
+
+// Scale words 0 and 1 of rows 8h..8h+7 of a chunk as f32 (kernels/qgemm.h).
+template <ScaleFormat kFmt>
+inline __m256 LoadScales(const uint8_t* sc, int h, int i) {
+  if constexpr (kFmt == ScaleFormat::kF16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 32 * i + 16 * h)));
+  } else {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(sc + 64 * i + 32 * h));
+  }
+}
+
+template <int kKind, bool kHasMin, ScaleFormat kFmt, bool kTwo, int kNt>
 void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, int h, float* y,
           int64_t ldy, bool accumulate) {
   constexpr int kBits = kKind == 0 ? 4 : 8;
@@ -74,6 +98,7 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
   const float* xd = a.d.data() + i0;
   const float* xsd = a.sd.data() + i0;
   const int32_t* xs = a.s.data() + i0;
+  const int32_t* xs_lo = a.s_lo.data() + i0;
   constexpr int64_t kStep = kActTile * kQBlock;
   for (int64_t b = 0; b < nb; ++b, c += cb) {
     __m256i wq[8];
@@ -89,13 +114,35 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
         if constexpr (kKind == 2) wq[j] = _mm256_xor_si256(wq[j], flip);  // back to s8
       }
     }
-    const uint8_t* sc = c + kBits * 64 + 16 * h;
-    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+    const uint8_t* sc = c + kBits * 64;
+    const __m256 dv = LoadScales<kFmt>(sc, h, 0);
     __m256 mv;
-    if constexpr (kHasMin) {
-      mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 32)));
+    if constexpr (kHasMin || kFmt == ScaleFormat::kF32Halves) {
+      mv = LoadScales<kFmt>(sc, h, 1);  // M, or D_hi
     } else {
       mv = _mm256_mul_ps(dv, negoff);
+    }
+    if constexpr (kFmt == ScaleFormat::kF32Halves) {
+      static_assert(kKind == 1);
+      for (int t = 0; t < kNt; ++t) {
+        const int64_t k = b * kActTile + t;
+        const int64_t off = b * kStep + t * kQBlock;
+        const __m256 dx = _mm256_set1_ps(xd[k]);
+        const __m256 ddx_lo = _mm256_mul_ps(dv, dx), ddx_hi = _mm256_mul_ps(mv, dx);
+        __m256i lo, hi;
+        HalfDots(wq, xq + off, &lo, &hi);
+        if constexpr (kTwo) {
+          __m256i lo2, hi2;
+          HalfDots(wq, xq2 + off, &lo2, &hi2);
+          lo = _mm256_add_epi32(_mm256_slli_epi32(lo, 8), lo2);
+          hi = _mm256_add_epi32(_mm256_slli_epi32(hi, 8), hi2);
+        }
+        lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * xs_lo[k]));
+        hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * (xs[k] - xs_lo[k])));
+        const __m256 fhi = _mm256_mul_ps(_mm256_cvtepi32_ps(hi), ddx_hi);
+        acc[t] = _mm256_add_ps(acc[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), ddx_lo, fhi));
+      }
+      continue;
     }
 #pragma GCC unroll 8
     for (int t = 0; t < kNt; ++t) {
@@ -122,24 +169,24 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
   }
 }
 
-template <int kKind, bool kHasMin, bool kTwo>
+template <int kKind, bool kHasMin, ScaleFormat kFmt, bool kTwo>
 void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
            int64_t ldy, bool accumulate) {
   for (int64_t g = g0; g < g1; ++g) {
     for (int h = 0; h < 2 && g * kGroupRows + 8 * h < w.rows(); ++h) {
       int64_t t = 0;
       for (; t + kTile <= a.n; t += kTile) {
-        Tile<kKind, kHasMin, kTwo, kTile>(w, a, g, t, h, y, ldy, accumulate);
+        Tile<kKind, kHasMin, kFmt, kTwo, kTile>(w, a, g, t, h, y, ldy, accumulate);
       }
       switch (a.n - t) {
         case 3:
-          Tile<kKind, kHasMin, kTwo, 3>(w, a, g, t, h, y, ldy, accumulate);
+          Tile<kKind, kHasMin, kFmt, kTwo, 3>(w, a, g, t, h, y, ldy, accumulate);
           break;
         case 2:
-          Tile<kKind, kHasMin, kTwo, 2>(w, a, g, t, h, y, ldy, accumulate);
+          Tile<kKind, kHasMin, kFmt, kTwo, 2>(w, a, g, t, h, y, ldy, accumulate);
           break;
         case 1:
-          Tile<kKind, kHasMin, kTwo, 1>(w, a, g, t, h, y, ldy, accumulate);
+          Tile<kKind, kHasMin, kFmt, kTwo, 1>(w, a, g, t, h, y, ldy, accumulate);
           break;
         default:
           break;
@@ -151,14 +198,27 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
 template <bool kTwo>
 void GemmL(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
            int64_t ldy, bool accumulate) {
+  constexpr ScaleFormat kF16 = ScaleFormat::kF16, kF32 = ScaleFormat::kF32;
+  switch (w.scale_format()) {
+    case ScaleFormat::kF32:  // Q4_K (4-bit), Q5_K (8-bit, quants <= 31)
+      (w.bits() == 4 ? GemmT<0, true, kF32, kTwo> : GemmT<1, true, kF32, kTwo>)(w, a, g0, g1, y,
+                                                                                ldy, accumulate);
+      return;
+    case ScaleFormat::kF32Halves:  // Q6_K: quants <= 63, no i16 overflow
+      GemmT<1, false, ScaleFormat::kF32Halves, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+      return;
+    case ScaleFormat::kF16:
+      break;
+  }
   if (w.bits() == 4) {
-    (w.has_min() ? GemmT<0, true, kTwo> : GemmT<0, false, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
+    (w.has_min() ? GemmT<0, true, kF16, kTwo> : GemmT<0, false, kF16, kTwo>)(w, a, g0, g1, y, ldy,
+                                                                             accumulate);
   } else if (w.has_min()) {
-    GemmT<1, true, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+    GemmT<1, true, kF16, kTwo>(w, a, g0, g1, y, ldy, accumulate);
   } else if (w.offset() == 128.f) {
-    GemmT<2, false, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+    GemmT<2, false, kF16, kTwo>(w, a, g0, g1, y, ldy, accumulate);
   } else {
-    GemmT<1, false, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+    GemmT<1, false, kF16, kTwo>(w, a, g0, g1, y, ldy, accumulate);
   }
 }
 

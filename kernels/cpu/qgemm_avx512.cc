@@ -36,6 +36,8 @@ inline __m512i Dp(__m512i acc, __m512i w, const int8_t* p) {
 }
 
 // init + sum over the block of w (16 rows x 32, unsigned) times x (32, s8).
+// (Integer sums are exact in any order; the pairing only shortens the
+// dependency chains.)
 inline __m512i BlockDot(const __m512i* wq, const int8_t* x, __m512i init) {
   __m512i s0 = Dp(init, wq[0], x);
   __m512i s1 = Dp(_mm512_setzero_si512(), wq[1], x + 4);
@@ -48,7 +50,24 @@ inline __m512i BlockDot(const __m512i* wq, const int8_t* x, __m512i init) {
   return _mm512_add_epi32(s0, s1);
 }
 
-template <int kBits, bool kHasMin, bool kTwo, int kNt>
+// The two 16-column halves apart (kF32Halves): wq[0..3] hold columns 0-15,
+// wq[4..7] columns 16-31, in both quant widths.
+inline void HalfDots(const __m512i* wq, const int8_t* x, __m512i* lo, __m512i* hi) {
+  *lo = Dp(Dp(Dp(Dp(*lo, wq[0], x), wq[1], x + 4), wq[2], x + 8), wq[3], x + 12);
+  *hi = Dp(Dp(Dp(Dp(*hi, wq[4], x + 16), wq[5], x + 20), wq[6], x + 24), wq[7], x + 28);
+}
+
+// Scale words 0 and 1 of a chunk's 16 rows as f32 (kernels/qgemm.h).
+template <ScaleFormat kFmt>
+inline __m512 LoadScales(const uint8_t* sc, int i) {
+  if constexpr (kFmt == ScaleFormat::kF16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32 * i)));
+  } else {
+    return _mm512_loadu_ps(sc + 64 * i);
+  }
+}
+
+template <int kBits, bool kHasMin, ScaleFormat kFmt, bool kTwo, int kNt>
 void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, float* y,
           int64_t ldy, bool accumulate) {
   const int64_t nb = w.num_blocks(), cb = w.chunk_bytes();
@@ -64,6 +83,8 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
   const int8_t* xq2 = kTwo ? a.qs2.data() + i0 * kQBlock : nullptr;
   const float* xd = a.d.data() + i0;
   const float* xsd = a.sd.data() + i0;
+  const int32_t* xs = a.s.data() + i0;
+  const int32_t* xs_lo = a.s_lo.data() + i0;
   constexpr int64_t kStep = kActTile * kQBlock;
   for (int64_t b = 0; b < nb; ++b, c += cb) {
     if constexpr (kNt == 1) {
@@ -86,12 +107,34 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
       for (int j = 0; j < 8; ++j) wq[j] = _mm512_loadu_si512(c + 64 * j);
     }
     const uint8_t* sc = c + kBits * 64;
-    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
+    const __m512 dv = LoadScales<kFmt>(sc, 0);
     __m512 mv;
-    if constexpr (kHasMin) {
-      mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
+    if constexpr (kHasMin || kFmt == ScaleFormat::kF32Halves) {
+      mv = LoadScales<kFmt>(sc, 1);  // M, or D_hi
     } else {
       mv = _mm512_mul_ps(dv, negoff);
+    }
+    if constexpr (kFmt == ScaleFormat::kF32Halves) {
+#pragma GCC unroll 8
+      for (int t = 0; t < kNt; ++t) {
+        const int64_t k = b * kActTile + t;
+        const __m512 dx = _mm512_set1_ps(xd[k]);
+        const __m512 ddx_lo = _mm512_mul_ps(dv, dx), ddx_hi = _mm512_mul_ps(mv, dx);
+        const int64_t off = b * kStep + t * kQBlock;
+        __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+        HalfDots(wq, xq + off, &lo, &hi);
+        if constexpr (kTwo) {
+          __m512i lo2 = _mm512_setzero_si512(), hi2 = _mm512_setzero_si512();
+          HalfDots(wq, xq2 + off, &lo2, &hi2);
+          lo = _mm512_add_epi32(_mm512_slli_epi32(lo, 8), lo2);
+          hi = _mm512_add_epi32(_mm512_slli_epi32(hi, 8), hi2);
+        }
+        lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(32 * xs_lo[k]));
+        hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(32 * (xs[k] - xs_lo[k])));
+        const __m512 fhi = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), ddx_hi);
+        acc[t] = _mm512_add_ps(acc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), ddx_lo, fhi));
+      }
+      continue;
     }
 #pragma GCC unroll 8
     for (int t = 0; t < kNt; ++t) {
@@ -114,35 +157,35 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
   }
 }
 
-template <int kBits, bool kHasMin, bool kTwo>
+template <int kBits, bool kHasMin, ScaleFormat kFmt, bool kTwo>
 void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
            int64_t ldy, bool accumulate) {
   for (int64_t g = g0; g < g1; ++g) {
     int64_t t = 0;
     for (; t + kTile <= a.n; t += kTile) {
-      Tile<kBits, kHasMin, kTwo, kTile>(w, a, g, t, y, ldy, accumulate);
+      Tile<kBits, kHasMin, kFmt, kTwo, kTile>(w, a, g, t, y, ldy, accumulate);
     }
     switch (a.n - t) {
       case 7:
-        Tile<kBits, kHasMin, kTwo, 7>(w, a, g, t, y, ldy, accumulate);
+        Tile<kBits, kHasMin, kFmt, kTwo, 7>(w, a, g, t, y, ldy, accumulate);
         break;
       case 6:
-        Tile<kBits, kHasMin, kTwo, 6>(w, a, g, t, y, ldy, accumulate);
+        Tile<kBits, kHasMin, kFmt, kTwo, 6>(w, a, g, t, y, ldy, accumulate);
         break;
       case 5:
-        Tile<kBits, kHasMin, kTwo, 5>(w, a, g, t, y, ldy, accumulate);
+        Tile<kBits, kHasMin, kFmt, kTwo, 5>(w, a, g, t, y, ldy, accumulate);
         break;
       case 4:
-        Tile<kBits, kHasMin, kTwo, 4>(w, a, g, t, y, ldy, accumulate);
+        Tile<kBits, kHasMin, kFmt, kTwo, 4>(w, a, g, t, y, ldy, accumulate);
         break;
       case 3:
-        Tile<kBits, kHasMin, kTwo, 3>(w, a, g, t, y, ldy, accumulate);
+        Tile<kBits, kHasMin, kFmt, kTwo, 3>(w, a, g, t, y, ldy, accumulate);
         break;
       case 2:
-        Tile<kBits, kHasMin, kTwo, 2>(w, a, g, t, y, ldy, accumulate);
+        Tile<kBits, kHasMin, kFmt, kTwo, 2>(w, a, g, t, y, ldy, accumulate);
         break;
       case 1:
-        Tile<kBits, kHasMin, kTwo, 1>(w, a, g, t, y, ldy, accumulate);
+        Tile<kBits, kHasMin, kFmt, kTwo, 1>(w, a, g, t, y, ldy, accumulate);
         break;
       default:
         break;
@@ -153,10 +196,24 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
 template <bool kTwo>
 void GemmL(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
            int64_t ldy, bool accumulate) {
+  constexpr ScaleFormat kF16 = ScaleFormat::kF16, kF32 = ScaleFormat::kF32;
+  switch (w.scale_format()) {
+    case ScaleFormat::kF32:  // Q4_K, Q5_K
+      (w.bits() == 4 ? GemmT<4, true, kF32, kTwo> : GemmT<8, true, kF32, kTwo>)(w, a, g0, g1, y,
+                                                                                ldy, accumulate);
+      return;
+    case ScaleFormat::kF32Halves:  // Q6_K
+      GemmT<8, false, ScaleFormat::kF32Halves, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+      return;
+    case ScaleFormat::kF16:
+      break;
+  }
   if (w.bits() == 4) {
-    (w.has_min() ? GemmT<4, true, kTwo> : GemmT<4, false, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
+    (w.has_min() ? GemmT<4, true, kF16, kTwo> : GemmT<4, false, kF16, kTwo>)(w, a, g0, g1, y, ldy,
+                                                                             accumulate);
   } else {
-    (w.has_min() ? GemmT<8, true, kTwo> : GemmT<8, false, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
+    (w.has_min() ? GemmT<8, true, kF16, kTwo> : GemmT<8, false, kF16, kTwo>)(w, a, g0, g1, y, ldy,
+                                                                             accumulate);
   }
 }
 
@@ -167,7 +224,8 @@ void Gemm(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1,
 
 // QuantizeBlockRef on 2 x 16 lanes: lane-wise, so the quants are
 // bit-identical to the reference.
-inline int32_t QuantizeBlock(__m512 x0, __m512 x1, float id, int8_t* q, __m512* q0f, __m512* q1f) {
+inline int32_t QuantizeBlock(__m512 x0, __m512 x1, float id, int8_t* q, __m512* q0f, __m512* q1f,
+                             int32_t* lo) {
   const __m512 lim = _mm512_set1_ps(127.f), nlim = _mm512_set1_ps(-127.f);
   const __m512 iv = _mm512_set1_ps(id);
   auto quant = [&](__m512 v) {
@@ -179,6 +237,7 @@ inline int32_t QuantizeBlock(__m512 x0, __m512 x1, float id, int8_t* q, __m512* 
   const __m512i q0 = _mm512_cvtps_epi32(*q0f), q1 = _mm512_cvtps_epi32(*q1f);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
+  *lo = _mm512_reduce_add_epi32(q0);
   return _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
 }
 
@@ -193,16 +252,19 @@ void QuantizeRow(const float* x, int64_t cols, const ActRow& o) {
     const float dx = amax / 127.f;
     const float id = dx != 0.f ? 1.f / dx : 0.f;
     __m512 q0f, q1f;
-    int32_t sum = QuantizeBlock(x0, x1, id, o.q + k * kQBlock, &q0f, &q1f);
+    int32_t lo, lo2;
+    int32_t sum = QuantizeBlock(x0, x1, id, o.q + k * kQBlock, &q0f, &q1f, &lo);
     float d = dx;
     if (o.q2 != nullptr) {
       const __m512 ndx = _mm512_set1_ps(-dx);
       const __m512 r0 = _mm512_fmadd_ps(ndx, q0f, x0), r1 = _mm512_fmadd_ps(ndx, q1f, x1);
-      sum = sum * 256 + QuantizeBlock(r0, r1, id * 256.f, o.q2 + k * kQBlock, &q0f, &q1f);
+      sum = sum * 256 + QuantizeBlock(r0, r1, id * 256.f, o.q2 + k * kQBlock, &q0f, &q1f, &lo2);
+      lo = lo * 256 + lo2;
       d = dx * (1.f / 256.f);
     }
     o.d[k] = d;
     o.s[k] = sum;
+    o.s_lo[k] = lo;
     o.sd[k] = d * float(sum);
   }
 }

@@ -12,21 +12,26 @@
 namespace tandem::kernels::cpu {
 
 // Where one token's quantized row goes: pointers at its block 0; block b is
-// at q + b * kActTile * 32 and d / sd / s [b * kActTile] (the QuantizedActs
-// tile layout). q2 == nullptr: one level.
+// at q + b * kActTile * 32 and d / sd / s / s_lo [b * kActTile] (the
+// QuantizedActs tile layout). q2 == nullptr: one level.
 struct ActRow {
   int8_t* q;
   float* d;
   float* sd;
   int32_t* s;
   int8_t* q2;
+  int32_t* s_lo;
 };
 
 inline ActRow RowOf(QuantizedActs* a, int64_t t) {
   const int64_t i = a->Index(t, 0);
   const bool two = a->levels == 2;
-  return {a->qs.data() + i * kQBlock, a->d.data() + i, a->sd.data() + i, a->s.data() + i,
-          two ? a->qs2.data() + i * kQBlock : nullptr};
+  return {a->qs.data() + i * kQBlock,
+          a->d.data() + i,
+          a->sd.data() + i,
+          a->s.data() + i,
+          two ? a->qs2.data() + i * kQBlock : nullptr,
+          a->s_lo.data() + i};
 }
 
 struct QGemmImpl {

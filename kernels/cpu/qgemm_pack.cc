@@ -20,6 +20,9 @@ struct Format {
   int bits;
   bool has_min;
   float offset;
+  ScaleFormat scales = ScaleFormat::kF16;
+  int block_size = 32;  // of the ggml type
+  int type_size = 0;    // bytes of one ggml block (K types)
 };
 
 Format FormatOf(TensorType t) {
@@ -34,9 +37,20 @@ Format FormatOf(TensorType t) {
       return {8, true, 0.f};
     case TensorType::kQ8_0:
       return {8, false, 128.f};
+    case TensorType::kQ4_K:
+      return {4, true, 0.f, ScaleFormat::kF32, 256, 144};
+    case TensorType::kQ5_K:
+      return {8, true, 0.f, ScaleFormat::kF32, 256, 176};
+    case TensorType::kQ6_K:
+      return {8, false, 32.f, ScaleFormat::kF32Halves, 256, 210};
     default:
       return {0, false, 0.f};
   }
+}
+
+int64_t ChunkBytes(const Format& f) {
+  if (f.scales != ScaleFormat::kF16) return f.bits * 64 + 128;
+  return f.bits * 64 + 32 + (f.has_min ? 32 : 0);
 }
 
 // One ggml block as unsigned quants q[32] and f16 bits of d and m.
@@ -75,6 +89,54 @@ void DecodeBlock(TensorType t, const uint8_t* b, uint8_t* q, uint16_t* d, uint16
   }
 }
 
+// The 6-bit (scale, min) pair j of Q4_K / Q5_K (ggml's get_scale_min_k4).
+void ScaleMinK4(int j, const uint8_t* q, int* sc, int* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Sub-block j (0..7, 32 columns) of a K-quant super-block `sb` as unsigned
+// quants q[32] and two f32 scales: (D, M) for Q4_K / Q5_K, (D_lo, D_hi) for
+// Q6_K. The products are those of DequantizeRow (exact in f32).
+void DecodeKBlock(TensorType t, const uint8_t* sb, int j, uint8_t* q, float* s0, float* s1) {
+  if (t == TensorType::kQ6_K) {
+    const uint8_t* ql = sb;
+    const uint8_t* qh = sb + 128;
+    const auto* scales = reinterpret_cast<const int8_t*>(sb + 192);
+    uint16_t hd;
+    std::memcpy(&hd, sb + 208, 2);
+    const float d = Fp16ToFp32(hd);
+    for (int l = 0; l < 32; ++l) {
+      const int i = 32 * j + l, h = i / 128, s = (i / 32) % 4;
+      const int low = (ql[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0x0F;
+      const int high = (qh[32 * h + l] >> (2 * s)) & 3;
+      q[l] = uint8_t(low | (high << 4));
+    }
+    *s0 = d * static_cast<float>(scales[2 * j]);
+    *s1 = d * static_cast<float>(scales[2 * j + 1]);
+    return;
+  }
+  uint16_t hd, hm;
+  std::memcpy(&hd, sb, 2);
+  std::memcpy(&hm, sb + 2, 2);
+  int sc, m;
+  ScaleMinK4(j, sb + 4, &sc, &m);
+  *s0 = Fp16ToFp32(hd) * static_cast<float>(sc);
+  *s1 = -(Fp16ToFp32(hm) * static_cast<float>(m));
+  const bool q5 = t == TensorType::kQ5_K;
+  const uint8_t* qs = sb + (q5 ? 48 : 16) + 32 * (j / 2);
+  const int shift = 4 * (j % 2);
+  for (int l = 0; l < 32; ++l) {
+    q[l] = uint8_t((qs[l] >> shift) & 0x0F);
+    if (q5) q[l] |= uint8_t(((sb[16 + l] >> j) & 1) << 4);
+  }
+}
+
 // Unsigned quant k (0..31) of row r (0..15) in a packed chunk.
 int QuantAt(const uint8_t* chunk, int bits, int r, int k) {
   if (bits == 8) return chunk[(k / 4) * 64 + r * 4 + k % 4];
@@ -83,9 +145,9 @@ int QuantAt(const uint8_t* chunk, int bits, int r, int k) {
   return k < 16 ? (byte & 0x0F) : (byte >> 4);
 }
 
-// q = round(x * id) clamped to [-127, 127]; returns sum(q), quants as
-// floats in qf.
-int32_t QuantizeBlockRef(const float* x, float id, int8_t* q, float* qf) {
+// q = round(x * id) clamped to [-127, 127]; returns sum(q), the sum of
+// q[0..15] in *lo, quants as floats in qf.
+int32_t QuantizeBlockRef(const float* x, float id, int8_t* q, float* qf, int32_t* lo) {
   int32_t sum = 0;
   for (int i = 0; i < kQBlock; ++i) {
     float v = std::nearbyint(x[i] * id);
@@ -93,6 +155,7 @@ int32_t QuantizeBlockRef(const float* x, float id, int8_t* q, float* qf) {
     q[i] = int8_t(v);
     qf[i] = v;
     sum += int8_t(v);
+    if (i == 15) *lo = sum;
   }
   return sum;
 }
@@ -106,22 +169,54 @@ void QuantizeRowRef(const float* x, int64_t cols, const cpu::ActRow& o) {
     for (int i = 0; i < kQBlock; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
     const float dx = amax / 127.f;
     const float id = dx != 0.f ? 1.f / dx : 0.f;
-    int32_t sum = QuantizeBlockRef(xb, id, o.q + k * kQBlock, qf);
+    int32_t lo = 0, lo2 = 0;
+    int32_t sum = QuantizeBlockRef(xb, id, o.q + k * kQBlock, qf, &lo);
     float d = dx;
     if (o.q2 != nullptr) {
       for (int i = 0; i < kQBlock; ++i) r[i] = std::fma(-dx, qf[i], xb[i]);
-      sum = sum * 256 + QuantizeBlockRef(r, id * 256.f, o.q2 + k * kQBlock, qf);
+      sum = sum * 256 + QuantizeBlockRef(r, id * 256.f, o.q2 + k * kQBlock, qf, &lo2);
+      lo = lo * 256 + lo2;
       d = dx * (1.f / 256.f);
     }
     o.d[k] = d;
     o.s[k] = sum;
+    o.s_lo[k] = lo;
     o.sd[k] = d * float(sum);
   }
+}
+
+// Integer dot of quants k in [k0, k1) of row rr with one token's block
+// (both levels combined as in kernels/qgemm.h).
+int32_t IntDotRef(const uint8_t* c, int bits, int rr, const QuantizedActs& a, int64_t t, int64_t b,
+                  int k0, int k1) {
+  int32_t isum = 0, isum2 = 0;
+  const int8_t* xq = a.q(t, b);
+  for (int k = k0; k < k1; ++k) isum += QuantAt(c, bits, rr, k) * xq[k];
+  if (a.levels == 2) {
+    const int8_t* xq2 = a.q2(t, b);
+    for (int k = k0; k < k1; ++k) isum2 += QuantAt(c, bits, rr, k) * xq2[k];
+    isum = isum * 256 + isum2;
+  }
+  return isum;
+}
+
+// The f32 value of scale word `i` (0 or 1) of row rr in chunk c.
+float ScaleAt(const PackedWeight& w, const uint8_t* c, int i, int rr) {
+  const uint8_t* sc = c + w.bits() * 64;
+  if (w.scale_format() == ScaleFormat::kF16) {
+    uint16_t h;
+    std::memcpy(&h, sc + 32 * i + rr * 2, 2);
+    return Fp16ToFp32(h);
+  }
+  float f;
+  std::memcpy(&f, sc + 64 * i + rr * 4, 4);
+  return f;
 }
 
 void GemmGroupsRef(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
                    int64_t ldy, bool accumulate) {
   const int64_t nb = w.num_blocks();
+  const bool halves = w.scale_format() == ScaleFormat::kF32Halves;
   for (int64_t r = g0 * kGroupRows; r < std::min(w.rows(), g1 * kGroupRows); ++r) {
     const int64_t g = r / kGroupRows;
     const int rr = int(r % kGroupRows);
@@ -129,26 +224,21 @@ void GemmGroupsRef(const PackedWeight& w, const QuantizedActs& a, int64_t g0, in
       float acc = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* c = w.chunk(g, b);
-        int32_t isum = 0, isum2 = 0;
-        const int8_t* xq = a.q(t, b);
-        for (int k = 0; k < 32; ++k) isum += QuantAt(c, w.bits(), rr, k) * xq[k];
-        if (a.levels == 2) {
-          const int8_t* xq2 = a.q2(t, b);
-          for (int k = 0; k < 32; ++k) isum2 += QuantAt(c, w.bits(), rr, k) * xq2[k];
-          isum = isum * 256 + isum2;
+        const int64_t i = a.Index(t, b);
+        const float d = ScaleAt(w, c, 0, rr);
+        if (halves) {
+          const int32_t lo = IntDotRef(c, w.bits(), rr, a, t, b, 0, 16) - 32 * a.s_lo[i];
+          const int32_t hi =
+              IntDotRef(c, w.bits(), rr, a, t, b, 16, 32) - 32 * (a.s[i] - a.s_lo[i]);
+          const float ddx_lo = d * a.d[i];
+          const float ddx_hi = ScaleAt(w, c, 1, rr) * a.d[i];
+          acc = acc + std::fma(float(lo), ddx_lo, float(hi) * ddx_hi);
+          continue;
         }
-        uint16_t hd, hm;
-        std::memcpy(&hd, c + w.bits() * 64 + rr * 2, 2);
-        const float d = Fp16ToFp32(hd);
-        float m;
-        if (w.has_min()) {
-          std::memcpy(&hm, c + w.bits() * 64 + 32 + rr * 2, 2);
-          m = Fp16ToFp32(hm);
-        } else {
-          m = d * -w.offset();
-        }
-        const float ddx = d * a.d[a.Index(t, b)];
-        const float t1 = m * a.sd[a.Index(t, b)];
+        const int32_t isum = IntDotRef(c, w.bits(), rr, a, t, b, 0, 32);
+        const float m = w.has_min() ? ScaleAt(w, c, 1, rr) : d * -w.offset();
+        const float ddx = d * a.d[i];
+        const float t1 = m * a.sd[i];
         acc = acc + std::fma(float(isum), ddx, t1);
       }
       float* out = y + t * ldy + r;
@@ -173,7 +263,7 @@ int64_t PackedWeight::PackedBytes(const WeightView* views, int num_views) {
   const Format f = FormatOf(views[0].type);
   int64_t rows = 0;
   for (int v = 0; v < num_views; ++v) rows += views[v].rows;
-  const int64_t chunk = f.bits * 64 + 32 + (f.has_min ? 32 : 0);
+  const int64_t chunk = ChunkBytes(f);
   return (rows + kGroupRows - 1) / kGroupRows * (views[0].cols / kQBlock) * chunk;
 }
 
@@ -184,7 +274,7 @@ PackedWeight PackedWeight::Pack(const WeightView* views, int num_views, ThreadPo
   p.type_ = views[0].type;
   p.cols_ = views[0].cols;
   const Format f = FormatOf(p.type_);
-  TANDEM_CHECK(f.bits != 0 && p.cols_ % kQBlock == 0);
+  TANDEM_CHECK(f.bits != 0 && p.cols_ % f.block_size == 0);
   std::vector<std::pair<const WeightView*, int64_t>> row_src;  // global row -> (view, row)
   for (int v = 0; v < num_views; ++v) {
     TANDEM_CHECK(views[v].type == p.type_ && views[v].cols == p.cols_);
@@ -194,7 +284,8 @@ PackedWeight PackedWeight::Pack(const WeightView* views, int num_views, ThreadPo
   p.bits_ = f.bits;
   p.has_min_ = f.has_min;
   p.offset_ = f.offset;
-  p.chunk_bytes_ = f.bits * 64 + 32 + (f.has_min ? 32 : 0);
+  p.scales_ = f.scales;
+  p.chunk_bytes_ = ChunkBytes(f);
   const size_t total = size_t(p.bytes());
   TANDEM_CHECK(int64_t(total) == PackedBytes(views, num_views));
   if (storage == nullptr) {
@@ -213,8 +304,18 @@ PackedWeight PackedWeight::Pack(const WeightView* views, int num_views, ThreadPo
         const int64_t src_block_bytes = view->row_bytes / nb;
         for (int64_t b = 0; b < nb; ++b) {
           uint8_t* c = p.data_ + (g * nb + b) * p.chunk_bytes_;
-          uint16_t d, m;
-          DecodeBlock(p.type_, view->row(r) + b * src_block_bytes, q, &d, &m);
+          uint8_t* sc = c + f.bits * 64;
+          if (f.scales == ScaleFormat::kF16) {
+            uint16_t d, m;
+            DecodeBlock(p.type_, view->row(r) + b * src_block_bytes, q, &d, &m);
+            std::memcpy(sc + rr * 2, &d, 2);
+            if (f.has_min) std::memcpy(sc + 32 + rr * 2, &m, 2);
+          } else {
+            float s0, s1;
+            DecodeKBlock(p.type_, view->row(r) + (b / 8) * f.type_size, int(b % 8), q, &s0, &s1);
+            std::memcpy(sc + rr * 4, &s0, 4);
+            std::memcpy(sc + 64 + rr * 4, &s1, 4);
+          }
           for (int k = 0; k < 32; ++k) {
             if (f.bits == 8) {
               c[(k / 4) * 64 + rr * 4 + k % 4] = q[k];
@@ -223,8 +324,6 @@ PackedWeight PackedWeight::Pack(const WeightView* views, int num_views, ThreadPo
               c[(kk / 4) * 64 + rr * 4 + kk % 4] |= uint8_t(k < 16 ? q[k] : q[k] << 4);
             }
           }
-          std::memcpy(c + f.bits * 64 + rr * 2, &d, 2);
-          if (f.has_min) std::memcpy(c + f.bits * 64 + 32 + rr * 2, &m, 2);
         }
       }
     }
@@ -242,6 +341,7 @@ void QuantizedActs::Resize(int64_t num_tokens, int64_t num_cols, int num_levels)
     d.resize(slots);
     sd.resize(slots);
     s.resize(slots);
+    s_lo.resize(slots);
   }
   if (levels == 2 && int64_t(qs2.size()) < slots * kQBlock) qs2.resize(slots * kQBlock);
 }

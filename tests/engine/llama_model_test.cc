@@ -258,6 +258,70 @@ TEST(TinyModelFastTest, PackedAndCloseToReference) {
   EXPECT_NE(lf, lr);  // really a different path
 }
 
+// Mixed matrix types in one layer (as K-quant files have them: Q|K in one
+// type, V in another, gate and up apart): the layer is still packed, as
+// PackedStack parts, and the stacked output equals the one-type stack's
+// where the types agree.
+TEST(TinyModelFastTest, MixedTypesArePackedInParts) {
+  ThreadPool pool(2);
+  TinyLlamaShape shape;
+  shape.type_override = {{"attn_q.weight", gguf::TensorType::kQ5_0},
+                         {"attn_k.weight", gguf::TensorType::kQ5_0},
+                         {"attn_v.weight", gguf::TensorType::kQ8_0},
+                         {"ffn_up.weight", gguf::TensorType::kQ4_0}};
+  const std::string bytes = testing::MakeRandomLlamaGguf(shape, 43);
+  Loaded fast = LoadBytes(bytes, &pool, KernelMode::kFast);
+  Loaded ref = LoadBytes(bytes, &pool, KernelMode::kReference);
+  EXPECT_EQ(fast.model->weights().num_packed_layers(), shape.num_layers);
+  const LayerWeights& l = fast.model->weights().layers[0];
+  ASSERT_EQ(l.qkv.parts.size(), 2u);
+  EXPECT_EQ(l.qkv.parts[1].offset,
+            shape.hidden + shape.num_kv_heads * (shape.hidden / shape.num_heads));
+  EXPECT_EQ(l.gate_up.parts.size(), 2u);
+  const std::vector<int32_t> a = RandomTokens(19, shape.vocab, 2);
+  const std::vector<float> lf = RunAll(*fast.model, {{a, 0, {0, 1}}});
+  const std::vector<float> lr = RunAll(*ref.model, {{a, 0, {0, 1}}});
+  ASSERT_EQ(lf.size(), lr.size());
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < lf.size(); ++i) {
+    err += (lf[i] - lr[i]) * double(lf[i] - lr[i]);
+    norm += lr[i] * double(lr[i]);
+  }
+  EXPECT_LT(std::sqrt(err / norm), 0.05);
+}
+
+// A Q4_K_M-like layout: K-quant matrices where the columns allow (ffn 256
+// wide: Q4_K gate / up of 256 columns, Q6_K down), legacy types elsewhere;
+// every layer packed, close to the exact path.
+TEST(TinyModelFastTest, KQuantLayersArePackedAndCloseToReference) {
+  ThreadPool pool(2);
+  TinyLlamaShape shape;
+  shape.hidden = 256;
+  shape.num_heads = 4;
+  shape.ffn = 512;
+  shape.type_override = {
+      {"attn_q.weight", gguf::TensorType::kQ4_K},   {"attn_k.weight", gguf::TensorType::kQ4_K},
+      {"attn_v.weight", gguf::TensorType::kQ6_K},   {"attn_output.weight", gguf::TensorType::kQ5_K},
+      {"ffn_gate.weight", gguf::TensorType::kQ4_K}, {"ffn_up.weight", gguf::TensorType::kQ4_K},
+      {"ffn_down.weight", gguf::TensorType::kQ6_K}};
+  const std::string bytes = testing::MakeRandomLlamaGguf(shape, 44);
+  Loaded fast = LoadBytes(bytes, &pool, KernelMode::kFast);
+  Loaded ref = LoadBytes(bytes, &pool, KernelMode::kReference);
+  EXPECT_EQ(fast.model->weights().num_packed_layers(), shape.num_layers);
+  EXPECT_EQ(fast.model->weights().layers[0].qkv.parts.size(), 2u);
+  const std::vector<int32_t> a = RandomTokens(19, shape.vocab, 2);
+  const std::vector<float> lf = RunAll(*fast.model, {{a, 0, {0, 1}}});
+  const std::vector<float> lr = RunAll(*ref.model, {{a, 0, {0, 1}}});
+  ASSERT_EQ(lf.size(), lr.size());
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < lf.size(); ++i) {
+    err += (lf[i] - lr[i]) * double(lf[i] - lr[i]);
+    norm += lr[i] * double(lr[i]);
+  }
+  EXPECT_LT(std::sqrt(err / norm), 0.05);
+  EXPECT_NE(lf, lr);
+}
+
 // tests/data/tiny_llama_mha.gguf: MHA, untied head, theta 500000, F32.
 TEST(TinyMhaGoldenTest, MatchesTransformers) {
   const std::string path = testing::TestDataPath("tiny_llama_mha.gguf");

@@ -32,10 +32,41 @@ struct QuantMatrix {
   WeightView view;
 };
 
+bool IsKType(TensorType t) {
+  return t == TensorType::kQ4_K || t == TensorType::kQ5_K || t == TensorType::kQ6_K;
+}
+
+// K-quant rows of random bytes (every quant, 6-bit scale / min and int8
+// scale pattern occurs) with sane f16 super-block scales.
+void RandomKRow(TensorType type, int64_t cols, uint8_t* dst, std::mt19937* rng) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(0.001f, 0.02f);
+  const int bytes = type == TensorType::kQ4_K ? 144 : type == TensorType::kQ5_K ? 176 : 210;
+  for (int64_t sb = 0; sb < cols / 256; ++sb) {
+    uint8_t* b = dst + sb * bytes;
+    for (int i = 0; i < bytes; ++i) b[i] = uint8_t(byte(*rng));
+    const uint16_t d = Fp32ToFp16(scale(*rng)), dmin = Fp32ToFp16(scale(*rng));
+    if (type == TensorType::kQ6_K) {
+      std::memcpy(b + 208, &d, 2);
+    } else {
+      std::memcpy(b, &d, 2);
+      std::memcpy(b + 2, &dmin, 2);
+    }
+  }
+}
+
 QuantMatrix MakeMatrix(TensorType type, int64_t rows, int64_t cols, uint32_t seed) {
   QuantMatrix m;
   const int64_t row_bytes = static_cast<int64_t>(*gguf::RowBytes(type, cols));
   m.bytes.resize(rows * row_bytes);
+  if (IsKType(type)) {
+    std::mt19937 rng(seed);
+    for (int64_t r = 0; r < rows; ++r) {
+      RandomKRow(type, cols, reinterpret_cast<uint8_t*>(m.bytes.data()) + r * row_bytes, &rng);
+    }
+    m.view = WeightView{type, m.bytes.data(), rows, cols, row_bytes};
+    return m;
+  }
   const std::vector<float> v = Random(rows * cols, seed);
   for (int64_t r = 0; r < rows; ++r) {
     QuantizeRow(type, v.data() + r * cols, m.bytes.data() + r * row_bytes, cols);
@@ -74,6 +105,14 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
 
 class QGemmTest : public ::testing::TestWithParam<TensorType> {};
 
+// Column counts a type permits: several blocks, and for the K types several
+// 256-column super-blocks (576 = SmolLM2's hidden size, not a multiple of
+// 256, only for the legacy types).
+std::vector<int64_t> ColsFor(TensorType t) {
+  if (IsKType(t)) return {256, 512, 768};
+  return {32, 96, 576};
+}
+
 // Both activation precisions on every check.
 constexpr int kLevels[] = {1, 2};
 
@@ -81,7 +120,7 @@ TEST_P(QGemmTest, EveryIsaMatchesScalarReferenceBitForBit) {
   IsaGuard guard;
   ThreadPool pool(3);
   for (int64_t rows : {1, 15, 16, 17, 45, 100}) {
-    for (int64_t cols : {32, 96, 576}) {
+    for (int64_t cols : ColsFor(GetParam())) {
       const QuantMatrix m = MakeMatrix(GetParam(), rows, cols, uint32_t(rows * 7 + cols));
       const PackedWeight p = PackedWeight::Pack(m.view, &pool);
       for (int64_t n : {1, 2, 3, 5, 7, 8, 9, 16, 17, 37, 64}) {
@@ -99,6 +138,7 @@ TEST_P(QGemmTest, EveryIsaMatchesScalarReferenceBitForBit) {
             ASSERT_EQ(acts.qs, ref_acts.qs) << isa;
             ASSERT_EQ(acts.qs2, ref_acts.qs2) << isa;
             ASSERT_EQ(acts.sd, ref_acts.sd) << isa;
+            ASSERT_EQ(acts.s_lo, ref_acts.s_lo) << isa;
             std::vector<float> got(n * rows, -1.f), got_acc = base;
             QGemm(p, acts, got.data(), rows, false, &pool);
             QGemm(p, acts, got_acc.data(), rows, true, &pool);
@@ -135,7 +175,7 @@ TEST_P(QGemmTest, CloseToExactF32MatMul) {
 }
 
 TEST_P(QGemmTest, BatchInvariantAndThreadInvariant) {
-  const int64_t rows = 70, cols = 192;
+  const int64_t rows = 70, cols = IsKType(GetParam()) ? 512 : 192;
   const QuantMatrix m = MakeMatrix(GetParam(), rows, cols, 3);
   const PackedWeight p = PackedWeight::Pack(m.view, nullptr);
   const std::vector<float> x = Random(37 * cols, 4);
@@ -156,7 +196,62 @@ TEST_P(QGemmTest, BatchInvariantAndThreadInvariant) {
 
 INSTANTIATE_TEST_SUITE_P(Types, QGemmTest,
                          ::testing::Values(TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ5_0,
-                                           TensorType::kQ5_1, TensorType::kQ8_0));
+                                           TensorType::kQ5_1, TensorType::kQ8_0, TensorType::kQ4_K,
+                                           TensorType::kQ5_K, TensorType::kQ6_K));
+
+// Weight (r, c) as the packed chunk describes it: D * q + M (kF32), or
+// D_lo / D_hi * (q - 32) (kF32Halves), in f32 as DequantizeRow rounds it.
+float PackedWeightAt(const PackedWeight& p, int64_t r, int64_t c) {
+  const uint8_t* chunk = p.chunk(r / kGroupRows, c / kQBlock);
+  const int rr = int(r % kGroupRows), k = int(c % kQBlock);
+  int q;
+  if (p.bits() == 8) {
+    q = chunk[(k / 4) * 64 + rr * 4 + k % 4];
+  } else {
+    const uint8_t byte = chunk[((k % 16) / 4) * 64 + rr * 4 + k % 4];
+    q = k < 16 ? byte & 0x0F : byte >> 4;
+  }
+  float s0, s1;
+  std::memcpy(&s0, chunk + p.bits() * 64 + rr * 4, 4);
+  std::memcpy(&s1, chunk + p.bits() * 64 + 64 + rr * 4, 4);
+  if (p.scale_format() == ScaleFormat::kF32Halves) return (k < 16 ? s0 : s1) * float(q - 32);
+  return s0 * float(q) + s1;
+}
+
+// The K-type repack is exact: every packed weight equals DequantizeRow's.
+TEST(QGemmKQuantTest, PackedWeightsEqualDequantizeRow) {
+  for (TensorType type : {TensorType::kQ4_K, TensorType::kQ5_K, TensorType::kQ6_K}) {
+    const int64_t rows = 19, cols = 512;
+    const QuantMatrix m = MakeMatrix(type, rows, cols, 77);
+    const PackedWeight p = PackedWeight::Pack(m.view, nullptr);
+    ASSERT_EQ(p.scale_format(),
+              type == TensorType::kQ6_K ? ScaleFormat::kF32Halves : ScaleFormat::kF32);
+    std::vector<float> row(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      DequantizeRow(type, m.view.row(r), row.data(), cols);
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(PackedWeightAt(p, r, c), row[c]) << int(type) << " r " << r << " c " << c;
+      }
+    }
+  }
+}
+
+// A stack of two views of one K type equals the two packed apart.
+TEST(QGemmKQuantTest, StackedQ6KEqualsSeparate) {
+  const QuantMatrix a = MakeMatrix(TensorType::kQ6_K, 20, 256, 1);
+  const QuantMatrix b = MakeMatrix(TensorType::kQ6_K, 9, 256, 2);
+  const WeightView views[2] = {a.view, b.view};
+  const PackedWeight ab = PackedWeight::Pack(views, 2, nullptr);
+  const PackedWeight pb = PackedWeight::Pack(b.view, nullptr);
+  const std::vector<float> x = Random(3 * 256, 9);
+  QuantizedActs acts;
+  QuantizeActs(x.data(), 3, 256, &acts, kDefaultActLevels);
+  std::vector<float> y(3 * 29), yb(3 * 9);
+  QGemm(ab, acts, y.data(), 29, false, nullptr);
+  QGemm(pb, acts, yb.data(), 9, false, nullptr);
+  for (int t = 0; t < 3; ++t)
+    EXPECT_EQ(std::memcmp(y.data() + t * 29 + 20, yb.data() + t * 9, 36), 0);
+}
 
 TEST(QGemmStackTest, StackedViewsEqualSeparate) {
   const QuantMatrix a = MakeMatrix(TensorType::kQ4_1, 20, 64, 1);

@@ -1,5 +1,6 @@
 #include "tests/util/tiny_llama.h"
 
+#include <cstring>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,12 @@ class Builder {
               float scale, float offset = 0.f) {
     if (s_.omit_tensors.count(name)) return;
     if (auto it = s_.shape_override.find(name); it != s_.shape_override.end()) shape = it->second;
+    const size_t dot =
+        name.rfind('.', name.rfind('.') - 1);  // "attn_v.weight" of "blk.0.attn_v.weight"
+    if (auto it = s_.type_override.find(name.substr(dot == std::string::npos ? 0 : dot + 1));
+        it != s_.type_override.end()) {
+      type = it->second;
+    }
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     std::uniform_real_distribution<float> u(-1.f, 1.f);
@@ -26,13 +33,45 @@ class Builder {
     absl::StatusOr<uint64_t> bytes = gguf::RowBytes(type, n);
     TANDEM_CHECK(bytes.ok());
     std::string raw(*bytes, '\0');
-    kernels::QuantizeRow(type, v.data(), raw.data(), n);
+    if (kernels::IsQuantizable(type)) {
+      kernels::QuantizeRow(type, v.data(), raw.data(), n);
+    } else {
+      RandomKQuant(type, n, scale, reinterpret_cast<uint8_t*>(raw.data()));
+    }
     TANDEM_CHECK(w_.AddTensor(name, shape, type, std::move(raw)).ok());
   }
 
   gguf::GgufWriter& writer() { return w_; }
 
  private:
+  // K-quant blocks (types QuantizeRow does not take) of random bytes with
+  // f16 super-block scales that keep |w| below about `scale`, centred.
+  void RandomKQuant(gguf::TensorType type, int64_t n, float scale, uint8_t* dst) {
+    int bytes = 0;
+    float d = 0.f, dmin = 0.f;
+    if (type == gguf::TensorType::kQ4_K || type == gguf::TensorType::kQ5_K) {
+      const float qmax = type == gguf::TensorType::kQ4_K ? 15.f : 31.f;
+      bytes = type == gguf::TensorType::kQ4_K ? 144 : 176;
+      d = 2.f * scale / (63.f * qmax);
+      dmin = d * qmax / 2.f;
+    } else {
+      TANDEM_CHECK(type == gguf::TensorType::kQ6_K);
+      bytes = 210;
+      d = scale / (128.f * 32.f);
+    }
+    std::uniform_int_distribution<int> byte(0, 255);
+    const uint16_t hd = kernels::Fp32ToFp16(d), hm = kernels::Fp32ToFp16(dmin);
+    for (int64_t b = 0; b < n / 256; ++b, dst += bytes) {
+      for (int i = 0; i < bytes; ++i) dst[i] = uint8_t(byte(rng_));
+      if (type == gguf::TensorType::kQ6_K) {
+        std::memcpy(dst + 208, &hd, 2);
+      } else {
+        std::memcpy(dst, &hd, 2);
+        std::memcpy(dst + 2, &hm, 2);
+      }
+    }
+  }
+
   const TinyLlamaShape& s_;
   std::mt19937 rng_;
   gguf::GgufWriter w_;

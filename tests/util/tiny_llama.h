@@ -26,6 +26,11 @@ struct TinyLlamaShape {
   bool qkv_bias = false;  // Qwen2-style attn_{q,k,v}.bias
   gguf::TensorType matrix_type = gguf::TensorType::kQ4_1;
   gguf::TensorType embd_type = gguf::TensorType::kQ8_0;
+  // Per-matrix types by name without the "blk.N." prefix (e.g.
+  // "attn_v.weight"), as mixed files have them; else matrix_type. K types
+  // that kernels::QuantizeRow does not take get random blocks (the matrix's
+  // columns a multiple of 256).
+  std::map<std::string, gguf::TensorType> type_override;
   // Hostile-file knobs.
   std::set<std::string> omit_tensors;
   std::map<std::string, std::vector<int64_t>> shape_override;  // ggml order
