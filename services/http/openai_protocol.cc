@@ -251,6 +251,10 @@ absl::Status ParseField(Endpoint endpoint, const std::string& key, const json& v
       if (!x.is_boolean()) return Invalid("stream_options.include_usage", "must be a boolean");
       out->include_usage = x.get<bool>();
     }
+  } else if (key == "num_speculative_tokens") {  // Tandem's extension (extra_body)
+    auto x = Integer(v, key, 0, 16);
+    if (!x.ok()) return x.status();
+    r->mutable_speculative()->set_num_speculative_tokens(static_cast<int32_t>(*x));
   } else if (key == "user") {
     auto s = String(v, key);
     if (!s.ok()) return s.status();

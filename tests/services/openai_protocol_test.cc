@@ -1,0 +1,72 @@
+// OpenAI body -> GenerateRequest, field by field (the HTTP front door's
+// parsing without a server; tests/integration/openai_http_test.cc runs the
+// same bodies through a live router).
+#include "services/http/openai_protocol.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace tandem::http {
+namespace {
+
+constexpr char kModel[] = "m";
+
+absl::StatusOr<OpenAiRequest> Completion(const std::string& body) {
+  return ParseOpenAiRequest(Endpoint::kCompletions, body, kModel);
+}
+
+TEST(OpenAiProtocolTest, SamplingAndStopFieldsMapToTheGrpcRequest) {
+  auto r = Completion(R"({"model": "m", "prompt": "hi", "max_tokens": 7, "temperature": 0.5,
+                          "top_p": 0.9, "top_k": 40, "seed": 11, "stop": ["x", "y"],
+                          "ignore_eos": true, "stream": true,
+                          "stream_options": {"include_usage": true}})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const tandem::v1::GenerateRequest& g = r->request;
+  EXPECT_EQ(g.text(), "hi");
+  EXPECT_EQ(g.stop().max_tokens(), 7);
+  EXPECT_FLOAT_EQ(g.sampling().temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling().top_p(), 0.9f);
+  EXPECT_EQ(g.sampling().top_k(), 40);
+  EXPECT_EQ(g.sampling().seed(), 11u);
+  ASSERT_EQ(g.stop().stop_size(), 2);
+  EXPECT_EQ(g.stop().stop(1), "y");
+  EXPECT_TRUE(g.stop().ignore_eos());
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_FALSE(g.has_speculative());
+}
+
+TEST(OpenAiProtocolTest, NumSpeculativeTokensIsThePerRequestSpeculationOption) {
+  for (int k : {0, 3, 16}) {
+    auto r = Completion(R"({"prompt": "hi", "num_speculative_tokens": )" + std::to_string(k) + "}");
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->request.speculative().has_num_speculative_tokens());
+    EXPECT_EQ(r->request.speculative().num_speculative_tokens(), k);
+  }
+  auto chat =
+      ParseOpenAiRequest(Endpoint::kChat, R"({"messages": [{"role": "user", "content": "hi"}],
+                          "num_speculative_tokens": 2})",
+                         kModel);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->request.speculative().num_speculative_tokens(), 2);
+  for (const char* bad : {R"({"prompt": "hi", "num_speculative_tokens": 17})",
+                          R"({"prompt": "hi", "num_speculative_tokens": -1})",
+                          R"({"prompt": "hi", "num_speculative_tokens": "4"})",
+                          R"({"prompt": "hi", "num_speculative_tokens": 1.5})"}) {
+    auto r = Completion(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(ApiErrorFrom(r.status()).param, "num_speculative_tokens") << r.status();
+    EXPECT_EQ(ApiErrorFrom(r.status()).http_status, 400);
+  }
+}
+
+TEST(OpenAiProtocolTest, WrongModelIsNotFound) {
+  auto r = Completion(R"({"model": "other", "prompt": "hi"})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(ApiErrorFrom(r.status()).http_status, 404);
+}
+
+}  // namespace
+}  // namespace tandem::http
