@@ -1,6 +1,7 @@
 #include "services/router/router_server.h"
 
 #include "absl/strings/str_format.h"
+#include "common/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
@@ -93,7 +94,9 @@ void ApplyServerDefaults(grpc::ServerBuilder* builder, int max_threads) {
   builder->SetResourceQuota(quota);
 }
 
-absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options options) {
+namespace {
+
+absl::Status CheckOptions(const RouterServer::Options& options) {
   if (options.tokenizer == nullptr) return absl::InvalidArgumentError("router: no tokenizer");
   if (options.max_inflight < 1 || options.max_inflight > 100000) {
     return absl::InvalidArgumentError("router: max_inflight must be in [1, 100000]");
@@ -107,6 +110,13 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
   if (options.max_inflight_tokens < 1) {
     return absl::InvalidArgumentError("router: max_inflight_tokens must be >= 1");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options options) {
+  TANDEM_RETURN_IF_ERROR(CheckOptions(options));
   // TLS files are read and checked before anything starts.
   auto server_creds = services::MakeServerCredentials(options.tls);
   if (!server_creds.ok()) return server_creds.status();
@@ -117,71 +127,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
   auto m = metrics::TandemMetrics::Create(&r->registry_, metrics::kPhaseRouter, options.model_name);
   if (!m.ok()) return m.status();
   r->metrics_ = std::move(m).value();
-
-  if (options.backend_override != nullptr) {
-    r->backend_ = options.backend_override;
-  } else if (options.local_engine != nullptr) {
-    r->owned_backend_ = std::make_unique<LocalBackend>(options.local_engine);
-  } else {
-    WorkerPool::Options po;
-    po.model = options.model_shape;
-    po.health_interval = options.health_interval;
-    po.channel_security = *channel_security;
-    r->pool_ = std::make_unique<WorkerPool>(po);
-    for (const std::string& a : options.static_prefill) {
-      if (absl::Status s = r->pool_->AddStatic("prefill", a); !s.ok()) return s;
-    }
-    for (const std::string& a : options.static_decode) {
-      if (absl::Status s = r->pool_->AddStatic("decode", a); !s.ok()) return s;
-    }
-    DisaggregatedBackend::Options bo;
-    bo.migration_limit = options.migration_limit;
-    bo.remote_prefill_min_tokens = options.remote_prefill_min_tokens;
-    bo.metrics = r->metrics_.get();
-    WorkerPool* pool = r->pool_.get();  // outlives every scrape (Shutdown stops the server first)
-    for (const char* role : {"prefill", "decode"}) {
-      if (r->metrics_ == nullptr) break;
-      r->metrics_->HealthyWorkers(role)->SetCallback(
-          [pool, role] { return static_cast<double>(pool->NumHealthy(role)); });
-    }
-    r->owned_backend_ = std::make_unique<DisaggregatedBackend>(r->pool_.get(), bo);
-  }
-  if (r->owned_backend_ != nullptr) r->backend_ = r->owned_backend_.get();
-
-  GenerationServiceImpl::Options go;
-  go.tokenizer = options.tokenizer;
-  go.limits = options.limits;
-  go.model_name = options.model_name;
-  go.architecture = options.architecture;
-  go.kv_bytes_per_token = options.kv_bytes_per_token;
-  go.backend = r->backend_;
-  go.metrics = r->metrics_.get();
-  go.max_inflight = options.max_inflight;
-  go.max_inflight_tokens = options.max_inflight_tokens;
-  go.api_keys = services::ApiKeySet(options.api_keys);
-  r->generation_ = std::make_unique<GenerationServiceImpl>(go);
-  r->registry_service_ = std::make_unique<RegistryServiceImpl>(r->pool_.get());
-
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  const std::string address = absl::StrFormat("%s:%d", options.host, options.port);
-  builder.AddListeningPort(address, *server_creds, &r->port_);
-  // Generate is a callback reactor (generate_reactor.h) and holds no thread
-  // while it streams; this bounds the sync handlers' threads (Tokenize,
-  // GetModelInfo, registry, health), independent of --max-inflight.
-  ApplyServerDefaults(&builder, kMaxSyncThreads);
-  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>());
-  // gRPC's own thread-quota RESOURCE_EXHAUSTED gets the retry hints too.
-  interceptors.push_back(services::RetryHintInterceptorFactory(go.retry_after));
-  builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  builder.RegisterService(r->generation_.get());
-  builder.RegisterService(r->registry_service_.get());
-  r->server_ = builder.BuildAndStart();
-  if (r->server_ == nullptr || r->port_ == 0) {
-    return absl::UnavailableError(absl::StrFormat("router: cannot listen on %s", address));
-  }
+  TANDEM_RETURN_IF_ERROR(r->MakeBackend(*channel_security));
+  r->MakeServices();
+  TANDEM_RETURN_IF_ERROR(r->StartGrpc(*server_creds));
   if (options.metrics_port >= 0) {
     metrics::MetricsHttpServer::Options mo;
     mo.host = options.metrics_host;
@@ -195,19 +143,100 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
     }
   }
   if (r->pool_ != nullptr) r->pool_->Start();
+  r->StartHealthThread();
+  return r;
+}
+
+absl::Status RouterServer::MakeBackend(const services::ChannelSecurity& channel_security) {
+  const Options& options = options_;
+  if (options.backend_override != nullptr) {
+    backend_ = options.backend_override;
+    return absl::OkStatus();
+  }
+  if (options.local_engine != nullptr) {
+    owned_backend_ = std::make_unique<LocalBackend>(options.local_engine);
+    backend_ = owned_backend_.get();
+    return absl::OkStatus();
+  }
+  WorkerPool::Options po;
+  po.model = options.model_shape;
+  po.health_interval = options.health_interval;
+  po.channel_security = channel_security;
+  pool_ = std::make_unique<WorkerPool>(po);
+  for (const std::string& a : options.static_prefill) {
+    TANDEM_RETURN_IF_ERROR(pool_->AddStatic("prefill", a));
+  }
+  for (const std::string& a : options.static_decode) {
+    TANDEM_RETURN_IF_ERROR(pool_->AddStatic("decode", a));
+  }
+  DisaggregatedBackend::Options bo;
+  bo.migration_limit = options.migration_limit;
+  bo.remote_prefill_min_tokens = options.remote_prefill_min_tokens;
+  bo.metrics = metrics_.get();
+  WorkerPool* pool = pool_.get();  // outlives every scrape (Shutdown stops the server first)
+  for (const char* role : {"prefill", "decode"}) {
+    if (metrics_ == nullptr) break;
+    metrics_->HealthyWorkers(role)->SetCallback(
+        [pool, role] { return static_cast<double>(pool->NumHealthy(role)); });
+  }
+  owned_backend_ = std::make_unique<DisaggregatedBackend>(pool_.get(), bo);
+  backend_ = owned_backend_.get();
+  return absl::OkStatus();
+}
+
+void RouterServer::MakeServices() {
+  const Options& options = options_;
+  GenerationServiceImpl::Options go;
+  go.tokenizer = options.tokenizer;
+  go.limits = options.limits;
+  go.model_name = options.model_name;
+  go.architecture = options.architecture;
+  go.kv_bytes_per_token = options.kv_bytes_per_token;
+  go.backend = backend_;
+  go.metrics = metrics_.get();
+  go.max_inflight = options.max_inflight;
+  go.max_inflight_tokens = options.max_inflight_tokens;
+  go.api_keys = services::ApiKeySet(options.api_keys);
+  generation_ = std::make_unique<GenerationServiceImpl>(go);
+  registry_service_ = std::make_unique<RegistryServiceImpl>(pool_.get());
+}
+
+absl::Status RouterServer::StartGrpc(const std::shared_ptr<grpc::ServerCredentials>& creds) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string address = absl::StrFormat("%s:%d", options_.host, options_.port);
+  builder.AddListeningPort(address, creds, &port_);
+  // Generate is a callback reactor (generate_reactor.h) and holds no thread
+  // while it streams; this bounds the sync handlers' threads (Tokenize,
+  // GetModelInfo, registry, health), independent of --max-inflight.
+  ApplyServerDefaults(&builder, kMaxSyncThreads);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>());
+  // gRPC's own thread-quota RESOURCE_EXHAUSTED gets the retry hints too.
+  interceptors.push_back(services::RetryHintInterceptorFactory(generation_->options().retry_after));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  builder.RegisterService(generation_.get());
+  builder.RegisterService(registry_service_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    return absl::UnavailableError(absl::StrFormat("router: cannot listen on %s", address));
+  }
+  return absl::OkStatus();
+}
+
+void RouterServer::StartHealthThread() {
   // Health: SERVING exactly while the backend can take requests.
-  RouterServer* self = r.get();
-  r->health_thread_ = std::thread([self] {
-    absl::MutexLock lock(&self->mu_);
-    while (!self->stopped_) {
-      const bool ready = !self->draining_.load() && self->backend_->Ready();
-      self->server_->GetHealthCheckService()->SetServingStatus(ready);
-      self->server_->GetHealthCheckService()->SetServingStatus("tandem.v1.Generation", ready);
-      auto stop = [self]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { return self->stopped_; };
-      self->mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(250));
+  health_thread_ = std::thread([this] {
+    absl::MutexLock lock(&mu_);
+    while (!stopped_) {
+      const bool ready = !draining_.load() && backend_->Ready();
+      server_->GetHealthCheckService()->SetServingStatus(ready);
+      server_->GetHealthCheckService()->SetServingStatus("tandem.v1.Generation", ready);
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopped_; };
+      mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(250));
     }
   });
-  return r;
 }
 
 void RouterServer::Shutdown(absl::Duration grace) {

@@ -24,7 +24,9 @@
 #include "common/metrics/http_server.h"
 #include "common/metrics/tandem_metrics.h"
 #include "engine/engine.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
+#include "services/common/tls.h"
 #include "services/router/backend.h"
 #include "services/router/disaggregated_backend.h"
 #include "services/router/generation_service.h"
@@ -84,6 +86,13 @@ class RouterServer {
 
  private:
   RouterServer() = default;
+  // Start's steps: the backend (a test's, colocated, or the worker pool and
+  // the disaggregated backend), the gRPC services, the gRPC server, the
+  // health thread (SERVING exactly while the backend can take requests).
+  absl::Status MakeBackend(const services::ChannelSecurity& channel_security);
+  void MakeServices();
+  absl::Status StartGrpc(const std::shared_ptr<grpc::ServerCredentials>& creds);
+  void StartHealthThread();
 
   Options options_;
   metrics::MetricsRegistry registry_;
