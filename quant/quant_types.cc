@@ -50,23 +50,23 @@ int64_t LayerOf(const std::string& name) {
 }  // namespace
 
 absl::StatusOr<TargetType> ParseTargetType(std::string_view name) {
-  const std::string lower = absl::AsciiStrToLower(name);
+  const std::string lower = absl::AsciiStrToLower(std::string(name));
   for (const NamedType& t : kTypes) {
     if (lower == t.name) return TargetType{t.type, t.mix, lower};
   }
   std::string names;
   for (const NamedType& t : kTypes) absl::StrAppend(&names, names.empty() ? "" : ", ", t.name);
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown quantization type '", name, "' (one of: ", names, ")"));
+      absl::StrCat("unknown quantization type '", std::string(name), "' (one of: ", names, ")"));
 }
 
 absl::StatusOr<Method> ParseMethod(std::string_view name) {
-  const std::string lower = absl::AsciiStrToLower(name);
+  const std::string lower = absl::AsciiStrToLower(std::string(name));
   if (lower == "rtn") return Method::kRtn;
   if (lower == "awq") return Method::kAwq;
   if (lower == "gptq") return Method::kGptq;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown quantization method '", name, "' (one of: rtn, awq, gptq)"));
+      absl::StrCat("unknown quantization method '", std::string(name), "' (one of: rtn, awq, gptq)"));
 }
 
 std::string_view MethodName(Method m) {

@@ -46,7 +46,7 @@ absl::StatusOr<TensorMap> LoadTensors(const gguf::GgufFile& in, const TargetType
                            info.name.find(".bias") != std::string::npos;
     if (needs_f32 && t.out_type != info.type && !GetTypeTraits(info.type)->dequantizable) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", info.name, "' has type ", GetTypeTraits(info.type)->name,
+          "tensor '", info.name, "' has type ", std::string(GetTypeTraits(info.type)->name),
           " which cannot be dequantized"));
     }
     if (needs_f32 && GetTypeTraits(info.type)->dequantizable) {
@@ -255,7 +255,7 @@ absl::StatusOr<QuantizeSummary> QuantizeModel(const gguf::GgufFile& in,
   if (options.method != Method::kRtn) {
     if (options.calibration_tokens.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(MethodName(options.method), " needs calibration tokens"));
+          absl::StrCat(std::string(MethodName(options.method)), " needs calibration tokens"));
     }
     CalibrationSet calib(c.num_layers, options.max_calibration_tokens);
     TANDEM_RETURN_IF_ERROR(RunCalibration(
