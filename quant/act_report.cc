@@ -62,14 +62,12 @@ std::string FormatReport(const std::vector<InputReport>& rows, float threshold) 
   for (const InputReport& r : rows) {
     out += absl::StrFormat("%-5d %-17s %8d %10.3f %10.3f %9.1f %8d %d\n", r.layer,
                            LinearInputName(r.input), r.channels, r.max, r.median,
-                           r.median > 0 ? r.max / r.median : 0.f, r.over_threshold,
-                           r.top_channel);
+                           r.median > 0 ? r.max / r.median : 0.f, r.over_threshold, r.top_channel);
     total_over += r.over_threshold;
     inputs_with_outliers += r.over_threshold > 0 ? 1 : 0;
   }
-  out += absl::StrFormat(
-      "%d of %d linear inputs have channels above %.1f (%d channels in all)\n",
-      inputs_with_outliers, rows.size(), threshold, total_over);
+  out += absl::StrFormat("%d of %d linear inputs have channels above %.1f (%d channels in all)\n",
+                         inputs_with_outliers, rows.size(), threshold, total_over);
   return out;
 }
 

@@ -146,8 +146,7 @@ void SearchClip(const InputStats& stats, const std::vector<float>& s, const AwqL
         for (int64_t i = 0; i < unit; ++i) amax = std::max(amax, std::fabs(w[i]));
         double best = -1;
         for (int k = 0; k < options.clip_grid; ++k) {
-          const float ratio =
-              1.f - static_cast<float>(options.max_shrink) * k / options.clip_grid;
+          const float ratio = 1.f - static_cast<float>(options.max_shrink) * k / options.clip_grid;
           const float lim = amax * ratio;
           for (int64_t i = 0; i < unit; ++i) clipped[i] = std::clamp(w[i], -lim, lim);
           RoundTrip(l.type, clipped.data(), q.data(), unit, &buf);

@@ -30,8 +30,8 @@
 namespace tandem::quant {
 
 struct AwqOptions {
-  int grid = 20;           // alpha points: 0, 1/grid, ..., (grid-1)/grid
-  int clip_grid = 10;      // clip ratios tried per block (1 = no clip search)
+  int grid = 20;            // alpha points: 0, 1/grid, ..., (grid-1)/grid
+  int clip_grid = 10;       // clip ratios tried per block (1 = no clip search)
   double max_shrink = 0.5;  // the smallest ratio is 1 - max_shrink * (clip_grid-1)/clip_grid
 };
 

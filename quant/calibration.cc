@@ -45,7 +45,8 @@ absl::Status RunCalibration(engine::LlamaModel* model, absl::Span<const int32_t>
     if (progress) progress(begin + n, total);
   }
   model->set_activation_observer(nullptr);
-  if (!status.ok()) return absl::Status(status.code(), absl::StrCat("calibration: ", status.message()));
+  if (!status.ok())
+    return absl::Status(status.code(), absl::StrCat("calibration: ", status.message()));
   return absl::OkStatus();
 }
 

@@ -65,8 +65,8 @@ absl::StatusOr<Method> ParseMethod(std::string_view name) {
   if (lower == "rtn") return Method::kRtn;
   if (lower == "awq") return Method::kAwq;
   if (lower == "gptq") return Method::kGptq;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown quantization method '", std::string(name), "' (one of: rtn, awq, gptq)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown quantization method '", std::string(name),
+                                                 "' (one of: rtn, awq, gptq)"));
 }
 
 std::string_view MethodName(Method m) {
@@ -82,12 +82,10 @@ std::string_view MethodName(Method m) {
 }
 
 TensorType TensorTargetType(const TargetType& target, const std::string& name, int rank,
-                            int64_t row_length, int64_t num_layers, bool tied,
-                            TensorType current) {
+                            int64_t row_length, int64_t num_layers, bool tied, TensorType current) {
   if (rank < 2) return current;
   TensorType t = target.type;
-  const bool is_output =
-      name == "output.weight" || (tied && name == "token_embd.weight");
+  const bool is_output = name == "output.weight" || (tied && name == "token_embd.weight");
   if (is_output && t != TensorType::kQ8_0) {
     t = row_length % 256 != 0 ? TensorType::kQ8_0 : TensorType::kQ6_K;
   }

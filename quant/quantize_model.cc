@@ -45,9 +45,9 @@ absl::StatusOr<TensorMap> LoadTensors(const gguf::GgufFile& in, const TargetType
     const bool needs_f32 = rank >= 2 || info.name.find("_norm.") != std::string::npos ||
                            info.name.find(".bias") != std::string::npos;
     if (needs_f32 && t.out_type != info.type && !GetTypeTraits(info.type)->dequantizable) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", info.name, "' has type ", std::string(GetTypeTraits(info.type)->name),
-          " which cannot be dequantized"));
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", info.name, "' has type ",
+                                                     std::string(GetTypeTraits(info.type)->name),
+                                                     " which cannot be dequantized"));
     }
     if (needs_f32 && GetTypeTraits(info.type)->dequantizable) {
       t.v.resize(static_cast<size_t>(info.num_elements));
@@ -55,8 +55,7 @@ absl::StatusOr<TensorMap> LoadTensors(const gguf::GgufFile& in, const TargetType
       const uint64_t row_bytes = *gguf::RowBytes(info.type, cols);
       ThreadPool::Run(pool, rows, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
-          kernels::DequantizeRow(info.type, info.data + r * row_bytes, t.v.data() + r * cols,
-                                 cols);
+          kernels::DequantizeRow(info.type, info.data + r * row_bytes, t.v.data() + r * cols, cols);
         }
       });
     }
@@ -107,7 +106,8 @@ absl::Status AwqLayer(const engine::ModelConfig& c, int64_t layer, const Calibra
                       std::vector<float>* alphas) {
   auto need = [&](const char* what) -> absl::StatusOr<Tensor*> {
     Tensor* t = Find(m, Name(layer, what));
-    if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("missing ", Name(layer, what)));
+    if (t == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat("missing ", Name(layer, what)));
     return t;
   };
   TANDEM_ASSIGN_OR_RETURN(Tensor * wq, need("attn_q.weight"));
@@ -133,8 +133,8 @@ absl::Status AwqLayer(const engine::ModelConfig& c, int64_t layer, const Calibra
     }
     const int64_t cols = g.linears[0]->cols();
     InputStats& st = g.stats;
-    st = ComputeInputStats(calib.inputs(layer, g.input).data(),
-                                      calib.tokens(layer, g.input), cols, pool);
+    st = ComputeInputStats(calib.inputs(layer, g.input).data(), calib.tokens(layer, g.input), cols,
+                           pool);
     if (g.input == LinearInput::kAttnOut) {
       // attn_output's channel h*hd + d comes from V channel kv(h)*hd + d: heads
       // of one KV group share a scale (folded into that V row).
@@ -142,8 +142,10 @@ absl::Status AwqLayer(const engine::ModelConfig& c, int64_t layer, const Calibra
       for (int64_t kv = 0; kv < c.kv_dim(); ++kv) {
         const int64_t kvh = kv / c.head_dim, d = kv % c.head_dim;
         float sum = 0;
-        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) sum += st.mean_abs[h * c.head_dim + d];
-        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) st.mean_abs[h * c.head_dim + d] = sum / group;
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
+          sum += st.mean_abs[h * c.head_dim + d];
+        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
+          st.mean_abs[h * c.head_dim + d] = sum / group;
       }
     }
     std::vector<AwqLinear> ls;
@@ -258,14 +260,14 @@ absl::StatusOr<QuantizeSummary> QuantizeModel(const gguf::GgufFile& in,
           absl::StrCat(std::string(MethodName(options.method)), " needs calibration tokens"));
     }
     CalibrationSet calib(c.num_layers, options.max_calibration_tokens);
-    TANDEM_RETURN_IF_ERROR(RunCalibration(
-        model.get(), options.calibration_tokens, options.calibration_seq_len, &calib,
-        [&](int64_t done, int64_t total) { progress("calibrate", done, total); }));
+    TANDEM_RETURN_IF_ERROR(
+        RunCalibration(model.get(), options.calibration_tokens, options.calibration_seq_len, &calib,
+                       [&](int64_t done, int64_t total) { progress("calibrate", done, total); }));
     summary.calibration_tokens = static_cast<int64_t>(options.calibration_tokens.size());
     for (int64_t layer = 0; layer < c.num_layers; ++layer) {
       if (options.method == Method::kAwq) {
-        TANDEM_RETURN_IF_ERROR(AwqLayer(c, layer, calib, tensors, options.awq, options.pool,
-                                        &summary.awq_alphas));
+        TANDEM_RETURN_IF_ERROR(
+            AwqLayer(c, layer, calib, tensors, options.awq, options.pool, &summary.awq_alphas));
       } else {
         TANDEM_RETURN_IF_ERROR(GptqLayer(layer, calib, tensors, options.gptq, options.pool));
       }
@@ -288,9 +290,8 @@ absl::StatusOr<QuantizeSummary> QuantizeModel(const gguf::GgufFile& in,
     const Tensor& t = tensors.at(info.name);
     std::string bytes = OutputBytes(t, options.pool);
     const TensorType type =
-        t.has_out_bytes || (!t.v.empty() && (t.out_type != info.type || t.modified))
-            ? t.out_type
-            : info.type;
+        t.has_out_bytes || (!t.v.empty() && (t.out_type != info.type || t.modified)) ? t.out_type
+                                                                                     : info.type;
     summary.bytes_out += bytes.size();
     ++summary.type_counts[std::string(gguf::GetTypeTraits(type)->name)];
     TANDEM_RETURN_IF_ERROR(out->AddTensor(info.name, info.shape, type, std::move(bytes)));

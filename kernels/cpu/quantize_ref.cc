@@ -260,8 +260,10 @@ void QuantSuperBlockK(const float* x, int nmax, float rmin, int nstep, uint8_t* 
   const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
   std::memset(scales_out, 0, 12);
   for (int j = 0; j < 8; ++j) {
-    const int ls = std::min(63, static_cast<int>(static_cast<uint8_t>(NearestInt(inv_scale * scales[j]))));
-    const int lm = std::min(63, static_cast<int>(static_cast<uint8_t>(NearestInt(inv_min * mins[j]))));
+    const int ls =
+        std::min(63, static_cast<int>(static_cast<uint8_t>(NearestInt(inv_scale * scales[j]))));
+    const int lm =
+        std::min(63, static_cast<int>(static_cast<uint8_t>(NearestInt(inv_min * mins[j]))));
     if (j < 4) {
       scales_out[j] = static_cast<uint8_t>(ls);
       scales_out[j + 4] = static_cast<uint8_t>(lm);
@@ -289,7 +291,8 @@ void QuantSuperBlockK(const float* x, int nmax, float rmin, int nstep, uint8_t* 
     if (d == 0.0f) continue;
     const float dm = dmin_all * static_cast<float>(m);
     for (int l = 0; l < 32; ++l) {
-      L[32 * j + l] = static_cast<uint8_t>(std::clamp(NearestInt((x[32 * j + l] + dm) / d), 0, nmax));
+      L[32 * j + l] =
+          static_cast<uint8_t>(std::clamp(NearestInt((x[32 * j + l] + dm) / d), 0, nmax));
     }
   }
 }
@@ -355,7 +358,8 @@ void QuantQ6_K(const float* x, uint8_t* b) {
       const int q1 = L[j + l], q2 = L[j + l + 32], q3 = L[j + l + 64], q4 = L[j + l + 96];
       ql[l] = static_cast<uint8_t>((q1 & 0xF) | ((q3 & 0xF) << 4));
       ql[l + 32] = static_cast<uint8_t>((q2 & 0xF) | ((q4 & 0xF) << 4));
-      qh[l] = static_cast<uint8_t>((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
+      qh[l] =
+          static_cast<uint8_t>((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
     }
   }
 }

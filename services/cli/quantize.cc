@@ -70,8 +70,7 @@ void AddFlags(ArgParser& p, QuantizeFlags& f) {
               "calibration text file (at most 8 MiB): awq / gptq / --report run the model on it");
   p.AddInt("calibration-tokens", &f.calibration_tokens, 1, 1 << 16,
            "calibration tokens used (the text's first ones)");
-  p.AddInt("calibration-ctx", &f.calibration_ctx, 8, 1 << 16,
-           "tokens per calibration sequence");
+  p.AddInt("calibration-ctx", &f.calibration_ctx, 8, 1 << 16, "tokens per calibration sequence");
   p.AddInt("awq-grid", &f.awq_grid, 1, 100, "awq: alpha grid points in [0, 1)");
   p.AddInt("awq-clip-grid", &f.awq_clip_grid, 1, 100,
            "awq: clip ratios tried per block (1 = no clip search)");
@@ -112,8 +111,8 @@ void PrintProgress(std::string_view stage, int64_t done, int64_t total) {
   std::fflush(stderr);
 }
 
-int RunReport(const LoadedModel& loaded, const std::vector<int32_t>& tokens,
-              const QuantizeFlags& f, ThreadPool* pool) {
+int RunReport(const LoadedModel& loaded, const std::vector<int32_t>& tokens, const QuantizeFlags& f,
+              ThreadPool* pool) {
   engine::LoadOptions load;
   load.pool = pool;
   load.prefault = false;
@@ -176,13 +175,14 @@ int RunQuantize(int argc, char** argv) {
   std::vector<int32_t> tokens;
   if (!text.empty()) {
     tokens = loaded->tokenizer->Encode(text, /*add_special=*/true, /*parse_special=*/false);
-    if (static_cast<int64_t>(tokens.size()) > f.calibration_tokens) tokens.resize(f.calibration_tokens);
+    if (static_cast<int64_t>(tokens.size()) > f.calibration_tokens)
+      tokens.resize(f.calibration_tokens);
   }
   if (needs_calibration && tokens.size() < 2) {
     return UsageError("--calibration: the text has fewer than 2 tokens");
   }
-  const int threads =
-      f.threads > 0 ? static_cast<int>(f.threads) : std::max(1u, std::thread::hardware_concurrency());
+  const int threads = f.threads > 0 ? static_cast<int>(f.threads)
+                                    : std::max(1u, std::thread::hardware_concurrency());
   ThreadPool pool(threads);
   if (f.report) {
     if (int rc = RunReport(*loaded, tokens, f, &pool); rc != kExitOk || !quantize) return rc;
@@ -217,8 +217,8 @@ int RunQuantize(int argc, char** argv) {
   for (const auto& [name, count] : summary->type_counts) {
     types += absl::StrFormat("%s%s x%d", types.empty() ? "" : ", ", name, count);
   }
-  std::printf("wrote %s: %.1f MiB of tensors (%s)\n", f.out.c_str(),
-              summary->bytes_out / 1048576.0, types.c_str());
+  std::printf("wrote %s: %.1f MiB of tensors (%s)\n", f.out.c_str(), summary->bytes_out / 1048576.0,
+              types.c_str());
   return kExitOk;
 }
 

@@ -47,8 +47,8 @@ TEST(QuantizeCliTest, BadInputIsOneLineAndExit2) {
       {"quantize", "--type", "q4_0", "--out", out, "--model", not_gguf},
       {"quantize", "--type", "q3_x", "--out", out},
       {"quantize", "--type", "q4_0", "--out", out, "--method", "smoothquant"},
-      {"quantize", "--type", "q4_0"},                                    // no --out
-      {"quantize", "--out", out},                                        // no --type
+      {"quantize", "--type", "q4_0"},                                   // no --out
+      {"quantize", "--out", out},                                       // no --type
       {"quantize", "--type", "q4_0", "--out", out, "--method", "awq"},  // no --calibration
       {"quantize", "--type", "q4_0", "--out", out, "--method", "gptq", "--calibration", big},
       {"quantize", "--type", "q4_0", "--out", out, "--method", "gptq", "--calibration",
@@ -86,10 +86,9 @@ TEST(QuantizeCliTest, GptqAndAwqOnTheBundledModelGenerate) {
   const std::string calib = TestDataPath("calibration_text.txt");
   for (const char* method : {"gptq", "awq"}) {
     const std::string out = TempPath(std::string(method) + ".gguf");
-    ProcessResult q =
-        Tandem({"quantize", "--type", "q4_0", "--method", method, "--calibration", calib,
-                "--calibration-tokens", "64", "--awq-grid", "4", "--awq-clip-grid", "2",
-                "--out", out, "--threads", "2"});
+    ProcessResult q = Tandem({"quantize", "--type", "q4_0", "--method", method, "--calibration",
+                              calib, "--calibration-tokens", "64", "--awq-grid", "4",
+                              "--awq-clip-grid", "2", "--out", out, "--threads", "2"});
     ASSERT_EQ(q.exit_code, 0) << q.err;
     // Progress: the last update of the method's stage is "<method> 30 / 30".
     const size_t stage = q.err.rfind(std::string("\r") + method);
@@ -103,9 +102,9 @@ TEST(QuantizeCliTest, GptqAndAwqOnTheBundledModelGenerate) {
 }
 
 TEST(QuantizeCliTest, ReportListsEveryLinearInput) {
-  ProcessResult r = Tandem({"quantize", "--report", "--calibration",
-                            TestDataPath("calibration_text.txt"), "--calibration-tokens", "64",
-                            "--threads", "2"});
+  ProcessResult r =
+      Tandem({"quantize", "--report", "--calibration", TestDataPath("calibration_text.txt"),
+              "--calibration-tokens", "64", "--threads", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // Header, 30 layers x 4 inputs, summary.
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1 + 120 + 1) << r.out;

@@ -2,6 +2,8 @@
 // quantize_row_q{4,5,6}_K_ref on the golden inputs written by
 // tools/make_kquant_golden.py, and round trips whose error is that of the
 // format (random rows of awkward content).
+#include "kernels/quant.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "common/gguf/types.h"
-#include "kernels/quant.h"
 #include "tests/util/test_paths.h"
 
 namespace tandem::kernels {

@@ -22,9 +22,9 @@ using gguf::TensorType;
 TEST(BlockGridTest, SetQDecodesOnTheGrid) {
   std::mt19937 rng(3);
   std::normal_distribution<float> g(0.f, 1.f);
-  for (TensorType t : {TensorType::kQ8_0, TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ5_0,
-                       TensorType::kQ5_1, TensorType::kQ4_K, TensorType::kQ5_K,
-                       TensorType::kQ6_K}) {
+  for (TensorType t :
+       {TensorType::kQ8_0, TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ5_0,
+        TensorType::kQ5_1, TensorType::kQ4_K, TensorType::kQ5_K, TensorType::kQ6_K}) {
     SCOPED_TRACE(static_cast<int>(t));
     const int n = BlockSize(t);
     std::vector<float> x(n);
@@ -74,7 +74,8 @@ TEST(QuantTypesTest, ParseAndFallbacks) {
             TensorType::kQ8_0);
   auto q4km = ParseTargetType("q4_k_m");
   ASSERT_TRUE(q4km.ok() && q4km->mix);
-  // Layer 0 of 30 is in the first eighth: ffn_down gets Q6_K; so does layer 5 ((5 - 3) % 3 == 2), not layer 4.
+  // Layer 0 of 30 is in the first eighth: ffn_down gets Q6_K; so does layer 5 ((5 - 3) % 3 == 2),
+  // not layer 4.
   EXPECT_EQ(TensorTargetType(*q4km, "blk.0.ffn_down.weight", 2, 1536, 30, true, TensorType::kF32),
             TensorType::kQ6_K);
   EXPECT_EQ(TensorTargetType(*q4km, "blk.5.ffn_down.weight", 2, 1536, 30, true, TensorType::kF32),

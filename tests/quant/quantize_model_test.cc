@@ -86,7 +86,7 @@ struct MethodRun {
 };
 
 MethodRun QuantizeAndMeasure(const std::string& model, const std::string& type, Method method,
-                       ThreadPool* pool) {
+                             ThreadPool* pool) {
   auto in = gguf::GgufFile::FromBuffer(model);
   QuantizeOptions o;
   o.target = *ParseTargetType(type);
