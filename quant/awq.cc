@@ -28,12 +28,14 @@ double BlockError(const float* e, const float* hblocks, int64_t n) {
   for (int64_t b = 0; b < n; b += kB) {
     const float* h = hblocks + (b / kB) * kB * kB;
     const float* eb = e + b;
-    float acc = 0;
+    // H e as a sum of H's rows (vectorizes), then e . (H e).
+    float he[kB] = {};
     for (int i = 0; i < kB; ++i) {
-      float hi = 0;
-      for (int j = 0; j < kB; ++j) hi += h[i * kB + j] * eb[j];
-      acc += eb[i] * hi;
+      const float ei = eb[i];
+      for (int j = 0; j < kB; ++j) he[j] += h[i * kB + j] * ei;
     }
+    float acc = 0;
+    for (int j = 0; j < kB; ++j) acc += eb[j] * he[j];
     total += acc;
   }
   return total;

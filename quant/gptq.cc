@@ -28,6 +28,21 @@ std::vector<double> Gram(const float* x, int64_t tokens, int64_t cols, ThreadPoo
 
 namespace {
 
+// sum a[k] * b[k] over [begin, end) with four partial sums (the chains of a
+// single sum would make the Cholesky latency bound).
+double Dot(const double* a, const double* b, int64_t begin, int64_t end) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t k = begin;
+  for (; k + 4 <= end; k += 4) {
+    s0 += a[k] * b[k];
+    s1 += a[k + 1] * b[k + 1];
+    s2 += a[k + 2] * b[k + 2];
+    s3 += a[k + 3] * b[k + 3];
+  }
+  for (; k < end; ++k) s0 += a[k] * b[k];
+  return (s0 + s1) + (s2 + s3);
+}
+
 // V upper triangular with H = V V^T (a Cholesky factorization in reverse
 // index order); false when H is not positive definite.
 bool ReverseCholesky(const std::vector<double>& h, int64_t n, std::vector<double>* v,
@@ -36,8 +51,7 @@ bool ReverseCholesky(const std::vector<double>& h, int64_t n, std::vector<double
   double* V = v->data();
   for (int64_t j = n - 1; j >= 0; --j) {
     const double* vj = V + j * n;
-    double d = h[j * n + j];
-    for (int64_t k = j + 1; k < n; ++k) d -= vj[k] * vj[k];
+    const double d = h[j * n + j] - Dot(vj, vj, j + 1, n);
     if (!(d > 0.0)) return false;
     const double djj = std::sqrt(d);
     V[j * n + j] = djj;
@@ -45,10 +59,7 @@ bool ReverseCholesky(const std::vector<double>& h, int64_t n, std::vector<double
         pool, j,
         [&](int64_t begin, int64_t end) {
           for (int64_t i = begin; i < end; ++i) {
-            double s = h[i * n + j];
-            const double* vi = V + i * n;
-            for (int64_t k = j + 1; k < n; ++k) s -= vi[k] * vj[k];
-            V[i * n + j] = s / djj;
+            V[i * n + j] = (h[i * n + j] - Dot(V + i * n, vj, j + 1, n)) / djj;
           }
         },
         64);
@@ -86,9 +97,7 @@ absl::StatusOr<std::vector<float>> InverseCholeskyUpper(std::vector<double> h, i
           u[j] = 1.0 / v[j * n + j];
           for (int64_t i = j - 1; i >= 0; --i) {
             const double* vi = v.data() + i * n;
-            double s = 0;
-            for (int64_t k = i + 1; k <= j; ++k) s += vi[k] * u[k];
-            u[i] = -s / vi[i];
+            u[i] = -Dot(vi, u, i + 1, j + 1) / vi[i];
           }
         }
       },

@@ -103,10 +103,17 @@ absl::StatusOr<std::string> ReadCalibration(const std::string& path) {
   return ss.str();
 }
 
-// "\r<stage> done/total" on stderr; a newline when a stage completes.
+// "<stage> done/total" on stderr at every tenth of a stage (and its end),
+// on one line that each update rewrites.
 void PrintProgress(std::string_view stage, int64_t done, int64_t total) {
-  std::fprintf(stderr, "\r%-10s %6lld / %lld", std::string(stage).c_str(),
-               static_cast<long long>(done), static_cast<long long>(total));
+  static std::string last_stage;
+  static int64_t last_tenth = -1;
+  const int64_t tenth = total > 0 ? done * 10 / total : 10;
+  if (stage == last_stage && tenth == last_tenth && done != total) return;
+  last_stage = std::string(stage);
+  last_tenth = tenth;
+  std::fprintf(stderr, "\r%-10s %6lld / %lld", last_stage.c_str(), static_cast<long long>(done),
+               static_cast<long long>(total));
   if (done == total) std::fputc('\n', stderr);
   std::fflush(stderr);
 }
