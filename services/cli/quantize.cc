@@ -105,18 +105,23 @@ absl::StatusOr<std::string> ReadCalibration(const std::string& path) {
 
 // "<stage> done/total" on stderr at every tenth of a stage (and its end),
 // on one line that each update rewrites.
-void PrintProgress(std::string_view stage, int64_t done, int64_t total) {
-  static std::string last_stage;
-  static int64_t last_tenth = -1;
-  const int64_t tenth = total > 0 ? done * 10 / total : 10;
-  if (stage == last_stage && tenth == last_tenth && done != total) return;
-  last_stage = std::string(stage);
-  last_tenth = tenth;
-  std::fprintf(stderr, "\r%-10s %6lld / %lld", last_stage.c_str(), static_cast<long long>(done),
-               static_cast<long long>(total));
-  if (done == total) std::fputc('\n', stderr);
-  std::fflush(stderr);
-}
+class ProgressLine {
+ public:
+  void operator()(std::string_view stage, int64_t done, int64_t total) {
+    const int64_t tenth = total > 0 ? done * 10 / total : 10;
+    if (stage == stage_ && tenth == tenth_ && done != total) return;
+    stage_ = std::string(stage);
+    tenth_ = tenth;
+    std::fprintf(stderr, "\r%-10s %6lld / %lld", stage_.c_str(), static_cast<long long>(done),
+                 static_cast<long long>(total));
+    if (done == total) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  std::string stage_;
+  int64_t tenth_ = -1;
+};
 
 int RunReport(const LoadedModel& loaded, const std::vector<int32_t>& tokens, const QuantizeFlags& f,
               ThreadPool* pool) {
@@ -127,9 +132,11 @@ int RunReport(const LoadedModel& loaded, const std::vector<int32_t>& tokens, con
   auto model = engine::LlamaModel::Load(*loaded.file, load);
   if (!model.ok()) return UsageError(std::string(model.status().message()));
   quant::ActivationReport report((*model)->config().num_layers);
-  absl::Status s = quant::RunCalibration(
-      model->get(), tokens, f.calibration_ctx, &report,
-      [](int64_t done, int64_t total) { PrintProgress("report", done, total); });
+  absl::Status s =
+      quant::RunCalibration(model->get(), tokens, f.calibration_ctx, &report,
+                            [line = ProgressLine()](int64_t done, int64_t total) mutable {
+                              line("report", done, total);
+                            });
   if (!s.ok()) return Failure(std::string(s.message()));
   const float threshold = static_cast<float>(f.report_threshold);
   std::fputs(quant::FormatReport(report.Summarize(threshold), threshold).c_str(), stdout);
@@ -201,7 +208,7 @@ int RunQuantize(int argc, char** argv) {
   options.awq.clip_grid = static_cast<int>(f.awq_clip_grid);
   options.gptq.damp = f.gptq_damp;
   options.pool = &pool;
-  options.progress = PrintProgress;
+  options.progress = ProgressLine();
   std::fprintf(stderr, "quantizing %s -> %s (%s, %s)\n", path->c_str(), f.out.c_str(),
                options.target.name.c_str(), std::string(quant::MethodName(options.method)).c_str());
   gguf::GgufWriter writer;
