@@ -63,9 +63,9 @@ ActLevels DefaultActLevels(KernelMode mode);
 // "fast" / "fast-int8" / "reference" (flags, env); false on anything else.
 bool ParseKernelMode(const std::string& s, KernelMode* mode);
 
-// Sees the input of each group of linears on the f32 reference path
-// (KernelMode::kReference only; the fast paths never call it): the
-// calibration of `tandem quantize` (quant/). `x` is [num_tokens, dim]
+// Sees the input of each group of linears on the f32 path (every layer
+// with KernelMode::kReference; with the fast modes only layers that are not
+// repacked): the calibration of `tandem quantize` (quant/). `x` is [num_tokens, dim]
 // row-major, valid during the call only. Called from the Forward thread.
 enum class LinearInput {
   kAttnIn,   // attn_norm output: input of attn_q / attn_k / attn_v

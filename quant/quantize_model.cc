@@ -100,6 +100,50 @@ struct Group {
   InputStats stats;
 };
 
+// What produces each linear group's input, where diag(1/s) is folded.
+struct Producers {
+  Tensor* attn_norm;
+  Tensor* wv;
+  Tensor* bv;  // may be null
+  Tensor* ffn_norm;
+  Tensor* wu;
+};
+
+// attn_output's channel h * head_dim + d comes from V channel
+// kv(h) * head_dim + d: the heads of one KV group must share a scale (folded
+// into that V row), so they get the group's mean statistic.
+void TieKvGroups(const engine::ModelConfig& c, std::vector<float>* mean_abs) {
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  for (int64_t kv = 0; kv < c.kv_dim(); ++kv) {
+    const int64_t first = (kv / c.head_dim) * group * c.head_dim + kv % c.head_dim;
+    float sum = 0;
+    for (int64_t h = 0; h < group; ++h) sum += (*mean_abs)[first + h * c.head_dim];
+    for (int64_t h = 0; h < group; ++h) (*mean_abs)[first + h * c.head_dim] = sum / group;
+  }
+}
+
+void FoldIntoProducer(const engine::ModelConfig& c, LinearInput input, const std::vector<float>& s,
+                      const Producers& p) {
+  switch (input) {
+    case LinearInput::kAttnIn:
+      return DivideRows(*p.attn_norm, s);
+    case LinearInput::kAttnOut: {
+      const int64_t group = c.num_heads / c.num_kv_heads;
+      std::vector<float> sv(c.kv_dim());
+      for (int64_t kv = 0; kv < c.kv_dim(); ++kv) {
+        sv[kv] = s[(kv / c.head_dim) * group * c.head_dim + kv % c.head_dim];
+      }
+      DivideRows(*p.wv, sv);
+      if (p.bv != nullptr) DivideRows(*p.bv, sv);
+      return;
+    }
+    case LinearInput::kFfnIn:
+      return DivideRows(*p.ffn_norm, s);
+    case LinearInput::kDownIn:
+      return DivideRows(*p.wu, s);
+  }
+}
+
 // The AWQ scales of one layer, folded into the producers of each input.
 absl::Status AwqLayer(const engine::ModelConfig& c, int64_t layer, const CalibrationSet& calib,
                       TensorMap& m, const AwqOptions& opt, ThreadPool* pool,
@@ -119,7 +163,7 @@ absl::Status AwqLayer(const engine::ModelConfig& c, int64_t layer, const Calibra
   TANDEM_ASSIGN_OR_RETURN(Tensor * wd, need("ffn_down.weight"));
   TANDEM_ASSIGN_OR_RETURN(Tensor * attn_norm, need("attn_norm.weight"));
   TANDEM_ASSIGN_OR_RETURN(Tensor * ffn_norm, need("ffn_norm.weight"));
-  Tensor* bv = Find(m, Name(layer, "attn_v.bias"));
+  const Producers producers = {attn_norm, wv, Find(m, Name(layer, "attn_v.bias")), ffn_norm, wu};
   std::vector<Group> groups = {{LinearInput::kAttnIn, {wq, wk, wv}, {}, {}},
                                {LinearInput::kAttnOut, {wo}, {}, {}},
                                {LinearInput::kFfnIn, {wg, wu}, {}, {}},
@@ -135,46 +179,14 @@ absl::Status AwqLayer(const engine::ModelConfig& c, int64_t layer, const Calibra
     InputStats& st = g.stats;
     st = ComputeInputStats(calib.inputs(layer, g.input).data(), calib.tokens(layer, g.input), cols,
                            pool);
-    if (g.input == LinearInput::kAttnOut) {
-      // attn_output's channel h*hd + d comes from V channel kv(h)*hd + d: heads
-      // of one KV group share a scale (folded into that V row).
-      const int64_t group = c.num_heads / c.num_kv_heads;
-      for (int64_t kv = 0; kv < c.kv_dim(); ++kv) {
-        const int64_t kvh = kv / c.head_dim, d = kv % c.head_dim;
-        float sum = 0;
-        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
-          sum += st.mean_abs[h * c.head_dim + d];
-        for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
-          st.mean_abs[h * c.head_dim + d] = sum / group;
-      }
-    }
+    if (g.input == LinearInput::kAttnOut) TieKvGroups(c, &st.mean_abs);
     std::vector<AwqLinear> ls;
     for (Tensor* t : g.linears) ls.push_back(LinearOf(*t));
     float alpha = 0;
     g.scales = SearchScales(st, ls, opt, pool, &alpha);
     alphas->push_back(alpha);
     for (Tensor* t : g.linears) ScaleColumns(*t, g.scales);
-    switch (g.input) {
-      case LinearInput::kAttnIn:
-        DivideRows(*attn_norm, g.scales);
-        break;
-      case LinearInput::kAttnOut: {
-        std::vector<float> sv(c.kv_dim());
-        const int64_t group = c.num_heads / c.num_kv_heads;
-        for (int64_t kv = 0; kv < c.kv_dim(); ++kv) {
-          sv[kv] = g.scales[(kv / c.head_dim) * group * c.head_dim + kv % c.head_dim];
-        }
-        DivideRows(*wv, sv);
-        if (bv != nullptr) DivideRows(*bv, sv);
-        break;
-      }
-      case LinearInput::kFfnIn:
-        DivideRows(*ffn_norm, g.scales);
-        break;
-      case LinearInput::kDownIn:
-        DivideRows(*wu, g.scales);
-        break;
-    }
+    FoldIntoProducer(c, g.input, g.scales, producers);
   }
   // Clips once every fold of the layer is in (attn_v's and ffn_up's rows).
   for (const Group& g : groups) {
