@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "common/gguf/types.h"
 #include "gtest/gtest.h"
 #include "tests/util/subprocess.h"
 #include "tests/util/test_paths.h"
+#include "tests/util/tiny_llama.h"
 
 namespace tandem::testing {
 namespace {
@@ -68,12 +70,33 @@ TEST(QuantizeCliTest, BadInputIsOneLineAndExit2) {
   unlink(big.c_str());
 }
 
+// A tokenizer-less tiny f32 model quantizes with rtn; a GGUF that is not a
+// model (a tokenizer-only file) is refused with exit 2.
+TEST(QuantizeCliTest, TinyModelAndNonModelGguf) {
+  TinyLlamaShape shape;
+  shape.matrix_type = gguf::TensorType::kF32;
+  shape.embd_type = gguf::TensorType::kF32;
+  const std::string in = TempPath("tiny_f32.gguf");
+  WriteFile(in, MakeRandomLlamaGguf(shape, 1));
+  const std::string out = TempPath("tiny_q4_1.gguf");
+  ProcessResult r = Tandem({"quantize", "--model", in, "--type", "q4_1", "--out", out});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Q4_1 x14"), std::string::npos) << r.out;  // 7 matrices x 2 layers
+  r = Tandem({"quantize", "--model", TestDataPath("tiny_spm.gguf"), "--type", "q4_0", "--out",
+              out + ".2"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_FALSE(Exists(out + ".2"));
+  unlink(in.c_str());
+  unlink(out.c_str());
+}
+
 TEST(QuantizeCliTest, QuantizedModelGenerates) {
   for (const char* type : {"q8_0", "q4_k_m"}) {
     const std::string out = TempPath(std::string(type) + ".gguf");
     ProcessResult q = Tandem({"quantize", "--type", type, "--out", out, "--threads", "2"});
     ASSERT_EQ(q.exit_code, 0) << q.err;
-    EXPECT_NE(q.out.find("wrote " + out), std::string::npos) << q.out;
+    EXPECT_NE(q.out.find("wrote " + out + " (" + type + ", rtn)"), std::string::npos) << q.out;
     ProcessResult g = Tandem({"generate", "--model", out, "--prompt", "The capital of France is",
                               "--max-tokens", "8", "--threads", "2"});
     EXPECT_EQ(g.exit_code, 0) << g.err;
