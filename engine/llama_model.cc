@@ -196,6 +196,7 @@ void LlamaModel::RunLayer(int64_t layer, const ForwardBatch& b,
   const LayerWeights& w = weights_.layers[layer];
   const int64_t T = b.num_tokens();
   kernels::RmsNorm(s.x.data(), w.attn_norm.data(), T, c.hidden_size, c.rms_eps, s.h.data());
+  Observe(layer, LinearInput::kAttnIn, s.h.data(), T, c.hidden_size);
   kernels::MatMul(w.wq, s.h.data(), T, s.q.data(), pool_);
   kernels::MatMul(w.wk, s.h.data(), T, s.k.data(), pool_);
   kernels::MatMul(w.wv, s.h.data(), T, s.v.data(), pool_);
@@ -209,13 +210,16 @@ void LlamaModel::RunLayer(int64_t layer, const ForwardBatch& b,
     }
   }
   Attend(layer, b, args, cache, s);
+  Observe(layer, LinearInput::kAttnOut, s.attn.data(), T, c.q_dim());
   kernels::MatMul(w.wo, s.attn.data(), T, s.h.data(), pool_);
   kernels::Add(s.x.data(), s.h.data(), T * c.hidden_size, s.x.data());
 
   kernels::RmsNorm(s.x.data(), w.ffn_norm.data(), T, c.hidden_size, c.rms_eps, s.h.data());
+  Observe(layer, LinearInput::kFfnIn, s.h.data(), T, c.hidden_size);
   kernels::MatMul(w.w_gate, s.h.data(), T, s.gate.data(), pool_);
   kernels::MatMul(w.w_up, s.h.data(), T, s.up.data(), pool_);
   kernels::SiluMul(s.gate.data(), s.up.data(), T * c.ffn_size, s.gate.data());
+  Observe(layer, LinearInput::kDownIn, s.gate.data(), T, c.ffn_size);
   kernels::MatMul(w.w_down, s.gate.data(), T, s.h.data(), pool_);
   kernels::Add(s.x.data(), s.h.data(), T * c.hidden_size, s.x.data());
 }

@@ -63,6 +63,23 @@ ActLevels DefaultActLevels(KernelMode mode);
 // "fast" / "fast-int8" / "reference" (flags, env); false on anything else.
 bool ParseKernelMode(const std::string& s, KernelMode* mode);
 
+// Sees the input of each group of linears on the f32 path (every layer
+// with KernelMode::kReference; with the fast modes only layers that are not
+// repacked): the calibration of `tandem quantize` (quant/). `x` is [num_tokens, dim]
+// row-major, valid during the call only. Called from the Forward thread.
+enum class LinearInput {
+  kAttnIn,   // attn_norm output: input of attn_q / attn_k / attn_v
+  kAttnOut,  // attention output: input of attn_output
+  kFfnIn,    // ffn_norm output: input of ffn_gate / ffn_up
+  kDownIn,   // silu(gate) * up: input of ffn_down
+};
+class ActivationObserver {
+ public:
+  virtual ~ActivationObserver() = default;
+  virtual void Observe(int64_t layer, LinearInput which, const float* x, int64_t num_tokens,
+                       int64_t dim) = 0;
+};
+
 struct LoadOptions {
   ThreadPool* pool = nullptr;  // not owned; null runs single-threaded
   bool prefault = true;        // touch all weight pages during Load
@@ -97,6 +114,10 @@ class LlamaModel {
   // logits: [logits_indices.size(), vocab_size], caller-allocated.
   absl::Status Forward(const ForwardBatch& batch, KvCacheStorage* cache, float* logits) const;
 
+  // Installs (or with nullptr removes) the reference path's observer. Not
+  // owned; REQUIRES: no Forward in flight.
+  void set_activation_observer(ActivationObserver* observer) { observer_ = observer; }
+
   // A cache shaped for this model.
   absl::StatusOr<std::unique_ptr<KvCacheStorage>> MakeKvCache(
       int64_t num_blocks, int64_t block_size = KvCacheStorage::kDefaultBlockSize,
@@ -121,12 +142,17 @@ class LlamaModel {
               KvCacheStorage* cache, Scratch& s) const;
   void LmHead(const ForwardBatch& b, Scratch& s, float* logits) const;
   kernels::RopeParams RopeOf() const;
+  void Observe(int64_t layer, LinearInput which, const float* x, int64_t num_tokens,
+               int64_t dim) const {
+    if (observer_ != nullptr) observer_->Observe(layer, which, x, num_tokens, dim);
+  }
 
   ModelConfig config_;
   ModelWeights weights_;
   ThreadPool* pool_;
   KernelMode mode_;
   ActLevels levels_;
+  ActivationObserver* observer_ = nullptr;
 };
 
 // LlamaModel::ValidateBatch against any cache shape (the CUDA executor's

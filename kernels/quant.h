@@ -36,7 +36,10 @@ void DequantizeRow(gguf::TensorType type, const void* src, float* dst, int64_t n
 bool IsQuantizable(gguf::TensorType type);
 
 // Reference quantizers with the same rounding as ggml's quantize_row_*_ref:
-// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1. Writes RowBytes(type, n)
+// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, and the K-quants Q4_K, Q5_K,
+// Q6_K (ggml's make_qkx2_quants / make_qx_quants search: per 32- or
+// 16-element sub-block scale (and min), 6- or 8-bit sub-block scales under an
+// f16 super-block scale; n a multiple of 256). Writes RowBytes(type, n)
 // bytes to `dst`. REQUIRES: IsQuantizable(type), n a multiple of the block
 // size (TANDEM_CHECK).
 void QuantizeRow(gguf::TensorType type, const float* src, void* dst, int64_t n);

@@ -24,6 +24,7 @@ int RunServe(int argc, char** argv);       // serve.cc
 int RunClient(int argc, char** argv);      // client.cc
 int RunBench(int argc, char** argv);       // bench/serve/command.cc (tandem_bench_serve)
 int RunPerplexity(int argc, char** argv);  // perplexity.cc
+int RunQuantize(int argc, char** argv);    // quantize.cc
 
 // The long-running commands (router, prefill, decode, serve) log through
 // spdlog from here on (common/log.h); a bad TANDEM_LOG_LEVEL is a warning.

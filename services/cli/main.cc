@@ -20,6 +20,7 @@ constexpr char kUsage[] =
     "  generate   generate text from a prompt with a local model\n"
     "  plan       capacity estimate: memory, batch, throughput, $/token, worker ratio\n"
     "  perplexity perplexity / KL divergence on a text file (llama-perplexity convention)\n"
+    "  quantize   quantize a GGUF model (rtn, awq, gptq; Q4_0 .. Q6_K)\n"
     "  tokenize   print the token ids of a text\n"
     "  version    print the version and build configuration\n"
     "\n"
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   if (command == "bench") return tandem::cli::RunBench(argc, argv);
   if (command == "plan") return tandem::cli::RunPlan(argc, argv);
   if (command == "perplexity") return tandem::cli::RunPerplexity(argc, argv);
+  if (command == "quantize") return tandem::cli::RunQuantize(argc, argv);
   if (command == "tokenize") return tandem::cli::RunTokenize(argc, argv);
   if (command == "version" || command == "--version") return tandem::cli::RunVersion(argc, argv);
   if (command == "help" || command == "--help" || command == "-h") {

@@ -221,7 +221,8 @@ TEST(QuantDeath, UnsupportedTypeChecks) {
   std::vector<float> dst(256);
   EXPECT_DEATH(DequantizeRow(TensorType::kQ8_1, src.data(), dst.data(), 32), "TANDEM_CHECK");
   EXPECT_DEATH(DequantizeRow(TensorType::kQ4_0, src.data(), dst.data(), 31), "TANDEM_CHECK");
-  EXPECT_DEATH(QuantizeRow(TensorType::kQ4_K, dst.data(), src.data(), 256), "TANDEM_CHECK");
+  EXPECT_DEATH(QuantizeRow(TensorType::kQ3_K, dst.data(), src.data(), 256), "TANDEM_CHECK");
+  EXPECT_DEATH(QuantizeRow(TensorType::kQ4_K, dst.data(), src.data(), 255), "TANDEM_CHECK");
   EXPECT_FALSE(gguf::GetTypeTraits(TensorType::kQ8_1)->dequantizable);
   EXPECT_FALSE(gguf::GetTypeTraits(TensorType::kIQ4_NL)->dequantizable);
 }
