@@ -124,6 +124,35 @@ void OpenAiServer::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+namespace {
+
+// Errors cpp-httplib answers itself (413 body too large, 404 no route, 400
+// unreadable request) get OpenAI's JSON shape too.
+httplib::Server::HandlerResponse ShapeHttplibError(const httplib::Request&,
+                                                   httplib::Response& res) {
+  if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+  absl::Status s;
+  switch (res.status) {
+    case 413:
+      s = absl::InvalidArgumentError("the request body is too large");
+      break;
+    case 404:
+      s = absl::NotFoundError("no such endpoint");
+      break;
+    case 405:
+      s = absl::InvalidArgumentError("method not allowed");
+      break;
+    default:
+      s = absl::InvalidArgumentError(absl::StrFormat("bad request (HTTP %d)", res.status));
+  }
+  const int status = res.status;
+  SendError(s, res);
+  res.status = status;
+  return httplib::Server::HandlerResponse::Handled;
+}
+
+}  // namespace
+
 void OpenAiServer::Install() {
   httplib::Server& svr = *server_;
   const Options& o = options_;
@@ -133,124 +162,104 @@ void OpenAiServer::Install() {
   svr.set_read_timeout(std::chrono::milliseconds(absl::ToInt64Milliseconds(o.read_timeout)));
   svr.set_write_timeout(std::chrono::milliseconds(absl::ToInt64Milliseconds(o.write_timeout)));
   svr.set_keep_alive_max_count(100);
+  svr.set_error_handler(httplib::Server::HandlerWithResponse(ShapeHttplibError));
+  svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    Generate(Endpoint::kCompletions, req, res);
+  });
+  svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    Generate(Endpoint::kChat, req, res);
+  });
+  svr.Get("/v1/models",
+          [this](const httplib::Request& req, httplib::Response& res) { Models(req, res); });
+  svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) { Health(res); });
+}
 
-  GenerationServiceImpl* gen = o.generation;
-  metrics::TandemMetrics* m = gen->options().metrics;
-  const std::string model = gen->options().model_name;
-  const int64_t created = created_;
+bool OpenAiServer::Authenticate(const httplib::Request& req, httplib::Response& res) const {
+  const bool has = req.has_header("Authorization");
+  const std::string value = has ? req.get_header_value("Authorization") : "";
+  absl::Status s = options_.generation->AuthenticateHeader(has ? &value : nullptr);
+  if (s.ok()) return true;
+  if (!has) {
+    s = absl::UnauthenticatedError(
+        "missing API key: send the header 'Authorization: Bearer <key>'");
+  }
+  SendError(s, res);
+  return false;
+}
+
+void OpenAiServer::Generate(Endpoint endpoint, const httplib::Request& req,
+                            httplib::Response& res) const {
+  if (!Authenticate(req, res)) return;
+  GenerationServiceImpl* gen = options_.generation;
+  const std::string& model = gen->options().model_name;
   const absl::Duration retry_after = gen->options().retry_after;
-  const absl::Duration ping = o.ping_interval;
-
-  // Errors cpp-httplib answers itself (413 body too large, 404 no route, 400
-  // unreadable request) get OpenAI's JSON shape too.
-  svr.set_error_handler(
-      httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        absl::Status s;
-        switch (res.status) {
-          case 413:
-            s = absl::InvalidArgumentError("the request body is too large");
-            break;
-          case 404:
-            s = absl::NotFoundError("no such endpoint");
-            break;
-          case 405:
-            s = absl::InvalidArgumentError("method not allowed");
-            break;
-          default:
-            s = absl::InvalidArgumentError(absl::StrFormat("bad request (HTTP %d)", res.status));
-        }
-        const int status = res.status;
-        SendError(s, res);
-        res.status = status;
-        return httplib::Server::HandlerResponse::Handled;
-      }));
-
-  auto authenticate = [gen](const httplib::Request& req, httplib::Response& res) {
-    const bool has = req.has_header("Authorization");
-    const std::string value = has ? req.get_header_value("Authorization") : "";
-    absl::Status s = gen->AuthenticateHeader(has ? &value : nullptr);
-    if (s.ok()) return true;
-    if (!has) {
-      s = absl::UnauthenticatedError(
-          "missing API key: send the header 'Authorization: Bearer <key>'");
+  absl::StatusOr<OpenAiRequest> parsed = ParseOpenAiRequest(endpoint, req.body, model);
+  if (!parsed.ok()) {
+    if (metrics::TandemMetrics* m = gen->options().metrics; m != nullptr) {
+      m->RequestErrors(parsed.status().code())->Inc();
     }
-    SendError(s, res);
-    return false;
-  };
-
-  auto generate = [=](Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
-    if (!authenticate(req, res)) return;
-    absl::StatusOr<OpenAiRequest> parsed = ParseOpenAiRequest(endpoint, req.body, model);
-    if (!parsed.ok()) {
-      if (m != nullptr) m->RequestErrors(parsed.status().code())->Inc();
-      SendError(parsed.status(), res, retry_after);
+    SendError(parsed.status(), res, retry_after);
+    return;
+  }
+  absl::StatusOr<std::unique_ptr<GenerationServiceImpl::AdmittedCall>> call =
+      gen->Admit(parsed->request);
+  if (!call.ok()) {
+    SendError(call.status(), res, retry_after);
+    return;
+  }
+  if (!parsed->stream) {
+    ResponseBuilder builder(*parsed, model, gen->options().tokenizer, created_);
+    CollectSink sink(&builder);
+    absl::Status s = gen->Stream(**call, absl::InfiniteFuture(), &sink);
+    call->reset();
+    if (!s.ok()) {
+      SendError(s, res, retry_after);
       return;
     }
-    absl::StatusOr<std::unique_ptr<GenerationServiceImpl::AdmittedCall>> call =
-        gen->Admit(parsed->request);
-    if (!call.ok()) {
-      SendError(call.status(), res, retry_after);
-      return;
+    res.set_content(builder.Body(), kJson);
+    return;
+  }
+  auto state = std::make_shared<StreamState>();
+  state->request = std::move(parsed).value();
+  state->call = std::move(call).value();
+  state->builder =
+      std::make_unique<ResponseBuilder>(state->request, model, gen->options().tokenizer, created_);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [gen, state, ping = options_.ping_interval](
+                                                            size_t, httplib::DataSink& out) {
+    SseSink sink(&out, state->builder.get(), ping);
+    absl::Status s = gen->Stream(*state->call, absl::InfiniteFuture(), &sink);
+    state->call.reset();  // the KV is free before the connection is
+    if (sink.broken()) return false;
+    if (!s.ok()) {
+      const std::string e = ResponseBuilder::ErrorEvent(ApiErrorFrom(s));
+      if (!out.write(e.data(), e.size())) return false;
     }
-    if (!parsed->stream) {
-      ResponseBuilder builder(*parsed, model, gen->options().tokenizer, created);
-      CollectSink sink(&builder);
-      absl::Status s = gen->Stream(**call, absl::InfiniteFuture(), &sink);
-      call->reset();
-      if (!s.ok()) {
-        SendError(s, res, retry_after);
-        return;
-      }
-      res.set_content(builder.Body(), kJson);
-      return;
-    }
-    auto state = std::make_shared<StreamState>();
-    state->request = std::move(parsed).value();
-    state->call = std::move(call).value();
-    state->builder =
-        std::make_unique<ResponseBuilder>(state->request, model, gen->options().tokenizer, created);
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream", [gen, state, ping, retry_after](size_t, httplib::DataSink& out) {
-          SseSink sink(&out, state->builder.get(), ping);
-          absl::Status s = gen->Stream(*state->call, absl::InfiniteFuture(), &sink);
-          state->call.reset();  // the KV is free before the connection is
-          if (sink.broken()) return false;
-          if (!s.ok()) {
-            const std::string e = ResponseBuilder::ErrorEvent(ApiErrorFrom(s));
-            if (!out.write(e.data(), e.size())) return false;
-          }
-          out.done();
-          return true;
-        });
-  };
-  svr.Post("/v1/completions", [generate](const httplib::Request& req, httplib::Response& res) {
-    generate(Endpoint::kCompletions, req, res);
+    out.done();
+    return true;
   });
-  svr.Post("/v1/chat/completions", [generate](const httplib::Request& req, httplib::Response& res) {
-    generate(Endpoint::kChat, req, res);
-  });
-  svr.Get("/v1/models", [=](const httplib::Request& req, httplib::Response& res) {
-    if (!authenticate(req, res)) return;
-    tandem::json::Json card = {{"id", model},
-                               {"object", "model"},
-                               {"created", created},
-                               {"owned_by", "tandem"},
-                               {"max_model_len", gen->options().limits.context_length}};
-    tandem::json::Json body = {{"object", "list"}, {"data", tandem::json::Json::array({card})}};
-    res.set_content(tandem::json::Dump(body), kJson);
-  });
-  std::function<bool()> ready = o.ready;
-  svr.Get("/health", [gen, ready](const httplib::Request&, httplib::Response& res) {
-    if (gen->draining()) {
-      SendError(absl::UnavailableError("the router is draining (shutting down)"), res);
-    } else if (ready && !ready()) {
-      SendError(absl::UnavailableError("no live workers can take requests yet"), res);
-    } else {
-      res.set_content("{\"status\":\"ok\"}", kJson);
-    }
-  });
+}
+
+void OpenAiServer::Models(const httplib::Request& req, httplib::Response& res) const {
+  if (!Authenticate(req, res)) return;
+  const GenerationServiceImpl::Options& g = options_.generation->options();
+  tandem::json::Json card = {{"id", g.model_name},
+                             {"object", "model"},
+                             {"created", created_},
+                             {"owned_by", "tandem"},
+                             {"max_model_len", g.limits.context_length}};
+  tandem::json::Json body = {{"object", "list"}, {"data", tandem::json::Json::array({card})}};
+  res.set_content(tandem::json::Dump(body), kJson);
+}
+
+void OpenAiServer::Health(httplib::Response& res) const {
+  if (options_.generation->draining()) {
+    SendError(absl::UnavailableError("the router is draining (shutting down)"), res);
+  } else if (options_.ready && !options_.ready()) {
+    SendError(absl::UnavailableError("no live workers can take requests yet"), res);
+  } else {
+    res.set_content("{\"status\":\"ok\"}", kJson);
+  }
 }
 
 }  // namespace tandem::http

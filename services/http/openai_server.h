@@ -26,11 +26,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "services/http/openai_protocol.h"
 #include "services/router/generation_service.h"
 
 namespace httplib {
 class Server;
-}
+struct Request;
+struct Response;
+}  // namespace httplib
 
 namespace tandem::http {
 
@@ -56,7 +59,16 @@ class OpenAiServer {
 
  private:
   OpenAiServer() = default;
+  // Limits, the error shape and the routes below (run on cpp-httplib's
+  // connection threads; the server outlives them: Stop joins).
   void Install();
+  // OK, or the 401 sent (a missing or wrong API key, counted).
+  bool Authenticate(const httplib::Request& req, httplib::Response& res) const;
+  // POST /v1/completions and /v1/chat/completions: parse, admit, then the
+  // whole response or an SSE stream (a broken connection cancels the call).
+  void Generate(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) const;
+  void Models(const httplib::Request& req, httplib::Response& res) const;  // GET /v1/models
+  void Health(httplib::Response& res) const;                               // GET /health
 
   Options options_;
   std::unique_ptr<httplib::Server> server_;
