@@ -6,6 +6,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
 #include "common/json.h"
+#include "common/status.h"
 #include "common/utf8.h"
 #include "services/router/generation_service.h"
 
@@ -154,38 +155,19 @@ absl::Status ParseLogitBias(const json& v, tandem::v1::GenerateRequest* r) {
   return absl::OkStatus();
 }
 
-// One field of the body; false in `known` when it is not a field we take.
-absl::Status ParseField(Endpoint endpoint, const std::string& key, const json& v,
-                        OpenAiRequest* out, bool* known) {
+// The sampling fields (temperature ... logit_bias); false in `known` when
+// `key` is not one of them (so for ParseStopField and ParseOutputField).
+absl::Status ParseSamplingField(Endpoint, const std::string& key, const json& v, OpenAiRequest* out,
+                                bool* known) {
   tandem::v1::GenerateRequest* r = &out->request;
   auto* sampling = r->mutable_sampling();
-  auto* stop = r->mutable_stop();
-  const bool chat = endpoint == Endpoint::kChat;
-  *known = true;
-  // OpenAI clients send null for "not set".
-  if (v.is_null() && key != "prompt" && key != "messages") return absl::OkStatus();
   auto number = [&](auto setter) -> absl::Status {
     auto x = Number(v, key);
     if (!x.ok()) return x.status();
     setter(*x);
     return absl::OkStatus();
   };
-  if (key == "model") {
-    auto s = String(v, key);
-    return s.status();  // compared by the caller
-  } else if (key == "prompt" && !chat) {
-    return ParsePrompt(v, r);
-  } else if (key == "messages" && chat) {
-    return ParseMessages(v, r);
-  } else if (key == "max_tokens" || (chat && key == "max_completion_tokens")) {
-    auto x = Integer(v, key, 1, kInt32Max);
-    if (!x.ok()) return x.status();
-    stop->set_max_tokens(static_cast<int32_t>(*x));
-  } else if (key == "min_tokens") {
-    auto x = Integer(v, key, 0, kInt32Max);
-    if (!x.ok()) return x.status();
-    stop->set_min_tokens(static_cast<int32_t>(*x));
-  } else if (key == "temperature") {
+  if (key == "temperature") {
     return number([&](double x) { sampling->set_temperature(x); });
   } else if (key == "top_p") {
     return number([&](double x) { sampling->set_top_p(x); });
@@ -211,6 +193,26 @@ absl::Status ParseField(Endpoint endpoint, const std::string& key, const json& v
     }
   } else if (key == "logit_bias") {
     return ParseLogitBias(v, r);
+  } else {
+    *known = false;
+  }
+  return absl::OkStatus();
+}
+
+// When generation stops: lengths, stop strings and tokens, ignore_eos.
+absl::Status ParseStopField(Endpoint endpoint, const std::string& key, const json& v,
+                            OpenAiRequest* out, bool* known) {
+  tandem::v1::GenerateRequest* r = &out->request;
+  const bool chat = endpoint == Endpoint::kChat;
+  auto* stop = r->mutable_stop();
+  if (key == "max_tokens" || (chat && key == "max_completion_tokens")) {
+    auto x = Integer(v, key, 1, kInt32Max);
+    if (!x.ok()) return x.status();
+    stop->set_max_tokens(static_cast<int32_t>(*x));
+  } else if (key == "min_tokens") {
+    auto x = Integer(v, key, 0, kInt32Max);
+    if (!x.ok()) return x.status();
+    stop->set_min_tokens(static_cast<int32_t>(*x));
   } else if (key == "stop") {
     return ParseStop(v, r);
   } else if (key == "stop_token_ids") {
@@ -223,7 +225,18 @@ absl::Status ParseField(Endpoint endpoint, const std::string& key, const json& v
   } else if (key == "ignore_eos") {
     if (!v.is_boolean()) return Invalid(key, "must be a boolean");
     stop->set_ignore_eos(v.get<bool>());
-  } else if (key == "n" || (!chat && key == "best_of")) {
+  } else {
+    *known = false;
+  }
+  return absl::OkStatus();
+}
+
+// n, logprobs, streaming, user and Tandem's num_speculative_tokens.
+absl::Status ParseOutputField(Endpoint endpoint, const std::string& key, const json& v,
+                              OpenAiRequest* out, bool* known) {
+  tandem::v1::GenerateRequest* r = &out->request;
+  const bool chat = endpoint == Endpoint::kChat;
+  if (key == "n" || (!chat && key == "best_of")) {
     auto x = Integer(v, key, 1, kInt32Max);
     if (!x.ok()) return x.status();
     if (*x != 1) return Invalid(key, "only 1 is supported");
@@ -264,9 +277,36 @@ absl::Status ParseField(Endpoint endpoint, const std::string& key, const json& v
     if (v.get<bool>()) return Invalid(key, "echo is not supported");
   } else if (!chat && key == "suffix") {
     return Invalid(key, "suffix is not supported");
+
   } else {
     *known = false;
   }
+  return absl::OkStatus();
+}
+
+// One top-level field of the body into `out`; *known = false for a field
+// this endpoint does not take (the caller rejects it by name).
+absl::Status ParseField(Endpoint endpoint, const std::string& key, const json& v,
+                        OpenAiRequest* out, bool* known) {
+  tandem::v1::GenerateRequest* r = &out->request;
+  const bool chat = endpoint == Endpoint::kChat;
+  *known = true;
+  // OpenAI clients send null for "not set".
+  if (v.is_null() && key != "prompt" && key != "messages") return absl::OkStatus();
+  if (key == "model") {
+    auto s = String(v, key);
+    return s.status();  // compared by the caller
+  } else if (key == "prompt" && !chat) {
+    return ParsePrompt(v, r);
+  } else if (key == "messages" && chat) {
+    return ParseMessages(v, r);
+  }
+  for (auto* parse : {ParseSamplingField, ParseStopField, ParseOutputField}) {
+    TANDEM_RETURN_IF_ERROR(parse(endpoint, key, v, out, known));
+    if (*known) return absl::OkStatus();
+    *known = true;
+  }
+  *known = false;
   return absl::OkStatus();
 }
 
