@@ -145,34 +145,7 @@ void DraftProposer::Choose(Work* w, absl::Span<const float> logits) {
   w->history.push_back(token);
 }
 
-std::vector<BatchProposer::Proposal> DraftProposer::Propose(absl::Span<const Request> requests) {
-  std::vector<Proposal> proposals(requests.size());
-  std::vector<Work> work;
-  work.reserve(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const Request& r = requests[i];
-    if (r.num_drafts < 1 || r.seq->num_tokens() < 1) continue;
-    Work w;
-    w.index = i;
-    w.seq = r.seq;
-    w.num_drafts = r.num_drafts;
-    w.proposal = &proposals[i];
-    w.history.assign(r.seq->token_ids().begin(), r.seq->token_ids().end());
-    work.push_back(std::move(w));
-  }
-  // Prepare after all Work exists: eviction never touches a requested sequence.
-  for (Work& w : work) w.ok = Prepare(&w, requests);
-  std::erase_if(work, [](const Work& w) { return !w.ok; });
-
-  std::vector<float> logits;
-  auto fail = [&](const absl::Status&) {
-    // The draft's cache content is unknown now: start these sequences over.
-    for (Work& w : work) {
-      Release(w.seq->id());
-      *w.proposal = Proposal{};
-    }
-    return std::move(proposals);
-  };
+absl::Status DraftProposer::CatchUp(std::vector<Work>& work, std::vector<float>* logits) {
   // Catch-up, chunked like prefill; the chunk reaching a sequence's end gives
   // its first draft.
   for (bool more = true; more;) {
@@ -204,12 +177,15 @@ std::vector<BatchProposer::Proposal> DraftProposer::Propose(absl::Span<const Req
       out.scheduled.push_back(std::move(s));
     }
     if (out.scheduled.empty()) break;
-    if (absl::Status st = Run(out, &logits); !st.ok()) return fail(st);
+    TANDEM_RETURN_IF_ERROR(Run(out, logits));
     for (size_t j = 0; j < sampled.size(); ++j) {
-      Choose(sampled[j], absl::MakeConstSpan(logits).subspan(j * vocab_size_, vocab_size_));
+      Choose(sampled[j], absl::MakeConstSpan(*logits).subspan(j * vocab_size_, vocab_size_));
     }
   }
-  for (Work& w : work) w.state->num_verified = w.seq->num_tokens();
+  return absl::OkStatus();
+}
+
+absl::Status DraftProposer::DraftSteps(std::vector<Work>& work, std::vector<float>* logits) {
   // Drafts 2 .. k: one token per sequence and forward, each feeding the last.
   while (true) {
     SchedulerOutput out;
@@ -230,11 +206,45 @@ std::vector<BatchProposer::Proposal> DraftProposer::Propose(absl::Span<const Req
       out.scheduled.push_back(std::move(s));
     }
     if (out.scheduled.empty()) break;
-    if (absl::Status st = Run(out, &logits); !st.ok()) return fail(st);
+    TANDEM_RETURN_IF_ERROR(Run(out, logits));
     for (size_t j = 0; j < stepping.size(); ++j) {
-      Choose(stepping[j], absl::MakeConstSpan(logits).subspan(j * vocab_size_, vocab_size_));
+      Choose(stepping[j], absl::MakeConstSpan(*logits).subspan(j * vocab_size_, vocab_size_));
     }
   }
+  return absl::OkStatus();
+}
+
+std::vector<BatchProposer::Proposal> DraftProposer::Propose(absl::Span<const Request> requests) {
+  std::vector<Proposal> proposals(requests.size());
+  std::vector<Work> work;
+  work.reserve(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Request& r = requests[i];
+    if (r.num_drafts < 1 || r.seq->num_tokens() < 1) continue;
+    Work w;
+    w.index = i;
+    w.seq = r.seq;
+    w.num_drafts = r.num_drafts;
+    w.proposal = &proposals[i];
+    w.history.assign(r.seq->token_ids().begin(), r.seq->token_ids().end());
+    work.push_back(std::move(w));
+  }
+  // Prepare after all Work exists: eviction never touches a requested sequence.
+  for (Work& w : work) w.ok = Prepare(&w, requests);
+  std::erase_if(work, [](const Work& w) { return !w.ok; });
+
+  std::vector<float> logits;
+  auto fail = [&](const absl::Status&) {
+    // The draft's cache content is unknown now: start these sequences over.
+    for (Work& w : work) {
+      Release(w.seq->id());
+      *w.proposal = Proposal{};
+    }
+    return std::move(proposals);
+  };
+  if (absl::Status st = CatchUp(work, &logits); !st.ok()) return fail(st);
+  for (Work& w : work) w.state->num_verified = w.seq->num_tokens();
+  if (absl::Status st = DraftSteps(work, &logits); !st.ok()) return fail(st);
   // Greedy requests verify by argmax: q is not needed.
   for (Work& w : work) {
     if (w.seq->sampling_params().temperature == 0.0) w.proposal->probs.clear();

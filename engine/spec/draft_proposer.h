@@ -95,6 +95,11 @@ class DraftProposer final : public BatchProposer {
   bool Prepare(Work* w, absl::Span<const Request> requests);
   // Runs the scheduled chunks; rows of *logits for those with `samples`.
   absl::Status Run(const SchedulerOutput& out, std::vector<float>* logits);
+  // Propose's two phases: the catch-up of every sequence's history, chunked
+  // like prefill (the chunk reaching a sequence's end gives its first
+  // draft), then drafts 2 .. k, one token per sequence and forward.
+  absl::Status CatchUp(std::vector<Work>& work, std::vector<float>* logits);
+  absl::Status DraftSteps(std::vector<Work>& work, std::vector<float>* logits);
   // Chooses the next draft of `w` from its logits row.
   void Choose(Work* w, absl::Span<const float> logits);
 
