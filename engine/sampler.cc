@@ -115,6 +115,53 @@ void ProcessLogits(absl::Span<const float> logits, const SamplingParams& params,
   }
 }
 
+namespace {
+
+// A threshold on the unnormalized exps (sum `sum`) that keeps a superset of
+// the top-p nucleus: if the tokens with exp >= c * sum hold at least top_p of
+// the mass, the nucleus lies among them. The second guess always holds (in
+// exact arithmetic the rest has mass < (1 - top_p) / 2); else 0 (keep all).
+double NucleusCut(const std::vector<double>& exps, double sum, double top_p) {
+  const int64_t n = static_cast<int64_t>(exps.size());
+  for (double c : {1e-4, 0.5 * (1.0 - top_p) / n}) {
+    double mass = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (exps[i] >= c * sum) mass += exps[i];
+    }
+    if (mass / sum >= top_p + 1e-9) return c * sum;
+  }
+  return 0.0;
+}
+
+}  // namespace
+
+void Sampler::TruncateSorted(const SamplingParams& params) {
+  // probs_ is sorted descending. min-p: drop tokens below min_p * p(max).
+  size_t keep = probs_.size();
+  while (keep > 1 && probs_[keep - 1] == 0.0) --keep;  // masked (-inf) tokens
+  if (params.min_p > 0.0) {
+    const double threshold = params.min_p * probs_[0];
+    size_t k = 1;
+    while (k < keep && probs_[k] >= threshold) ++k;
+    keep = k;
+  }
+  // top-p: the smallest prefix whose mass reaches top_p.
+  if (params.top_p < 1.0) {
+    double cum = 0.0;
+    size_t k = 0;
+    while (k < keep) {
+      cum += probs_[k++];
+      if (cum >= params.top_p) break;
+    }
+    keep = k;
+  }
+  ids_.resize(keep);
+  probs_.resize(keep);
+  double kept = 0.0;
+  for (double p : probs_) kept += p;
+  for (double& p : probs_) p /= kept;
+}
+
 void Sampler::BuildCandidates(absl::Span<const float> logits, const SamplingParams& params,
                               bool sorted) {
   const int32_t n = static_cast<int32_t>(logits.size());
@@ -145,21 +192,7 @@ void Sampler::BuildCandidates(absl::Span<const float> logits, const SamplingPara
     double cut = 0.0;
     if (params.min_p > 0.0) cut = params.min_p * (1.0 - 1e-6);  // exact test below
     if (params.top_p < 1.0) {
-      // If the tokens with exp >= c * sum hold at least top_p of the mass, the
-      // nucleus lies among them. The second guess always holds (in exact
-      // arithmetic the rest has mass < (1 - top_p) / 2); else keep everything.
-      double cut_p = 0.0;
-      for (double c : {1e-4, 0.5 * (1.0 - params.top_p) / n}) {
-        double mass = 0.0;
-        for (int32_t i = 0; i < n; ++i) {
-          if (exps_[i] >= c * sum) mass += exps_[i];
-        }
-        if (mass / sum >= params.top_p + 1e-9) {
-          cut_p = c * sum;
-          break;
-        }
-      }
-      cut = std::max(cut, cut_p);
+      cut = std::max(cut, NucleusCut(exps_, sum, params.top_p));
     }
     ids_.clear();
     for (int32_t i = 0; i < n; ++i) {
@@ -171,30 +204,7 @@ void Sampler::BuildCandidates(absl::Span<const float> logits, const SamplingPara
     for (size_t i = 0; i < ids_.size(); ++i) probs_[i] = exps_[ids_[i]] / sum;
     if (params.min_p == 0.0 && params.top_p == 1.0) return;  // already normalized
   }
-  // probs_ is sorted descending. min-p: drop tokens below min_p * p(max).
-  size_t keep = probs_.size();
-  while (keep > 1 && probs_[keep - 1] == 0.0) --keep;  // masked (-inf) tokens
-  if (params.min_p > 0.0) {
-    const double threshold = params.min_p * probs_[0];
-    size_t k = 1;
-    while (k < keep && probs_[k] >= threshold) ++k;
-    keep = k;
-  }
-  // top-p: the smallest prefix whose mass reaches top_p.
-  if (params.top_p < 1.0) {
-    double cum = 0.0;
-    size_t k = 0;
-    while (k < keep) {
-      cum += probs_[k++];
-      if (cum >= params.top_p) break;
-    }
-    keep = k;
-  }
-  ids_.resize(keep);
-  probs_.resize(keep);
-  double kept = 0.0;
-  for (double p : probs_) kept += p;
-  for (double& p : probs_) p /= kept;
+  TruncateSorted(params);
 }
 
 void Sampler::Candidates(absl::Span<const float> logits, const SamplingParams& params,

@@ -110,6 +110,8 @@ class Sampler {
   // Fills ids_ / probs_; when `sorted` is false the order may be id order
   // (pure temperature sampling, which needs no sort).
   void BuildCandidates(absl::Span<const float> logits, const SamplingParams& params, bool sorted);
+  // ids_ / probs_ sorted by probability: min-p, then top-p, renormalized.
+  void TruncateSorted(const SamplingParams& params);
   void FillLogprobs(absl::Span<const float> logits, int num_top, SampleResult* result);
 
   std::vector<float> processed_;
