@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/gguf/gguf.h"
+#include "common/status.h"
 #include "common/thread_pool.h"
 #include "engine/llama_model.h"
 #include "quant/act_report.h"
@@ -144,6 +145,39 @@ int RunReport(const LoadedModel& loaded, const std::vector<int32_t>& tokens, con
   return kExitOk;
 }
 
+// The input GGUF, with its tokenizer when calibration text must be encoded
+// (rtn needs none: a model without one, a test's tiny model, quantizes too).
+absl::StatusOr<LoadedModel> LoadInput(const std::string& path, bool tokenizer) {
+  if (tokenizer) return LoadTokenizer(path);
+  TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<gguf::GgufFile> file, gguf::GgufFile::Open(path));
+  return LoadedModel{path, std::move(file), nullptr, nullptr};
+}
+
+// `out`.tmp, renamed to `out` once whole: a failure never leaves a partial file.
+absl::Status WriteAtomically(const gguf::GgufWriter& writer, const std::string& out) {
+  const std::string tmp = out + ".tmp";
+  if (absl::Status s = writer.WriteFile(tmp); !s.ok()) {
+    unlink(tmp.c_str());
+    return s;
+  }
+  if (std::rename(tmp.c_str(), out.c_str()) != 0) {
+    unlink(tmp.c_str());
+    return absl::InternalError(absl::StrFormat("cannot rename '%s' to '%s'", tmp, out));
+  }
+  return absl::OkStatus();
+}
+
+void PrintSummary(const std::string& out, const quant::QuantizeOptions& options,
+                  const quant::QuantizeSummary& summary) {
+  std::string types;
+  for (const auto& [name, count] : summary.type_counts) {
+    types += absl::StrFormat("%s%s x%d", types.empty() ? "" : ", ", name, count);
+  }
+  std::printf("wrote %s (%s, %s): %.1f MiB of tensors (%s)\n", out.c_str(),
+              options.target.name.c_str(), std::string(quant::MethodName(options.method)).c_str(),
+              summary.bytes_out / 1048576.0, types.c_str());
+}
+
 }  // namespace
 
 int RunQuantize(int argc, char** argv) {
@@ -187,16 +221,7 @@ int RunQuantize(int argc, char** argv) {
   if (quantize && f.out == *path) return UsageError("--out must differ from the input model");
   // rtn needs no tokenizer: a model without one (a test's tiny model)
   // quantizes too.
-  absl::StatusOr<LoadedModel> loaded;
-  if (text.empty()) {
-    auto file = gguf::GgufFile::Open(*path);
-    if (file.ok())
-      loaded = LoadedModel{*path, std::move(*file), nullptr, nullptr};
-    else
-      loaded = file.status();
-  } else {
-    loaded = LoadTokenizer(*path);
-  }
+  absl::StatusOr<LoadedModel> loaded = LoadInput(*path, /*tokenizer=*/!text.empty());
   if (!loaded.ok()) return UsageError(std::string(loaded.status().message()));
   std::vector<int32_t> tokens;
   if (!text.empty()) {
@@ -228,22 +253,10 @@ int RunQuantize(int argc, char** argv) {
                ? UsageError(std::string(summary.status().message()))
                : Failure(std::string(summary.status().message()));
   }
-  const std::string tmp = f.out + ".tmp";
-  if (absl::Status s = writer.WriteFile(tmp); !s.ok()) {
-    unlink(tmp.c_str());
+  if (absl::Status s = WriteAtomically(writer, f.out); !s.ok()) {
     return Failure(std::string(s.message()));
   }
-  if (std::rename(tmp.c_str(), f.out.c_str()) != 0) {
-    unlink(tmp.c_str());
-    return Failure(absl::StrFormat("cannot rename '%s' to '%s'", tmp, f.out));
-  }
-  std::string types;
-  for (const auto& [name, count] : summary->type_counts) {
-    types += absl::StrFormat("%s%s x%d", types.empty() ? "" : ", ", name, count);
-  }
-  std::printf("wrote %s (%s, %s): %.1f MiB of tensors (%s)\n", f.out.c_str(),
-              options.target.name.c_str(), std::string(quant::MethodName(options.method)).c_str(),
-              summary->bytes_out / 1048576.0, types.c_str());
+  PrintSummary(f.out, options, *summary);
   return kExitOk;
 }
 
