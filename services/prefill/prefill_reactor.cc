@@ -189,10 +189,16 @@ bool PrefillReactor::DecideLocked() {
     FinishLocked(TransferFailed(failed->status(), decode_address_, context_));
     return true;
   }
+  DecideFinishedLocked();
+  return false;
+}
+
+void PrefillReactor::DecideFinishedLocked() {
+  metrics::TandemMetrics& m = service_->runtime_->metrics();
   const engine::FinishEvent& finish = *finish_;
   if (finish.reason == engine::FinishReason::kError) {
     FinishLocked(services::ToGrpcStatus(finish.status));
-    return false;
+    return;
   }
   const engine::Usage& usage = finish.usage;
   tandem::v1::PrefillResponse last;
@@ -203,12 +209,12 @@ bool PrefillReactor::DecideLocked() {
     // A migration replay whose delivered tokens already end the request.
     if (!has_prefix_outputs_) {
       FinishLocked(grpc::Status(grpc::StatusCode::INTERNAL, "prefill finished without a token"));
-      return false;
+      return;
     }
     last.set_finish_reason(services::ToProto(finish.reason));
     last.set_first_text(finish.text);
     FinishLastLocked(std::move(last));
-    return false;
+    return;
   }
   if (!finish_recorded_) {
     finish_recorded_ = true;
@@ -223,17 +229,22 @@ bool PrefillReactor::DecideLocked() {
     last.set_finish_reason(services::ToProto(finish.reason));
     last.set_first_text(finish.text);
     FinishLastLocked(std::move(last));
-    return false;
+    return;
   }
   if (!push_) {
     FinishLastLocked(std::move(last));
-    return false;
+    return;
   }
+  FinishAfterTransferLocked(std::move(last));
+}
+
+void PrefillReactor::FinishAfterTransferLocked(tandem::v1::PrefillResponse last) {
+  metrics::TandemMetrics& m = service_->runtime_->metrics();
   if (!pipe_closed_) {
     pipe_closed_ = true;
     if (!pipe_->Close()) pipe_done_ = true;  // nothing was pushed: the result is there
   }
-  if (!pipe_done_) return false;  // OnPipeDone comes back here
+  if (!pipe_done_) return;  // OnPipeDone comes back here
   std::optional<absl::StatusOr<transfer::KvSendResult>> sent = pipe_->TryResult();
   if (!sent->ok()) {
     m.kv_transfer_failures->Inc();
@@ -243,7 +254,7 @@ bool PrefillReactor::DecideLocked() {
     } else {
       FinishLocked(TransferFailed(sent->status(), decode_address_, context_));
     }
-    return false;
+    return;
   }
   const double after_first = absl::ToDoubleSeconds(absl::Now() - *first_sent_);
   m.kv_transfer_time->Observe((*sent)->seconds);
@@ -255,7 +266,6 @@ bool PrefillReactor::DecideLocked() {
   last.set_kv_bytes((*sent)->num_bytes);
   last.set_after_first_token_seconds(after_first);
   FinishLastLocked(std::move(last));
-  return false;
 }
 
 void PrefillReactor::FinishLastLocked(tandem::v1::PrefillResponse last) {

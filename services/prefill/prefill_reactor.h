@@ -64,6 +64,13 @@ class PrefillReactor final : public services::EngineStreamReactor<tandem::v1::Pr
   // Writes the first token, or ends the RPC when everything it needs is
   // there. Returns true when the engine request must be cancelled.
   bool DecideLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DecideLocked once the engine has finished the request: an error, a
+  // request the first token ended, or the transfer's outcome.
+  void DecideFinishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pipe closed and its result read: the last message (kv_landed with
+  // the transfer's numbers) or the transfer's error.
+  void FinishAfterTransferLocked(tandem::v1::PrefillResponse last)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLastLocked(tandem::v1::PrefillResponse last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the RPC with the decided outcome once the pipe's thread has ended.
