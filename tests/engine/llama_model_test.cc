@@ -236,6 +236,16 @@ INSTANTIATE_TEST_SUITE_P(Arch, TinyModelTest,
                                             ::testing::Values(KernelMode::kFast,
                                                               KernelMode::kReference)));
 
+// ||a - ref|| / ||ref|| over all logits.
+double RelativeRmsError(const std::vector<float>& a, const std::vector<float>& ref) {
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    err += (a[i] - ref[i]) * double(a[i] - ref[i]);
+    norm += ref[i] * double(ref[i]);
+  }
+  return std::sqrt(err / norm);
+}
+
 // The tiny model's fast path actually runs packed, and stays close to the
 // exact path (random weights: a loose bound, the real one is the goldens).
 TEST(TinyModelFastTest, PackedAndCloseToReference) {
@@ -249,12 +259,7 @@ TEST(TinyModelFastTest, PackedAndCloseToReference) {
   const std::vector<float> lf = RunAll(*fast.model, {{a, 0, {0, 1}}});
   const std::vector<float> lr = RunAll(*ref.model, {{a, 0, {0, 1}}});
   ASSERT_EQ(lf.size(), lr.size());
-  double err = 0, norm = 0;
-  for (size_t i = 0; i < lf.size(); ++i) {
-    err += (lf[i] - lr[i]) * double(lf[i] - lr[i]);
-    norm += lr[i] * double(lr[i]);
-  }
-  EXPECT_LT(std::sqrt(err / norm), 0.05);
+  EXPECT_LT(RelativeRmsError(lf, lr), 0.05);
   EXPECT_NE(lf, lr);  // really a different path
 }
 
@@ -282,12 +287,7 @@ TEST(TinyModelFastTest, MixedTypesArePackedInParts) {
   const std::vector<float> lf = RunAll(*fast.model, {{a, 0, {0, 1}}});
   const std::vector<float> lr = RunAll(*ref.model, {{a, 0, {0, 1}}});
   ASSERT_EQ(lf.size(), lr.size());
-  double err = 0, norm = 0;
-  for (size_t i = 0; i < lf.size(); ++i) {
-    err += (lf[i] - lr[i]) * double(lf[i] - lr[i]);
-    norm += lr[i] * double(lr[i]);
-  }
-  EXPECT_LT(std::sqrt(err / norm), 0.05);
+  EXPECT_LT(RelativeRmsError(lf, lr), 0.05);
 }
 
 // A Q4_K_M-like layout: K-quant matrices where the columns allow (ffn 256
@@ -313,12 +313,7 @@ TEST(TinyModelFastTest, KQuantLayersArePackedAndCloseToReference) {
   const std::vector<float> lf = RunAll(*fast.model, {{a, 0, {0, 1}}});
   const std::vector<float> lr = RunAll(*ref.model, {{a, 0, {0, 1}}});
   ASSERT_EQ(lf.size(), lr.size());
-  double err = 0, norm = 0;
-  for (size_t i = 0; i < lf.size(); ++i) {
-    err += (lf[i] - lr[i]) * double(lf[i] - lr[i]);
-    norm += lr[i] * double(lr[i]);
-  }
-  EXPECT_LT(std::sqrt(err / norm), 0.05);
+  EXPECT_LT(RelativeRmsError(lf, lr), 0.05);
   EXPECT_NE(lf, lr);
 }
 
