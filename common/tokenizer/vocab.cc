@@ -134,29 +134,11 @@ absl::Status ValidateVocab(const Vocab& v) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Vocab> VocabFromGguf(const gguf::GgufFile& f) {
-  Vocab v;
-  auto model = f.GetString(kModelKey);
-  if (!model.ok()) return KeyError(kModelKey, model.status());
-  if (*model == "gpt2") {
-    v.kind = VocabKind::kBpe;
-  } else if (*model == "llama") {
-    v.kind = VocabKind::kSpm;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported tokenizer model \"", Av(*model), "\" (supported: gpt2, llama)"));
-  }
-  if (f.Find("tokenizer.ggml.pre") != nullptr) {
-    auto pre = f.GetString("tokenizer.ggml.pre");
-    if (!pre.ok()) return KeyError("tokenizer.ggml.pre", pre.status());
-    v.pre = std::string(*pre);
-  }
-  TANDEM_ASSIGN_OR_RETURN(v.tokens, ReadStrings(f, kTokensKey));
-  const auto n = static_cast<int64_t>(v.tokens.size());
-  if (n == 0 || n > INT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat("GGUF key ", Av(kTokensKey), ": bad size ", n));
-  }
+namespace {
 
+// The optional per-token scores and types (absent: 0 and kNormal); each,
+// when present, has exactly n entries.
+absl::Status ReadScoresAndTypes(const gguf::GgufFile& f, int64_t n, Vocab& v) {
   v.scores.assign(n, 0.0f);
   if (f.Find(kScoresKey) != nullptr) {
     auto arr = f.GetArray(kScoresKey);
@@ -189,6 +171,35 @@ absl::StatusOr<Vocab> VocabFromGguf(const gguf::GgufFile& f) {
       v.token_types[i] = static_cast<TokenType>(*t);
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Vocab> VocabFromGguf(const gguf::GgufFile& f) {
+  Vocab v;
+  auto model = f.GetString(kModelKey);
+  if (!model.ok()) return KeyError(kModelKey, model.status());
+  if (*model == "gpt2") {
+    v.kind = VocabKind::kBpe;
+  } else if (*model == "llama") {
+    v.kind = VocabKind::kSpm;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported tokenizer model \"", Av(*model), "\" (supported: gpt2, llama)"));
+  }
+  if (f.Find("tokenizer.ggml.pre") != nullptr) {
+    auto pre = f.GetString("tokenizer.ggml.pre");
+    if (!pre.ok()) return KeyError("tokenizer.ggml.pre", pre.status());
+    v.pre = std::string(*pre);
+  }
+  TANDEM_ASSIGN_OR_RETURN(v.tokens, ReadStrings(f, kTokensKey));
+  const auto n = static_cast<int64_t>(v.tokens.size());
+  if (n == 0 || n > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("GGUF key ", Av(kTokensKey), ": bad size ", n));
+  }
+
+  TANDEM_RETURN_IF_ERROR(ReadScoresAndTypes(f, n, v));
   if (v.kind == VocabKind::kBpe) {
     TANDEM_ASSIGN_OR_RETURN(v.merges, ReadStrings(f, kMergesKey));
   }
