@@ -148,52 +148,33 @@ grpc::Status NcclKvReceiver::Connect(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status NcclKvReceiver::PushKv(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<tandem::v1::NcclPushKvResponse, tandem::v1::NcclPushKvRequest>*
-        stream) {
-  tandem::v1::NcclPushKvRequest msg;
-  if (!stream->Read(&msg) || !msg.has_begin()) {
-    return Error(grpc::StatusCode::INVALID_ARGUMENT,
-                 "NcclPushKv: the first message must be `begin`");
-  }
-  const tandem::v1::NcclPushBegin begin = msg.begin();  // a copy: msg is read again below
+absl::StatusOr<KvBlockLayout> NcclKvReceiver::CheckPushBegin(
+    const tandem::v1::NcclPushBegin& begin) const {
   const tandem::v1::KvTransferHeader& header = begin.header();
-  // Everything below is checked before any NCCL operation is posted.
   absl::Status st = ValidateKvHeader(header, config_.compat, config_.bytes_per_token,
                                      config_.max_tokens, config_.vocab_size);
-  if (!st.ok()) return services::ToGrpcStatus(st);
+  if (!st.ok()) return st;
   if (config_.draining && config_.draining()) {
-    return Error(grpc::StatusCode::UNAVAILABLE, "draining");
+    return absl::UnavailableError("draining");
   }
   absl::StatusOr<KvBlockLayout> layout =
       MakeKvBlockLayout(header.num_tokens(), header.bytes_per_token(), config_.compat.block_size(),
                         config_.compat.num_layers());
-  if (!layout.ok()) return services::ToGrpcStatus(layout.status());
+  if (!layout.ok()) return layout.status();
   st = CheckBlocksPerSegment(*layout, begin.blocks_per_segment());
-  if (!st.ok()) return services::ToGrpcStatus(st);
-  const std::string peer = begin.peer_id();
-  std::shared_ptr<Pair> pair;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = pairs_.find(peer);
-    if (it != pairs_.end()) pair = it->second;
-  }
-  if (pair == nullptr || pair->generation != begin.comm_generation()) {
-    return Error(grpc::StatusCode::ABORTED,
-                 absl::StrCat("NcclPushKv: no NCCL communicator for peer '", peer, "' generation ",
-                              begin.comm_generation(), " (connect again)"));
-  }
-  if (!pair->mu.TryLock()) {
-    return Error(grpc::StatusCode::ABORTED,
-                 "NcclPushKv: a transfer is already in flight on this communicator");
-  }
-  HeldLock unlock(&pair->mu);  // releases the TryLock
-  if (pair->comm == nullptr || pair->superseded.load()) {
-    return Error(grpc::StatusCode::ABORTED, "NcclPushKv: the communicator was aborted");
-  }
+  if (!st.ok()) return st;
+  return layout;
+}
+
+grpc::Status NcclKvReceiver::ReceiveLocked(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<tandem::v1::NcclPushKvResponse, tandem::v1::NcclPushKvRequest>* stream,
+    const tandem::v1::NcclPushBegin& begin, const KvBlockLayout& layout, const std::string& peer,
+    const std::shared_ptr<Pair>& pair) {
+  const tandem::v1::KvTransferHeader& header = begin.header();
+  tandem::v1::NcclPushKvRequest msg;
   const std::string& handle = header.kv_handle();
-  st = leases_->Reserve(handle, header.total_bytes(), config_.free_bytes());
+  absl::Status st = leases_->Reserve(handle, header.total_bytes(), config_.free_bytes());
   if (!st.ok()) return services::ToGrpcStatus(st, context);
 
   const absl::Time start = absl::Now();
@@ -205,7 +186,7 @@ grpc::Status NcclKvReceiver::PushKv(
     leases_->Abort(handle);
     return Error(code, absl::StrCat("NcclPushKv from '", peer, "': ", what));
   };
-  st = PostRecvKvBlocks(*ops_, pair->comm, pair->stream, kSenderRank, *layout,
+  st = PostRecvKvBlocks(*ops_, pair->comm, pair->stream, kSenderRank, layout,
                         begin.blocks_per_segment(), pair->staging, deadline);
   if (!st.ok()) {
     return fail(absl::IsResourceExhausted(st) ? grpc::StatusCode::RESOURCE_EXHAUSTED
@@ -239,8 +220,8 @@ grpc::Status NcclKvReceiver::PushKv(
   kv->num_kv_heads = config_.compat.num_kv_heads();
   kv->head_dim = config_.compat.head_dim();
   kv->bytes_per_token = header.bytes_per_token();
-  kv->bytes.resize(static_cast<size_t>(layout->payload_bytes()));  // == total_bytes (validated)
-  UnpackKvBlocks(*layout, pair->staging.host(), kv->bytes.data());
+  kv->bytes.resize(static_cast<size_t>(layout.payload_bytes()));  // == total_bytes (validated)
+  UnpackKvBlocks(layout, pair->staging.host(), kv->bytes.data());
   const int64_t received = static_cast<int64_t>(kv->bytes.size());
   leases_->Commit(handle, std::move(kv));
   if (config_.on_received) {
@@ -250,6 +231,44 @@ grpc::Status NcclKvReceiver::PushKv(
   reply.mutable_done()->set_lease_seconds(absl::ToDoubleSeconds(leases_->lease()));
   stream->Write(reply);
   return grpc::Status::OK;
+}
+
+grpc::Status NcclKvReceiver::PushKv(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<tandem::v1::NcclPushKvResponse, tandem::v1::NcclPushKvRequest>*
+        stream) {
+  tandem::v1::NcclPushKvRequest msg;
+  if (!stream->Read(&msg) || !msg.has_begin()) {
+    return Error(grpc::StatusCode::INVALID_ARGUMENT,
+                 "NcclPushKv: the first message must be `begin`");
+  }
+  const tandem::v1::NcclPushBegin begin = msg.begin();  // a copy: msg is read again below
+  const tandem::v1::KvTransferHeader& header = begin.header();
+  // Everything up to the reservation is checked before any NCCL operation
+  // is posted.
+  absl::StatusOr<KvBlockLayout> layout = CheckPushBegin(begin);
+  if (!layout.ok()) return services::ToGrpcStatus(layout.status());
+  const std::string peer = begin.peer_id();
+  std::shared_ptr<Pair> pair;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pairs_.find(peer);
+    if (it != pairs_.end()) pair = it->second;
+  }
+  if (pair == nullptr || pair->generation != begin.comm_generation()) {
+    return Error(grpc::StatusCode::ABORTED,
+                 absl::StrCat("NcclPushKv: no NCCL communicator for peer '", peer, "' generation ",
+                              begin.comm_generation(), " (connect again)"));
+  }
+  if (!pair->mu.TryLock()) {
+    return Error(grpc::StatusCode::ABORTED,
+                 "NcclPushKv: a transfer is already in flight on this communicator");
+  }
+  HeldLock unlock(&pair->mu);  // releases the TryLock
+  if (pair->comm == nullptr || pair->superseded.load()) {
+    return Error(grpc::StatusCode::ABORTED, "NcclPushKv: the communicator was aborted");
+  }
+  return ReceiveLocked(context, stream, begin, *layout, peer, pair);
 }
 
 }  // namespace tandem::transfer

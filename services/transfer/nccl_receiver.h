@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/sync_stream.h"
+#include "services/transfer/kv_block_packing.h"
 #include "services/transfer/kv_lease_table.h"
 #include "services/transfer/nccl_ops.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -74,6 +75,16 @@ class NcclKvReceiver {
  private:
   struct Pair;
   void Fail(const std::string& peer_id, const std::shared_ptr<Pair>& pair);
+  // PushKv's steps: the `begin` message checked (header, draining, block
+  // layout) before any NCCL operation; then, with the pair's transfer lock
+  // held, reserve -> post ncclRecv -> `ready` -> wait -> `sent` -> commit,
+  // every failure releasing both sides.
+  absl::StatusOr<KvBlockLayout> CheckPushBegin(const tandem::v1::NcclPushBegin& begin) const;
+  grpc::Status ReceiveLocked(grpc::ServerContext* context,
+                             grpc::ServerReaderWriter<tandem::v1::NcclPushKvResponse,
+                                                      tandem::v1::NcclPushKvRequest>* stream,
+                             const tandem::v1::NcclPushBegin& begin, const KvBlockLayout& layout,
+                             const std::string& peer, const std::shared_ptr<Pair>& pair);
 
   const std::shared_ptr<NcclOps> ops_;
   const NcclReceiverConfig config_;
