@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # README command 2: installs everything, builds, and runs the whole test suite:
 # static checks (clang-format, architecture.md vs the tree, the layering,
-# clang -Wthread-safety),
+# clang -Wthread-safety, no function over 80 lines but the listed kernels),
 # unit + integration tests (ctest), the same under ASan + UBSan
 # (scripts/test_sanitizers.sh), the deployment checks (deploy/check.sh),
 # then every fuzz target for a bounded time on its seed corpus (clang +
@@ -22,6 +22,7 @@ bash scripts/check_format.sh
 python3 scripts/check_architecture.py
 python3 scripts/check_layers.py build
 python3 scripts/check_thread_safety.py build/compile_commands.json
+.venv/bin/python scripts/check_function_length.py
 
 echo "[test] ctest" >&2
 (cd build && ctest --output-on-failure -j"$(nproc)" --timeout 600)
