@@ -182,9 +182,6 @@ json::OrderedJson KldJson(const KldSummary& s, const KldBaseHeader& h) {
           {"same_top_p", JsonMean(s.same_top)}};
 }
 
-absl::Status Usage(const std::string& message) { return UsageStatus(message); }
-absl::Status Usage(const absl::Status& s) { return UsageStatus(s); }
-
 // The flags checked and resolved; `reader` is open in compare mode (the base
 // fixes n_ctx and the chunk count unless they are given).
 struct Setup {
@@ -196,40 +193,41 @@ struct Setup {
 };
 
 absl::StatusOr<Setup> CheckFlags(const ArgParser& parser, PerplexityFlags& flags) {
-  if (!parser.WasSet("file")) return Usage("--file is required");
+  if (!parser.WasSet("file")) return UsageStatus("--file is required");
   if (flags.kl_divergence && flags.kld_base.empty()) {
-    return Usage("--kl-divergence needs --kl-divergence-base FILE");
+    return UsageStatus("--kl-divergence needs --kl-divergence-base FILE");
   }
   if (flags.kl_divergence && parser.WasSet("kl-top-k")) {
-    return Usage("--kl-top-k applies when writing a base, not with --kl-divergence");
+    return UsageStatus("--kl-top-k applies when writing a base, not with --kl-divergence");
   }
   Setup setup;
   if (!engine::ParseKernelMode(flags.kernels, &setup.mode)) {
-    return Usage("--kernels: expected fast, fast-int8 or reference, got '" + flags.kernels + "'");
+    return UsageStatus("--kernels: expected fast, fast-int8 or reference, got '" + flags.kernels +
+                       "'");
   }
   auto device = ResolveDevice(flags.device);
-  if (!device.ok()) return Usage(device.status());
+  if (!device.ok()) return UsageStatus(device.status());
   setup.device = *device;
   auto kv_dtype = ResolveKvDtype(flags.kv_cache_dtype, *device);
-  if (!kv_dtype.ok()) return Usage(kv_dtype.status());
+  if (!kv_dtype.ok()) return UsageStatus(kv_dtype.status());
   setup.kv_dtype = *kv_dtype;
   auto text = ReadText(flags.file);
-  if (!text.ok()) return Usage(text.status());
+  if (!text.ok()) return UsageStatus(text.status());
   setup.text = *std::move(text);
   if (flags.kl_divergence) {
     auto r = KldBaseReader::Open(flags.kld_base);
-    if (!r.ok()) return Usage(r.status());
+    if (!r.ok()) return UsageStatus(r.status());
     setup.reader = std::move(r).value();
     const KldBaseHeader& h = setup.reader->header();
     if (!parser.WasSet("ctx-size")) flags.ctx_size = h.n_ctx;
     if (!parser.WasSet("chunks")) flags.chunks = h.n_chunks;
     if (flags.ctx_size != h.n_ctx) {
-      return Usage(absl::StrFormat("--ctx-size %d differs from the base's n_ctx %d", flags.ctx_size,
-                                   h.n_ctx));
+      return UsageStatus(absl::StrFormat("--ctx-size %d differs from the base's n_ctx %d",
+                                         flags.ctx_size, h.n_ctx));
     }
     if (flags.chunks != h.n_chunks) {
-      return Usage(absl::StrFormat("--chunks %d differs from the base's %d chunks", flags.chunks,
-                                   h.n_chunks));
+      return UsageStatus(absl::StrFormat("--chunks %d differs from the base's %d chunks",
+                                         flags.chunks, h.n_chunks));
     }
   }
   return setup;
@@ -255,12 +253,12 @@ absl::StatusOr<Chunks> Tokenize(const PerplexityFlags& flags, const std::string&
   Chunks c;
   c.n_ctx = flags.ctx_size;
   if (c.n_ctx > config.context_length) {
-    return Usage(absl::StrFormat("--ctx-size %d exceeds the model's context length %d", c.n_ctx,
-                                 config.context_length));
+    return UsageStatus(absl::StrFormat("--ctx-size %d exceeds the model's context length %d",
+                                       c.n_ctx, config.context_length));
   }
   if (tok.vocab().size() != config.vocab_size) {
-    return Usage(absl::StrFormat("the tokenizer has %d tokens, the model's vocab %d",
-                                 tok.vocab().size(), config.vocab_size));
+    return UsageStatus(absl::StrFormat("the tokenizer has %d tokens, the model's vocab %d",
+                                       tok.vocab().size(), config.vocab_size));
   }
   const auto t_tok = std::chrono::steady_clock::now();
   c.tokens = tok.Encode(text, /*add_special=*/true, /*parse_special=*/false);
@@ -270,7 +268,7 @@ absl::StatusOr<Chunks> Tokenize(const PerplexityFlags& flags, const std::string&
                flags.file.c_str(), text.size(), c.tokens.size(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_tok).count());
   if (static_cast<int64_t>(c.tokens.size()) < 2 * c.n_ctx) {
-    return Usage(absl::StrFormat(
+    return UsageStatus(absl::StrFormat(
         "you need at least %d tokens to evaluate perplexity with a context of %d (the file has "
         "%d)",
         2 * c.n_ctx, c.n_ctx, c.tokens.size()));
@@ -278,7 +276,7 @@ absl::StatusOr<Chunks> Tokenize(const PerplexityFlags& flags, const std::string&
   const int64_t max_chunks = static_cast<int64_t>(c.tokens.size()) / c.n_ctx;
   c.n_chunks = flags.chunks > 0 ? std::min(flags.chunks, max_chunks) : max_chunks;
   if (compare && c.n_chunks != flags.chunks) {
-    return Usage(
+    return UsageStatus(
         absl::StrFormat("the base has %d chunks, this text only %d", flags.chunks, max_chunks));
   }
   c.first = c.n_ctx / 2;
@@ -302,16 +300,16 @@ absl::StatusOr<std::unique_ptr<KldBaseWriter>> PrepareKldBase(const PerplexityFl
   if (reader != nullptr) {
     const KldBaseHeader& h = reader->header();
     if (h.n_vocab != n_vocab || h.vocab_fingerprint != vocab_fp) {
-      return Usage(absl::StrFormat(
+      return UsageStatus(absl::StrFormat(
           "%s was made with a different vocabulary (%d tokens) than this model's (%d tokens)",
           flags.kld_base, h.n_vocab, n_vocab));
     }
     if (h.scored_per_chunk != c.scored) {
-      return Usage(absl::StrFormat("%s scores %d tokens per chunk, this run %d", flags.kld_base,
-                                   h.scored_per_chunk, c.scored));
+      return UsageStatus(absl::StrFormat("%s scores %d tokens per chunk, this run %d",
+                                         flags.kld_base, h.scored_per_chunk, c.scored));
     }
     if (h.tokens_hash != tokens_hash) {
-      return Usage(absl::StrFormat(
+      return UsageStatus(absl::StrFormat(
           "%s was made from a different text (the token streams differ); use the same --file",
           flags.kld_base));
     }
@@ -331,7 +329,7 @@ absl::StatusOr<std::unique_ptr<KldBaseWriter>> PrepareKldBase(const PerplexityFl
   h.top_k = static_cast<uint32_t>(std::min<int64_t>(flags.kl_top_k, n_vocab));
   h.model_name = loaded.path.substr(0, kKldBaseMaxName);
   auto w = KldBaseWriter::Create(flags.kld_base, h);
-  if (!w.ok()) return Usage(w.status());
+  if (!w.ok()) return UsageStatus(w.status());
   return std::move(w).value();
 }
 
@@ -430,7 +428,7 @@ class ChunkScorer {
         return absl::InternalError(s.message());
       return absl::OkStatus();
     }
-    if (absl::Status s = reader_->Next(&record_); !s.ok()) return Usage(s);
+    if (absl::Status s = reader_->Next(&record_); !s.ok()) return UsageStatus(s);
     kld_.Add(score, record_.nll, record_.top[0].id, TopKKld(record_.top, logprobs_));
     return absl::OkStatus();
   }
@@ -507,7 +505,7 @@ absl::Status Perplexity(const ArgParser& parser, PerplexityFlags& flags) {
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ThreadPool pool(threads);
   auto loaded = LoadModel(flags.model, &pool, /*verbose=*/true, setup->mode);
-  if (!loaded.ok()) return Usage(loaded.status());
+  if (!loaded.ok()) return UsageStatus(loaded.status());
   const engine::ModelConfig& config = loaded->model->config();
   absl::StatusOr<Chunks> chunks =
       Tokenize(flags, setup->text, *loaded->tokenizer, config, setup->reader != nullptr);
