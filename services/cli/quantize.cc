@@ -25,6 +25,7 @@
 #include "quant/calibration.h"
 #include "quant/quantize_model.h"
 #include "services/cli/args.h"
+#include "services/cli/command_status.h"
 #include "services/cli/commands.h"
 #include "services/cli/model_loader.h"
 
@@ -48,16 +49,6 @@ struct QuantizeFlags {
   bool report = false;
   double report_threshold = 6.0;
 };
-
-int UsageError(const std::string& message) {
-  std::fprintf(stderr, "tandem quantize: %s\n", message.c_str());
-  return kExitUsage;
-}
-
-int Failure(const std::string& message) {
-  std::fprintf(stderr, "tandem quantize: %s\n", message.c_str());
-  return kExitFailure;
-}
 
 void AddFlags(ArgParser& p, QuantizeFlags& f) {
   p.AddString("model", &f.model,
@@ -132,17 +123,30 @@ int RunReport(const LoadedModel& loaded, const std::vector<int32_t>& tokens, con
   load.prefault = false;
   load.kernels = engine::KernelMode::kReference;
   auto model = engine::LlamaModel::Load(*loaded.file, load);
-  if (!model.ok()) return UsageError(std::string(model.status().message()));
+  if (!model.ok()) return ExitFor("quantize", UsageStatus(std::string(model.status().message())));
   quant::ActivationReport report((*model)->config().num_layers);
   absl::Status s =
       quant::RunCalibration(model->get(), tokens, f.calibration_ctx, &report,
                             [line = ProgressLine()](int64_t done, int64_t total) mutable {
                               line("report", done, total);
                             });
-  if (!s.ok()) return Failure(std::string(s.message()));
+  if (!s.ok()) return ExitFor("quantize", absl::InternalError(std::string(s.message())));
   const float threshold = static_cast<float>(f.report_threshold);
   std::fputs(quant::FormatReport(report.Summarize(threshold), threshold).c_str(), stdout);
   return kExitOk;
+}
+
+// --out, --type and --method of a quantizing run; usage errors.
+absl::Status ParseTarget(const QuantizeFlags& f, quant::QuantizeOptions* options) {
+  if (f.out.empty()) return UsageStatus("--out is required");
+  if (f.type.empty()) return UsageStatus("--type is required");
+  auto target = quant::ParseTargetType(f.type);
+  if (!target.ok()) return UsageStatus("--type: " + std::string(target.status().message()));
+  options->target = *target;
+  auto method = quant::ParseMethod(f.method);
+  if (!method.ok()) return UsageStatus("--method: " + std::string(method.status().message()));
+  options->method = *method;
+  return absl::OkStatus();
 }
 
 // The input GGUF, with its tokenizer when calibration text must be encoded
@@ -187,7 +191,7 @@ int RunQuantize(int argc, char** argv) {
                    "activation statistics (docs/quantization.md).");
   AddFlags(parser, f);
   if (absl::Status s = parser.Parse(argc, argv, 2); !s.ok()) {
-    return UsageError(std::string(s.message()));
+    return ExitFor("quantize", UsageStatus(std::string(s.message())));
   }
   if (parser.help_requested()) {
     std::fputs(parser.Help().c_str(), stdout);
@@ -196,33 +200,28 @@ int RunQuantize(int argc, char** argv) {
   const bool quantize = !f.report || parser.WasSet("out") || parser.WasSet("type");
   quant::QuantizeOptions options;
   if (quantize) {
-    if (f.out.empty()) return UsageError("--out is required");
-    if (f.type.empty()) return UsageError("--type is required");
-    auto target = quant::ParseTargetType(f.type);
-    if (!target.ok()) return UsageError("--type: " + std::string(target.status().message()));
-    options.target = *target;
-    auto method = quant::ParseMethod(f.method);
-    if (!method.ok()) return UsageError("--method: " + std::string(method.status().message()));
-    options.method = *method;
+    if (absl::Status st = ParseTarget(f, &options); !st.ok()) return ExitFor("quantize", st);
   }
   const bool needs_calibration = f.report || options.method != quant::Method::kRtn;
   if (needs_calibration && f.calibration.empty()) {
-    return UsageError(f.report ? "--report needs --calibration FILE"
-                               : "--method " + f.method + " needs --calibration FILE");
+    return ExitFor("quantize",
+                   UsageStatus(f.report ? "--report needs --calibration FILE"
+                                        : "--method " + f.method + " needs --calibration FILE"));
   }
   std::string text;
   if (!f.calibration.empty()) {
     auto t = ReadCalibration(f.calibration);
-    if (!t.ok()) return UsageError(std::string(t.status().message()));
+    if (!t.ok()) return ExitFor("quantize", UsageStatus(std::string(t.status().message())));
     text = std::move(*t);
   }
   auto path = ResolveModelPath(f.model);
-  if (!path.ok()) return UsageError(std::string(path.status().message()));
-  if (quantize && f.out == *path) return UsageError("--out must differ from the input model");
+  if (!path.ok()) return ExitFor("quantize", UsageStatus(std::string(path.status().message())));
+  if (quantize && f.out == *path)
+    return ExitFor("quantize", UsageStatus("--out must differ from the input model"));
   // rtn needs no tokenizer: a model without one (a test's tiny model)
   // quantizes too.
   absl::StatusOr<LoadedModel> loaded = LoadInput(*path, /*tokenizer=*/!text.empty());
-  if (!loaded.ok()) return UsageError(std::string(loaded.status().message()));
+  if (!loaded.ok()) return ExitFor("quantize", UsageStatus(std::string(loaded.status().message())));
   std::vector<int32_t> tokens;
   if (!text.empty()) {
     tokens = loaded->tokenizer->Encode(text, /*add_special=*/true, /*parse_special=*/false);
@@ -230,7 +229,7 @@ int RunQuantize(int argc, char** argv) {
       tokens.resize(f.calibration_tokens);
   }
   if (needs_calibration && tokens.size() < 2) {
-    return UsageError("--calibration: the text has fewer than 2 tokens");
+    return ExitFor("quantize", UsageStatus("--calibration: the text has fewer than 2 tokens"));
   }
   const int threads = f.threads > 0 ? static_cast<int>(f.threads)
                                     : std::max(1u, std::thread::hardware_concurrency());
@@ -249,12 +248,10 @@ int RunQuantize(int argc, char** argv) {
   gguf::GgufWriter writer;
   auto summary = quant::QuantizeModel(*loaded->file, options, &writer);
   if (!summary.ok()) {
-    return summary.status().code() == absl::StatusCode::kInvalidArgument
-               ? UsageError(std::string(summary.status().message()))
-               : Failure(std::string(summary.status().message()));
+    return ExitFor("quantize", summary.status());
   }
   if (absl::Status s = WriteAtomically(writer, f.out); !s.ok()) {
-    return Failure(std::string(s.message()));
+    return ExitFor("quantize", absl::InternalError(std::string(s.message())));
   }
   PrintSummary(f.out, options, *summary);
   return kExitOk;
