@@ -6,7 +6,10 @@
 // JSON object on stdout (tools/bench.sh formats it next to llama.cpp).
 //
 // Usage: tandem_bench [--model PATH] [--threads 2] [--kernels fast|fast-int8|reference]
-//                     [--reps 5] [--pp 512] [--tg 128] [--batches 1,4,16,32,64] [--steps 32]
+//                     [--kv-cache-dtype f32|f16|bf16|int8|fp8] [--reps 5] [--pp 512]
+//                     [--tg 128] [--batches 1,4,16,32,64] [--steps 32]
+// The KV cache dtype defaults to the engine's on the CPU (engine::DefaultKvDtype),
+// what `tandem generate` and `tandem serve` use.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,7 +24,9 @@
 #include "absl/strings/str_split.h"
 #include "common/gguf/gguf.h"
 #include "common/thread_pool.h"
+#include "engine/engine.h"
 #include "engine/llama_model.h"
+#include "kernels/kv_dtype.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -45,6 +50,7 @@ struct Args {
   std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   int threads = 2, reps = 5, pp = 512, tg = 128, steps = 32;
   std::string kernels = "fast";
+  std::string kv_dtype = kernels::KvDtypeName(engine::DefaultKvDtype(engine::Device::kCpu));
   std::vector<int> batches = {1, 4, 16, 32, 64};
 };
 
@@ -55,6 +61,8 @@ bool ParseArgs(int argc, char** argv, Args* a) {
       a->model = v;
     } else if (k == "--kernels") {
       a->kernels = v;
+    } else if (k == "--kv-cache-dtype") {
+      a->kv_dtype = v;
     } else if (k == "--threads" || k == "--reps" || k == "--pp" || k == "--tg" || k == "--steps") {
       int x;
       if (!absl::SimpleAtoi(v, &x) || x < 1) return false;
@@ -119,10 +127,12 @@ double BandwidthProbe(ThreadPool* pool, int reps) {
 
 // B sequences of `steps` tokens each, all starting at position 0, decoded
 // one token per sequence per Forward. Returns the seconds of all steps.
-double DecodeRun(const engine::LlamaModel& m, int batch, int steps, uint32_t seed) {
+double DecodeRun(const engine::LlamaModel& m, engine::KvDtype dtype, int batch, int steps,
+                 uint32_t seed) {
   const int64_t bs = engine::KvCacheStorage::kDefaultBlockSize;
   const int64_t blocks_per_seq = (steps + bs - 1) / bs;
-  auto cache = m.MakeKvCache(batch * blocks_per_seq, bs);
+  auto cache = m.MakeKvCache(batch * blocks_per_seq, bs, dtype);
+  if (!cache.ok()) std::abort();
   std::mt19937 rng(seed);
   const int64_t vocab = m.config().vocab_size;
   engine::ForwardBatch b;
@@ -153,10 +163,11 @@ double DecodeRun(const engine::LlamaModel& m, int batch, int steps, uint32_t see
   return Seconds(t0, Clock::now());
 }
 
-double PrefillRun(const engine::LlamaModel& m, int tokens, uint32_t seed) {
+double PrefillRun(const engine::LlamaModel& m, engine::KvDtype dtype, int tokens, uint32_t seed) {
   const int64_t bs = engine::KvCacheStorage::kDefaultBlockSize;
   const int64_t blocks = (tokens + bs - 1) / bs;
-  auto cache = m.MakeKvCache(blocks, bs);
+  auto cache = m.MakeKvCache(blocks, bs, dtype);
+  if (!cache.ok()) std::abort();
   std::mt19937 rng(seed);
   engine::ForwardBatch b;
   std::vector<int32_t> table(blocks);
@@ -187,6 +198,11 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--kernels: expected fast, fast-int8 or reference\n");
     return 2;
   }
+  engine::KvDtype kv_dtype;
+  if (!kernels::ParseKvDtype(a.kv_dtype, &kv_dtype)) {
+    std::fprintf(stderr, "--kv-cache-dtype: expected %s\n", kernels::KvDtypeChoices().c_str());
+    return 2;
+  }
   auto file = gguf::GgufFile::Open(a.model);
   if (!file.ok()) {
     std::fprintf(stderr, "%s\n", std::string(file.status().message()).c_str());
@@ -206,7 +222,7 @@ int Main(int argc, char** argv) {
   const double bw = BandwidthProbe(&pool, a.reps);
   // Bytes one decode step reads: every matrix once (packed copies on the fast
   // path, the file's tensors otherwise), one embedding row, and the KV cache
-  // of the mean context of tg (f32 K and V).
+  // of the mean context of tg (K and V in the benchmarked dtype).
   const engine::ModelWeights& w = m.weights();
   int64_t weight_bytes = 0;
   if (mode == engine::KernelMode::kReference || w.packed_bytes() == 0) {
@@ -219,31 +235,36 @@ int Main(int argc, char** argv) {
   } else {
     weight_bytes = w.packed_bytes();
   }
-  const double kv_bytes = m.config().KvBytesPerToken(4) * (a.tg + 1) / 2.0;
+  const engine::ModelConfig& c = m.config();
+  const double kv_bytes = double(kernels::KvBytesPerToken(kv_dtype, c.num_layers, c.num_kv_heads,
+                                                          c.head_dim)) *
+                          (a.tg + 1) / 2.0;
   const double bytes_per_token = double(weight_bytes) + kv_bytes;
   const double bound = bw * 1e9 / bytes_per_token;
 
-  (void)PrefillRun(m, std::min(a.pp, 64), 1);  // warm-up
+  (void)PrefillRun(m, kv_dtype, std::min(a.pp, 64), 1);  // warm-up
   std::vector<double> pp, tg;
-  for (int r = 0; r < a.reps; ++r) pp.push_back(a.pp / PrefillRun(m, a.pp, 10 + r));
-  for (int r = 0; r < a.reps; ++r) tg.push_back(a.tg / DecodeRun(m, 1, a.tg, 20 + r));
+  for (int r = 0; r < a.reps; ++r) pp.push_back(a.pp / PrefillRun(m, kv_dtype, a.pp, 10 + r));
+  for (int r = 0; r < a.reps; ++r) tg.push_back(a.tg / DecodeRun(m, kv_dtype, 1, a.tg, 20 + r));
   std::string batch_json;
   for (int batch : a.batches) {
     std::vector<double> v;
     for (int r = 0; r < a.reps; ++r) {
-      v.push_back(double(batch) * a.steps / DecodeRun(m, batch, a.steps, 30 + r));
+      v.push_back(double(batch) * a.steps / DecodeRun(m, kv_dtype, batch, a.steps, 30 + r));
     }
     batch_json += (batch_json.empty() ? "" : ", ") + std::string("\"") + std::to_string(batch) +
                   "\": " + std::to_string(Median(v));
   }
   std::printf(
-      "{\"kernels\": \"%s\", \"isa\": \"%s\", \"threads\": %d, \"reps\": %d, "
+      "{\"kernels\": \"%s\", \"isa\": \"%s\", \"kv_cache_dtype\": \"%s\", "
+      "\"threads\": %d, \"reps\": %d, "
       "\"pp\": %d, \"pp_tok_s\": %.2f, \"tg\": %d, \"tg_tok_s\": %.2f, "
       "\"batch_steps\": %d, \"decode_batch_tok_s\": {%s}, "
       "\"bandwidth_gb_s\": %.2f, \"bytes_per_token\": %.0f, \"decode_bound_tok_s\": %.1f, "
       "\"tg_fraction_of_bound\": %.3f}\n",
       a.kernels.c_str(),
-      mode == engine::KernelMode::kReference ? "f32" : kernels::QGemmIsa().c_str(), a.threads,
+      mode == engine::KernelMode::kReference ? "f32" : kernels::QGemmIsa().c_str(),
+      kernels::KvDtypeName(kv_dtype), a.threads,
       a.reps, a.pp, Median(pp), a.tg, Median(tg), a.steps, batch_json.c_str(), bw, bytes_per_token,
       bound, Median(tg) / bound);
   return 0;

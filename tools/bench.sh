@@ -3,13 +3,18 @@
 # thread count, in the same run, printed as ratios.
 #
 #   tools/bench.sh [--model PATH] [--threads N] [--reps N] [--kernels fast|fast-int8|reference]
+#                  [--kv-cache-dtype f32|f16|bf16|int8|fp8] [--batches 1,4,16,32,64]
 #
 # Tandem (build-bench/bench/tandem_bench): pp512, tg128, aggregate decode at
 # batch 1/4/16/32/64, a memory-bandwidth probe and the decode bound it
 # implies. llama.cpp (llama-cpp-python in .venv-ref, created with
 # tools/setup_ref_env.sh when missing): pp512 and tg128, with llama.cpp's
 # extra (AMX) weight buffers off (they crash on our AMX VM; see
-# tools/bench_llamacpp.py --extra-bufts). Every number is the
+# tools/bench_llamacpp.py --extra-bufts). The KV cache: Tandem's
+# --kv-cache-dtype (default f16, the engine's CPU default) against llama.cpp's
+# nearest type: f32, f16 and bf16 as themselves, int8 and fp8 (1 byte per
+# element) as q8_0 (llama.cpp has no fp8 cache; q8_0 turns its flash
+# attention on). Every number is the
 # median of --reps runs (default 5). The machine's load average is printed
 # before and after: on a shared machine, compare ratios, not absolutes.
 set -euo pipefail
@@ -18,6 +23,9 @@ MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 THREADS=2
 REPS=5
 KERNELS=fast
+KV=f16
+BATCHES=1,4,16,32,64
+JSON_OUT=
 BUILD=${TANDEM_BENCH_BUILD:-build-bench}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -25,9 +33,17 @@ while [ $# -gt 0 ]; do
     --threads) THREADS=$2; shift 2 ;;
     --reps) REPS=$2; shift 2 ;;
     --kernels) KERNELS=$2; shift 2 ;;
+    --kv-cache-dtype) KV=$2; shift 2 ;;
+    --batches) BATCHES=$2; shift 2 ;;
+    --json-out) JSON_OUT=$2; shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
+case "$KV" in
+  f32 | f16 | bf16) LLAMA_KV=$KV ;;
+  int8 | fp8) LLAMA_KV=q8_0 ;;
+  *) echo "--kv-cache-dtype: expected f32|f16|bf16|int8|fp8" >&2; exit 2 ;;
+esac
 [ -f "$MODEL" ] || { echo "model not found: $MODEL (scripts/fetch_model.sh)" >&2; exit 1; }
 if [ ! -x .venv-ref/bin/python ] || ! .venv-ref/bin/python -c "import llama_cpp" 2>/dev/null; then
   bash tools/setup_ref_env.sh
@@ -45,14 +61,15 @@ trap 'rm -f "$RUNS"' EXIT
 for round in $(seq "$REPS"); do
   echo "round $round/$REPS" >&2
   "$BUILD/bench/tandem_bench" --model "$MODEL" --threads "$THREADS" --reps 1 \
-    --kernels "$KERNELS" 2>/dev/null | sed 's/^/tandem /' >>"$RUNS"
+    --kernels "$KERNELS" --kv-cache-dtype "$KV" --batches "$BATCHES" 2>/dev/null |
+    sed 's/^/tandem /' >>"$RUNS"
   .venv-ref/bin/python tools/bench_llamacpp.py --model "$MODEL" --threads "$THREADS" \
-    --reps 1 | sed 's/^/llama /' >>"$RUNS"
+    --kv-type "$LLAMA_KV" --reps 1 | sed 's/^/llama /' >>"$RUNS"
 done
 echo "load after:  $(uptime)" >&2
 
-python3 - "$RUNS" <<'PY'
-import json, statistics, sys
+python3 - "$RUNS" "$MODEL" "$JSON_OUT" <<'PY'
+import json, os, statistics, sys
 ours, ref = [], []
 for line in open(sys.argv[1]):
     who, js = line.split(" ", 1)
@@ -62,8 +79,9 @@ o = {k: med([r[k] for r in ours]) for k in ("pp_tok_s", "tg_tok_s", "bandwidth_g
 r = {k: med([x[k] for x in ref]) for k in ("pp_tok_s", "tg_tok_s")}
 b = {n: med([x["decode_batch_tok_s"][n] for x in ours]) for n in ours[0]["decode_batch_tok_s"]}
 first = ours[0]
-print(f"threads {first['threads']}, medians of {len(ours)} alternating rounds; "
-      f"tandem kernels {first['kernels']} ({first['isa']}), llama.cpp {ref[0]['version']}")
+print(f"{os.path.basename(sys.argv[2])}; threads {first['threads']}, medians of {len(ours)} "
+      f"alternating rounds; tandem kernels {first['kernels']} ({first['isa']}), "
+      f"KV {first['kv_cache_dtype']}; llama.cpp {ref[0]['version']}, KV {ref[0]['kv_type']}")
 print(f"{'test':<22}{'tandem':>10}{'llama.cpp':>11}{'ratio':>9}")
 for k, name in (("pp", f"pp{first['pp']}"), ("tg", f"tg{first['tg']}")):
     print(f"{name + ' tok/s':<22}{o[k + '_tok_s']:>10.1f}{r[k + '_tok_s']:>11.1f}"
@@ -77,4 +95,10 @@ print("per round tg tandem / llama.cpp:",
       " ".join(f"{a['tg_tok_s']:.0f}/{c['tg_tok_s']:.0f}" for a, c in zip(ours, ref)))
 print("per round pp tandem / llama.cpp:",
       " ".join(f"{a['pp_tok_s']:.0f}/{c['pp_tok_s']:.0f}" for a, c in zip(ours, ref)))
+if sys.argv[3]:
+    with open(sys.argv[3], "a") as f:
+        f.write(json.dumps({"model": os.path.basename(sys.argv[2]), "isa": first["isa"],
+                            "kernels": first["kernels"], "kv": first["kv_cache_dtype"],
+                            "llama_kv": ref[0]["kv_type"], "rounds": len(ours),
+                            "tandem": o, "llama": r, "batch": b}) + "\n")
 PY

@@ -15,6 +15,10 @@ import time
 import llama_cpp
 
 
+# ggml_type ids of the KV cache types compared with Tandem's --kv-cache-dtype.
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "bf16": 30}
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -22,6 +26,9 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--pp", type=int, default=512)
     p.add_argument("--tg", type=int, default=128)
+    p.add_argument("--kv-type", choices=sorted(KV_TYPES), default="f16",
+                   help="llama.cpp's KV cache type (type_k = type_v; q8_0 needs flash attention, "
+                        "which is then on)")
     p.add_argument("--extra-bufts", choices=("on", "off"), default="off",
                    help="llama.cpp's extra weight buffer types (on x86 for Q4_1: the AMX "
                         "repacking, which segfaults in ggml_backend_amx_mul_mat in 0.3.36 "
@@ -40,7 +47,8 @@ def main() -> int:
         low.llama_model_default_params = model_params
     llm = llama_cpp.Llama(model_path=a.model, n_ctx=max(a.pp, a.tg) + 16, n_batch=a.pp,
                           n_ubatch=a.pp, n_threads=a.threads, n_threads_batch=a.threads,
-                          verbose=False)
+                          type_k=KV_TYPES[a.kv_type], type_v=KV_TYPES[a.kv_type],
+                          flash_attn=a.kv_type == "q8_0", verbose=False)
     vocab = llm.n_vocab()
     ctx = llm._ctx.ctx
     rng = random.Random(1)
@@ -78,7 +86,7 @@ def main() -> int:
     pp = statistics.median(pp_run() for _ in range(a.reps))
     tg = statistics.median(tg_run() for _ in range(a.reps))
     print(json.dumps({"engine": "llama.cpp", "version": llama_cpp.__version__,
-                      "extra_bufts": a.extra_bufts,
+                      "extra_bufts": a.extra_bufts, "kv_type": a.kv_type,
                       "threads": a.threads, "reps": a.reps, "pp": a.pp, "pp_tok_s": round(pp, 2),
                       "tg": a.tg, "tg_tok_s": round(tg, 2)}))
     return 0
