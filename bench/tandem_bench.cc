@@ -187,6 +187,30 @@ double PrefillRun(const engine::LlamaModel& m, engine::KvDtype dtype, int tokens
   return Seconds(t0, Clock::now());
 }
 
+// Bytes one decode step reads: every matrix once (packed copies on the fast
+// path, the file's tensors otherwise), one embedding row, and the KV cache
+// of the mean context of tg (K and V in the benchmarked dtype).
+double DecodeBytesPerToken(const engine::LlamaModel& m, engine::KernelMode mode,
+                           engine::KvDtype kv_dtype, int tg) {
+  const engine::ModelWeights& w = m.weights();
+  int64_t weight_bytes = 0;
+  if (mode == engine::KernelMode::kReference || w.packed_bytes() == 0) {
+    weight_bytes = w.lm_head.rows * w.lm_head.row_bytes;
+    for (const auto& l : w.layers) {
+      for (const auto* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+        weight_bytes += v->rows * v->row_bytes;
+      }
+    }
+  } else {
+    weight_bytes = w.packed_bytes();
+  }
+  const engine::ModelConfig& c = m.config();
+  const double kv_bytes =
+      double(kernels::KvBytesPerToken(kv_dtype, c.num_layers, c.num_kv_heads, c.head_dim)) *
+      (tg + 1) / 2.0;
+  return double(weight_bytes) + kv_bytes;
+}
+
 int Main(int argc, char** argv) {
   Args a;
   if (!ParseArgs(argc, argv, &a)) {
@@ -220,26 +244,7 @@ int Main(int argc, char** argv) {
   std::fprintf(stderr, "%s\n", m.Summary().c_str());
 
   const double bw = BandwidthProbe(&pool, a.reps);
-  // Bytes one decode step reads: every matrix once (packed copies on the fast
-  // path, the file's tensors otherwise), one embedding row, and the KV cache
-  // of the mean context of tg (K and V in the benchmarked dtype).
-  const engine::ModelWeights& w = m.weights();
-  int64_t weight_bytes = 0;
-  if (mode == engine::KernelMode::kReference || w.packed_bytes() == 0) {
-    weight_bytes = w.lm_head.rows * w.lm_head.row_bytes;
-    for (const auto& l : w.layers) {
-      for (const auto* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-        weight_bytes += v->rows * v->row_bytes;
-      }
-    }
-  } else {
-    weight_bytes = w.packed_bytes();
-  }
-  const engine::ModelConfig& c = m.config();
-  const double kv_bytes = double(kernels::KvBytesPerToken(kv_dtype, c.num_layers, c.num_kv_heads,
-                                                          c.head_dim)) *
-                          (a.tg + 1) / 2.0;
-  const double bytes_per_token = double(weight_bytes) + kv_bytes;
+  const double bytes_per_token = DecodeBytesPerToken(m, mode, kv_dtype, a.tg);
   const double bound = bw * 1e9 / bytes_per_token;
 
   (void)PrefillRun(m, kv_dtype, std::min(a.pp, 64), 1);  // warm-up
@@ -264,9 +269,8 @@ int Main(int argc, char** argv) {
       "\"tg_fraction_of_bound\": %.3f}\n",
       a.kernels.c_str(),
       mode == engine::KernelMode::kReference ? "f32" : kernels::QGemmIsa().c_str(),
-      kernels::KvDtypeName(kv_dtype), a.threads,
-      a.reps, a.pp, Median(pp), a.tg, Median(tg), a.steps, batch_json.c_str(), bw, bytes_per_token,
-      bound, Median(tg) / bound);
+      kernels::KvDtypeName(kv_dtype), a.threads, a.reps, a.pp, Median(pp), a.tg, Median(tg),
+      a.steps, batch_json.c_str(), bw, bytes_per_token, bound, Median(tg) / bound);
   return 0;
 }
 

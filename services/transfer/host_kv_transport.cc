@@ -1,8 +1,10 @@
 #include "services/transfer/host_kv_transport.h"
 
 #include <algorithm>
+#include <deque>
 
 #include "common/status.h"
+#include "grpcpp/alarm.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -139,7 +141,181 @@ class HostKvSendStream final : public KvSendStream {
   bool finished_ = false;
 };
 
+// One PushKv call on gRPC's callback API: pieces queue, and each write is
+// started by the previous one's completion, so no thread waits on the wire.
+// The reactor keeps itself alive (self_) until OnDone; a hold keeps OnDone
+// from coming while a Write or Close may still start an operation.
+class AsyncPush final : public KvAsyncSendStream,
+                        public grpc::ClientWriteReactor<tandem::v1::KvChunk> {
+ public:
+  AsyncPush(std::unique_ptr<grpc::ClientContext> context, int64_t chunk_bytes, int64_t total_bytes,
+            DoneCallback on_done)
+      : context_(std::move(context)),
+        chunk_bytes_(chunk_bytes),
+        total_bytes_(total_bytes),
+        on_done_(std::move(on_done)),
+        start_(absl::Now()) {}
+
+  // Starts the call with the header as its first write (after `delay`, a
+  // test hook, without blocking the caller).
+  static std::shared_ptr<AsyncPush> Start(tandem::v1::DecodeWorker::Stub* stub,
+                                          std::unique_ptr<grpc::ClientContext> context,
+                                          int64_t chunk_bytes,
+                                          const tandem::v1::KvTransferHeader& h,
+                                          absl::Duration delay, DoneCallback on_done) {
+    auto p = std::make_shared<AsyncPush>(std::move(context), chunk_bytes, h.total_bytes(),
+                                         std::move(on_done));
+    p->self_ = p;
+    *p->header_.mutable_header() = h;
+    stub->async()->PushKv(p->context_.get(), &p->response_, p.get());
+    p->AddHold();  // until the last write or the end
+    {
+      absl::MutexLock lock(&p->mu_);
+      p->writing_ = true;
+      p->StartWrite(&p->header_);
+    }
+    if (delay <= absl::ZeroDuration()) {
+      p->StartCall();
+    } else {
+      p->alarm_.Set(absl::ToChronoTime(absl::Now() + delay),
+                    [p = p.get()](bool) { p->StartCall(); });
+    }
+    return p;
+  }
+
+  void Write(std::string bytes) override {
+    absl::MutexLock lock(&mu_);
+    if (closed_ || released_) return;
+    if (queued_ + sent_ + static_cast<int64_t>(bytes.size()) > total_bytes_) {
+      error_ = absl::InvalidArgumentError("PushKv: more bytes than the header declared");
+      context_->TryCancel();
+      ReleaseLocked();
+      return;
+    }
+    queued_ += static_cast<int64_t>(bytes.size());
+    pieces_.push_back(std::move(bytes));
+    if (!writing_) NextLocked();
+  }
+
+  void Close() override {
+    absl::MutexLock lock(&mu_);
+    if (closed_ || released_) return;
+    closed_ = true;
+    if (sent_ + queued_ != total_bytes_) {
+      error_ = absl::InvalidArgumentError("PushKv: fewer bytes than the header declared");
+      context_->TryCancel();
+      ReleaseLocked();
+      return;
+    }
+    if (!writing_) NextLocked();
+  }
+
+  void Cancel() override {
+    context_->TryCancel();  // a write in flight fails; the receiver drops the push
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    if (!writing_) ReleaseLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {  // the stream broke (or was cancelled): OnDone has the status
+      ReleaseLocked();
+      return;
+    }
+    NextLocked();
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    absl::StatusOr<KvSendResult> result = Result(status);
+    DoneCallback notify = std::move(on_done_);
+    std::shared_ptr<AsyncPush> self = std::move(self_);  // last act: may free this
+    notify(std::move(result));
+  }
+
+ private:
+  absl::StatusOr<KvSendResult> Result(const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok()) return error_;
+    if (!status.ok()) return services::FromGrpcStatus(status);
+    if (!writes_done_) return absl::UnavailableError("PushKv stream broke");
+    KvSendResult result;
+    result.num_bytes = response_.bytes_received();
+    result.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+    result.lease_seconds = response_.lease_seconds();
+    if (result.num_bytes != total_bytes_) {
+      return absl::DataLossError("PushKv: receiver counted a different number of bytes");
+    }
+    return result;
+  }
+
+  // Starts the next chunk of the queue, or WritesDone once closed and
+  // drained (then the hold goes: no operation follows).
+  void NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (released_) return;
+    if (!pieces_.empty()) {
+      std::string& piece = pieces_.front();
+      const size_t n = std::min(static_cast<size_t>(chunk_bytes_), piece.size() - offset_);
+      chunk_.set_data(piece.data() + offset_, n);
+      offset_ += n;
+      queued_ -= static_cast<int64_t>(n);
+      sent_ += static_cast<int64_t>(n);
+      if (offset_ == piece.size()) {
+        pieces_.pop_front();
+        offset_ = 0;
+      }
+      writing_ = true;
+      StartWrite(&chunk_);
+      return;
+    }
+    if (closed_) {
+      writes_done_ = true;
+      StartWritesDone();
+      ReleaseLocked();
+    }
+  }
+
+  void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (released_) return;
+    released_ = true;
+    pieces_.clear();
+    RemoveHold();  // OnDone is scheduled, never run inline here
+  }
+
+  const std::unique_ptr<grpc::ClientContext> context_;
+  const int64_t chunk_bytes_;
+  const int64_t total_bytes_;
+  DoneCallback on_done_;
+  const absl::Time start_;
+  std::shared_ptr<AsyncPush> self_;
+  grpc::Alarm alarm_;
+  tandem::v1::KvChunk header_;
+  tandem::v1::PushKvResponse response_;
+
+  absl::Mutex mu_;
+  std::deque<std::string> pieces_ ABSL_GUARDED_BY(mu_);
+  size_t offset_ ABSL_GUARDED_BY(mu_) = 0;  // into pieces_.front()
+  tandem::v1::KvChunk chunk_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // bytes in pieces_ not yet started
+  int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;    // bytes whose write was started
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool writes_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
+
+std::shared_ptr<KvAsyncSendStream> HostKvTransport::OpenAsync(
+    const KvTransferTarget& target, const tandem::v1::KvCompatibility& compat,
+    const KvSendPlan& plan, absl::Time deadline, KvAsyncSendStream::DoneCallback on_done) {
+  static const absl::Duration fault_delay = services::FaultDelay(services::kFaultKvPushDelay);
+  return AsyncPush::Start(StubFor(target.address).get(), MakeTransferContext(target, deadline),
+                          chunk_bytes_, MakeHeader(target, compat, plan), fault_delay,
+                          std::move(on_done));
+}
 
 absl::StatusOr<std::unique_ptr<KvSendStream>> HostKvTransport::Open(
     const KvTransferTarget& target, const tandem::v1::KvCompatibility& compat,

@@ -35,6 +35,12 @@ class HostKvTransport final : public KvTransport {
                                                      const KvSendPlan& plan,
                                                      absl::Time deadline) override;
 
+  // The same on gRPC's callback API: no thread waits on the wire.
+  std::shared_ptr<KvAsyncSendStream> OpenAsync(const KvTransferTarget& target,
+                                               const tandem::v1::KvCompatibility& compat,
+                                               const KvSendPlan& plan, absl::Time deadline,
+                                               KvAsyncSendStream::DoneCallback on_done) override;
+
   // The header Open writes first (exposed for tests and the NCCL transport).
   static tandem::v1::KvTransferHeader MakeHeader(const KvTransferTarget& target,
                                                  const tandem::v1::KvCompatibility& compat,

@@ -12,10 +12,17 @@ KvPushPipe::KvPushPipe(KvTransport* transport, KvTransferTarget target,
       compat_(std::move(compat)),
       plan_(std::move(plan)),
       deadline_(deadline),
-      on_done_(std::move(on_done)) {}
+      on_done_(std::move(on_done)),
+      async_state_(std::make_shared<AsyncState>()) {
+  async_state_->on_done = on_done_;
+}
 
 KvPushPipe::~KvPushPipe() {
   if (!finished_) Cancel();
+  if (async_ != nullptr) {
+    WaitAsyncDone();
+    return;
+  }
   if (!thread_.joinable()) return;
   // Destroyed from on_done, the thread's last act: nothing of the pipe is
   // touched after it.
@@ -26,15 +33,62 @@ KvPushPipe::~KvPushPipe() {
   }
 }
 
+bool KvPushPipe::OpenAsync() {
+  std::shared_ptr<AsyncState> state = async_state_;
+  async_ = transport_->OpenAsync(
+      target_, compat_, plan_, deadline_, [state](absl::StatusOr<KvSendResult> r) {
+        if (!r.ok()) state->failed.store(true);
+        std::function<void()> notify;
+        {
+          absl::MutexLock lock(&state->mu);
+          state->result = std::move(r);
+          state->callback_thread = std::this_thread::get_id();
+          notify = state->on_done;
+        }
+        if (notify) notify();  // may destroy the pipe: only `state` is touched after it
+        absl::MutexLock lock(&state->mu);
+        state->callback_returned = true;
+      });
+  if (async_ == nullptr) return false;
+  bool cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled = cancelled_;
+  }
+  if (cancelled) async_->Cancel();
+  return true;
+}
+
+void KvPushPipe::WaitAsyncDone() {
+  AsyncState& s = *async_state_;
+  absl::MutexLock lock(&s.mu);
+  if (s.callback_thread == std::this_thread::get_id()) return;  // destroyed from on_done
+  s.mu.Await(absl::Condition(&s.callback_returned));
+}
+
 void KvPushPipe::Push(std::string bytes) {
-  if (failed_.load()) return;
-  if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+  if (failed()) return;
+  if (!opened_) {
+    opened_ = true;
+    if (!OpenAsync()) thread_ = std::thread([this] { Run(); });
+  }
+  if (async_ != nullptr) {
+    async_->Write(std::move(bytes));
+    return;
+  }
   absl::MutexLock lock(&mu_);
   pieces_.push_back(std::move(bytes));
 }
 
 absl::StatusOr<KvSendResult> KvPushPipe::Finish() {
   finished_ = true;
+  if (async_ != nullptr) {
+    async_->Close();
+    AsyncState& s = *async_state_;
+    absl::MutexLock lock(&s.mu);
+    s.mu.Await(absl::Condition(&s.callback_returned));
+    return *s.result;
+  }
   if (!thread_.joinable()) {
     // Nothing was pushed (a zero-byte handoff cannot happen: >= 1 token).
     return absl::FailedPreconditionError("KV push: finish without any piece");
@@ -50,6 +104,10 @@ absl::StatusOr<KvSendResult> KvPushPipe::Finish() {
 
 bool KvPushPipe::Close() {
   finished_ = true;
+  if (async_ != nullptr) {
+    async_->Close();
+    return true;
+  }
   absl::MutexLock lock(&mu_);
   if (!thread_.joinable()) {
     if (!result_.has_value()) {
@@ -62,15 +120,22 @@ bool KvPushPipe::Close() {
 }
 
 std::optional<absl::StatusOr<KvSendResult>> KvPushPipe::TryResult() {
+  {
+    absl::MutexLock lock(&async_state_->mu);
+    if (async_state_->result.has_value()) return async_state_->result;
+  }
   absl::MutexLock lock(&mu_);
   return result_;
 }
 
 void KvPushPipe::Cancel() {
-  absl::MutexLock lock(&mu_);
-  cancelled_ = true;
-  closed_ = true;
-  if (stream_ != nullptr) stream_->Cancel();
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    closed_ = true;
+    if (stream_ != nullptr) stream_->Cancel();
+  }
+  if (async_ != nullptr) async_->Cancel();
 }
 
 void KvPushPipe::Run() {

@@ -1,25 +1,30 @@
-// KvPushPipe: one streamed KV handoff driven from its own thread, so that
-// the thread that produces the pieces (the Prefill call, reading engine
-// events) never waits on the wire: it hands each piece over and goes on to
-// send the first token to the router at once.
+// KvPushPipe: one streamed KV handoff that the thread producing the pieces
+// (the Prefill call, reading engine events) never waits on: it hands each
+// piece over and goes on to send the first token to the router at once.
+// When the transport has an asynchronous stream (KvTransport::OpenAsync: the
+// host transport's PushKv on gRPC's callback API) no thread waits on the
+// wire at all; otherwise (NCCL) the pipe drives the stream from a thread of
+// its own, one per handoff in flight.
 //
 //   KvPushPipe pipe(transport, target, compat, plan, deadline);
 //   pipe.Push(chunk.bytes);          // per KvChunkEvent, in order (starts the push)
 //   ... absl::StatusOr<KvSendResult> r = pipe.Finish();   // all pushed: wait for the receiver
 //   or pipe.Cancel();                // drop the handoff (the receiver frees its reservation)
 //
-// The thread opens the handoff at the first Push (the receiver checks the
-// header and reserves the whole size) and writes each piece as it comes.
+// The handoff opens at the first Push (the receiver checks the header and
+// reserves the whole size) and each piece is written as it comes.
 // Bytes handed over but not yet written are bounded by the request's own
 // K/V (what a one-piece export held); bytes on the wire by gRPC flow control.
 // Once the handoff failed, failed() is true and Push drops its bytes, so the
 // producer can stop early; Finish returns the error.
 //
 // Without waiting (the Prefill reactor): give `on_done` at construction;
-// it runs on the pipe's thread once the handoff has ended (accepted, failed
-// or cancelled), as the thread's last act. Then Close() instead of Finish():
-// it returns at once, and TryResult() holds the result after on_done ran.
-// The pipe may be destroyed from on_done itself.
+// it runs once the handoff has ended (accepted, failed or cancelled), on the
+// pipe's thread or the transport's callback thread, never inside Push /
+// Close / Cancel. Then Close() instead of Finish(): it returns at once, and
+// TryResult() holds the result after on_done ran. The pipe may be destroyed
+// from on_done itself; destroyed elsewhere, it cancels the handoff and waits
+// until on_done has returned.
 //
 // Thread safety: Push, Finish, Close and Cancel are called by one producer
 // at a time; failed() and TryResult() from any thread.
@@ -51,24 +56,38 @@ class KvPushPipe {
   KvPushPipe(const KvPushPipe&) = delete;
   KvPushPipe& operator=(const KvPushPipe&) = delete;
 
-  // The next piece. Starts the sender thread at the first call.
+  // The next piece. Opens the handoff at the first call.
   void Push(std::string bytes);
   // Every piece was pushed: waits until the receiver accepted them all (or
   // the handoff failed) and returns the result. Call at most once.
   absl::StatusOr<KvSendResult> Finish();
   // Every piece was pushed; returns at once (see on_done). Without a piece
   // the result is FailedPrecondition at once and on_done does not run.
-  // Returns whether the pipe's thread is running (on_done will come).
+  // Returns whether the handoff is open (on_done will come).
   bool Close();
   // The result once the handoff has ended, else nullopt.
   std::optional<absl::StatusOr<KvSendResult>> TryResult();
   // Ends the handoff (idempotent): the receiver drops it.
   void Cancel();
 
-  bool failed() const { return failed_.load(); }
+  bool failed() const { return failed_.load() || async_state_->failed.load(); }
 
  private:
+  // What the asynchronous stream's callback shares with the pipe: the
+  // callback may outlive neither, so it holds this, not the pipe.
+  struct AsyncState {
+    absl::Mutex mu;
+    std::optional<absl::StatusOr<KvSendResult>> result ABSL_GUARDED_BY(mu);
+    bool callback_returned ABSL_GUARDED_BY(mu) = false;
+    std::thread::id callback_thread ABSL_GUARDED_BY(mu);
+    std::atomic<bool> failed{false};
+    std::function<void()> on_done;
+  };
+
   void Run();
+  bool OpenAsync();  // at the first Push: false when the transport has no async stream
+  void CancelAsync();
+  void WaitAsyncDone();  // from the destructor
 
   KvTransport* const transport_;
   const KvTransferTarget target_;
@@ -86,6 +105,11 @@ class KvPushPipe {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   KvSendStream* stream_ ABSL_GUARDED_BY(mu_) = nullptr;  // for Cancel
   std::optional<absl::StatusOr<KvSendResult>> result_ ABSL_GUARDED_BY(mu_);
+
+  // Asynchronous mode (set at the first Push, producer thread only).
+  bool opened_ = false;
+  std::shared_ptr<AsyncState> async_state_;
+  std::shared_ptr<KvAsyncSendStream> async_;
 };
 
 }  // namespace tandem::transfer

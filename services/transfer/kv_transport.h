@@ -17,6 +17,7 @@
 #define TANDEM_SERVICES_TRANSFER_KV_TRANSPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -76,6 +77,22 @@ class KvSendStream {
   virtual void Cancel() {}
 };
 
+// One handoff in flight without a thread waiting on it (the host transport's
+// PushKv on gRPC's callback API): Write queues a piece and returns at once,
+// Close says every piece was written, and the transport calls `on_done`
+// exactly once, from one of its own threads and never from inside Write /
+// Close / Cancel, when the handoff has ended (accepted, failed or
+// cancelled). Write and Close after the end are ignored. Thread-safe.
+class KvAsyncSendStream {
+ public:
+  using DoneCallback = std::function<void(absl::StatusOr<KvSendResult>)>;
+  virtual ~KvAsyncSendStream() = default;
+  virtual void Write(std::string bytes) = 0;
+  virtual void Close() = 0;
+  // Ends the handoff now; the receiver drops what it got. Idempotent.
+  virtual void Cancel() = 0;
+};
+
 class KvTransport {
  public:
   virtual ~KvTransport() = default;
@@ -86,6 +103,15 @@ class KvTransport {
   virtual absl::StatusOr<std::unique_ptr<KvSendStream>> Open(
       const KvTransferTarget& target, const tandem::v1::KvCompatibility& compat,
       const KvSendPlan& plan, absl::Time deadline) = 0;
+  // The same handoff without a waiting thread, when the transport has one;
+  // null when it has not (NCCL: its operations block), and the caller drives
+  // Open's stream from a thread of its own.
+  virtual std::shared_ptr<KvAsyncSendStream> OpenAsync(
+      const KvTransferTarget& /*target*/, const tandem::v1::KvCompatibility& /*compat*/,
+      const KvSendPlan& /*plan*/, absl::Time /*deadline*/,
+      KvAsyncSendStream::DoneCallback /*on_done*/) {
+    return nullptr;
+  }
   // The whole of `kv` in one piece (Open, Write, Finish); returns when the
   // receiver has accepted all of it.
   virtual absl::StatusOr<KvSendResult> Send(const KvTransferTarget& target,

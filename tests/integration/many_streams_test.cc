@@ -136,21 +136,29 @@ void RunManyStreams(const char* mode, std::vector<std::string> args) {
   const int threads_before = NumThreads(router.pid);
   ASSERT_GT(threads_before, 0);
   // The decode worker (disaggregated): its PushKv and Decode are reactors too.
-  int decode_pid = 0;
+  // The prefill worker: its KV pushes to the decode worker are PushKv calls
+  // on the callback API (KvPushPipe over HostKvTransport::OpenAsync).
+  int decode_pid = 0, prefill_pid = 0;
   for (const Endpoint& e : cluster.endpoints()) {
     if (e.role == "decode") decode_pid = e.pid;
+    if (e.role == "prefill") prefill_pid = e.pid;
   }
   const int decode_threads_before = decode_pid != 0 ? NumThreads(decode_pid) : 0;
+  const int prefill_threads_before = prefill_pid != 0 ? NumThreads(prefill_pid) : 0;
 
   std::atomic<bool> sampling{true};
   std::atomic<int> threads_peak{threads_before};
   std::atomic<int> decode_threads_peak{decode_threads_before};
+  std::atomic<int> prefill_threads_peak{prefill_threads_before};
   std::atomic<double> running_peak{0};
   std::thread sampler([&] {
     while (sampling.load()) {
       threads_peak.store(std::max(threads_peak.load(), NumThreads(router.pid)));
       if (decode_pid != 0) {
         decode_threads_peak.store(std::max(decode_threads_peak.load(), NumThreads(decode_pid)));
+      }
+      if (prefill_pid != 0) {
+        prefill_threads_peak.store(std::max(prefill_threads_peak.load(), NumThreads(prefill_pid)));
       }
       running_peak.store(
           std::max(running_peak.load(), RouterMetric(router, "tandem_num_requests_running")));
@@ -189,9 +197,10 @@ void RunManyStreams(const char* mode, std::vector<std::string> args) {
   std::printf(
       "[many_streams %s] %d streams: %d ok, %d RESOURCE_EXHAUSTED, %d other errors in %.2f s; "
       "router threads %d before, peak %d while open; peak %g router requests in flight; "
-      "decode worker threads %d before, peak %d\n",
+      "decode worker threads %d before, peak %d; prefill worker threads %d before, peak %d\n",
       mode, n, ok, exhausted, other, wall_s, threads_before, threads_peak.load(),
-      running_peak.load(), decode_threads_before, decode_threads_peak.load());
+      running_peak.load(), decode_threads_before, decode_threads_peak.load(),
+      prefill_threads_before, prefill_threads_peak.load());
   EXPECT_EQ(ok, n);
   EXPECT_EQ(exhausted, 0);  // below every configured limit
   // The streams were open together (admission is immediate; the engine
@@ -204,6 +213,11 @@ void RunManyStreams(const char* mode, std::vector<std::string> args) {
   constexpr int kMaxExtraDecodeThreads = 24;
   if (decode_pid != 0) {
     EXPECT_LE(decode_threads_peak.load(), decode_threads_before + kMaxExtraDecodeThreads);
+  }
+  // The prefill worker: a thread per KV push in flight reached +44 at 1,000
+  // streams; the callback-API push adds none (+2 measured).
+  if (prefill_pid != 0) {
+    EXPECT_LE(prefill_threads_peak.load(), prefill_threads_before + kMaxExtraDecodeThreads);
   }
   // Every admitted call gave its slot back.
   EXPECT_TRUE(WaitFor([&] { return RouterMetric(router, "tandem_num_requests_running") == 0; }));

@@ -1,7 +1,9 @@
 // Prefill and decode workers in-process over real gRPC on loopback (port 0),
 // real engines on the tiny model (and SmolLM2 when present).
+#include <atomic>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -420,6 +422,55 @@ TEST_F(PdWorkersTest, StreamedPushInPiecesLandsAndCancelledOrRefusedLeavesNothin
   }
   EXPECT_EQ(leases.Stats().num_reserved, 0);
   EXPECT_EQ(leases.Stats().num_leases, 0);
+}
+
+// The host transport's push runs on gRPC's callback API (no thread of its
+// own): a pipe given more or fewer bytes than its plan declared fails with
+// InvalidArgument and leaves no reservation; one with on_done reports once,
+// from a transport thread, with the result already in TryResult.
+TEST_F(PdWorkersTest, AsyncPushChecksItsSizeAndCallsOnDoneOnce) {
+  Cluster c =
+      StartCluster(TinyConfig(*tiny_, absl::Seconds(30)), TinyConfig(*tiny_, absl::Seconds(30)));
+  const v1::KvCompatibility compat = Stats(*c.d).compat();
+  transfer::KvSendPlan plan;
+  plan.token_ids = engine::RandomPrompt(24, 256, 5);
+  plan.bytes_per_token = c.decode->engine().kv_bytes_per_token();
+  const std::string bytes(plan.total_bytes(), '\x22');
+  transfer::HostKvTransport transport(/*chunk_bytes=*/1000);
+  const transfer::KvLeaseTable& leases = c.decode->service().leases();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (const std::string& payload : {bytes + "x", bytes.substr(1)}) {
+    transfer::KvPushPipe pipe(&transport, {c.decode->address(), "size", "r"}, compat, plan,
+                              deadline);
+    pipe.Push(payload);
+    absl::StatusOr<transfer::KvSendResult> r = pipe.Finish();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  }
+  EXPECT_TRUE(testing::WaitFor(
+      [&] { return leases.Stats().num_reserved == 0 && leases.Stats().num_leases == 0; }));
+  std::atomic<int> calls{0};
+  std::atomic<bool> had_result{false};
+  std::thread::id caller = std::this_thread::get_id();
+  std::atomic<bool> on_caller{false};
+  transfer::KvPushPipe* self = nullptr;
+  transfer::KvPushPipe pipe(&transport, {c.decode->address(), "done", "r"}, compat, plan, deadline,
+                            [&] {
+                              had_result.store(self->TryResult().has_value());
+                              on_caller.store(std::this_thread::get_id() == caller);
+                              calls.fetch_add(1);
+                            });
+  self = &pipe;
+  for (size_t off = 0; off < bytes.size(); off += 700) pipe.Push(bytes.substr(off, 700));
+  EXPECT_TRUE(pipe.Close());
+  ASSERT_TRUE(testing::WaitFor([&] { return calls.load() == 1; }));
+  EXPECT_TRUE(had_result.load());
+  EXPECT_FALSE(on_caller.load());
+  std::optional<absl::StatusOr<transfer::KvSendResult>> r = pipe.TryResult();
+  ASSERT_TRUE(r.has_value());
+  ASSERT_TRUE(r->ok()) << r->status();
+  EXPECT_EQ((*r)->num_bytes, plan.total_bytes());
+  EXPECT_TRUE(c.decode->service().leases().Release("done"));
+  EXPECT_EQ(calls.load(), 1);
 }
 
 }  // namespace
