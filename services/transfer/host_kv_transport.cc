@@ -156,8 +156,8 @@ class AsyncPush final : public KvAsyncSendStream,
         on_done_(std::move(on_done)),
         start_(absl::Now()) {}
 
-  // Starts the call with the header as its first write (after `delay`, a
-  // test hook, without blocking the caller).
+  // Starts the call with the header as its first write. `delay` (a test
+  // hook) holds the payload after the header without blocking the caller.
   static std::shared_ptr<AsyncPush> Start(tandem::v1::DecodeWorker::Stub* stub,
                                           std::unique_ptr<grpc::ClientContext> context,
                                           int64_t chunk_bytes,
@@ -171,14 +171,17 @@ class AsyncPush final : public KvAsyncSendStream,
     p->AddHold();  // until the last write or the end
     {
       absl::MutexLock lock(&p->mu_);
+      p->held_ = delay > absl::ZeroDuration();
       p->writing_ = true;
       p->StartWrite(&p->header_);
     }
-    if (delay <= absl::ZeroDuration()) {
-      p->StartCall();
-    } else {
+    p->StartCall();
+    if (delay > absl::ZeroDuration()) {
+      // A weak reference: the alarm may fire (or be cancelled) after the end.
       p->alarm_.Set(absl::ToChronoTime(absl::Now() + delay),
-                    [p = p.get()](bool) { p->StartCall(); });
+                    [w = std::weak_ptr<AsyncPush>(p)](bool) {
+                      if (std::shared_ptr<AsyncPush> q = w.lock()) q->Unhold();
+                    });
     }
     return p;
   }
@@ -250,10 +253,16 @@ class AsyncPush final : public KvAsyncSendStream,
     return result;
   }
 
+  void Unhold() {
+    absl::MutexLock lock(&mu_);
+    held_ = false;
+    if (!writing_) NextLocked();
+  }
+
   // Starts the next chunk of the queue, or WritesDone once closed and
   // drained (then the hold goes: no operation follows).
   void NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (released_) return;
+    if (released_ || held_) return;
     if (!pieces_.empty()) {
       std::string& piece = pieces_.front();
       const size_t n = std::min(static_cast<size_t>(chunk_bytes_), piece.size() - offset_);
@@ -300,6 +309,7 @@ class AsyncPush final : public KvAsyncSendStream,
   int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // bytes in pieces_ not yet started
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;    // bytes whose write was started
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;  // the test hook's delay after the header
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool writes_done_ ABSL_GUARDED_BY(mu_) = false;
   bool released_ ABSL_GUARDED_BY(mu_) = false;
