@@ -355,6 +355,26 @@ TEST_F(OpenAiServerTest, ManyOpenStreamsCostNoThreads) {
   EXPECT_TRUE(WaitFor([&] { return generation_->num_inflight() == 0; }));
 }
 
+// Stop with streams and a non-streaming call open: every call is cancelled
+// and has given its slot back when Stop returns (the service may go next).
+TEST_F(OpenAiServerTest, StopEndsEveryOpenCall) {
+  StartServer({});
+  std::vector<int> fds;
+  for (int i = 0; i < 8; ++i) {
+    fds.push_back(ConnectLocal(port_));
+    const std::string body = i == 0 ? R"({"prompt": "Hello", "max_tokens": 100})" : kStreamBody;
+    ASSERT_TRUE(SendAll(fds.back(), RawRequest("POST", "/v1/completions", body)));
+  }
+  ASSERT_TRUE(WaitFor([&] { return backend_.num_open() == 8; }, absl::Seconds(10)));
+  server_->Stop();
+  EXPECT_EQ(generation_->num_inflight(), 0);
+  EXPECT_EQ(backend_.num_cancelled(), 8);
+  for (int fd : fds) {
+    EXPECT_TRUE(WaitClosed(fd, absl::Seconds(10)));
+    close(fd);
+  }
+}
+
 TEST_F(OpenAiServerTest, UnknownPathAndWrongMethodGetOpenAiErrors) {
   StartServer({});
   const int fd = ConnectLocal(port_);
