@@ -72,11 +72,16 @@ std::string_view View(beast::string_view s) { return {s.data(), s.size()}; }
 
 using Response = bhttp::response<bhttp::string_body>;
 
-// The bytes of a whole response (Content-Length set).
-std::string Serialize(Response& res) {
+// The bytes of a whole response (Content-Length set); `head_only`: the
+// header alone (the answer to HEAD).
+std::string Serialize(Response& res, bool head_only) {
   res.prepare_payload();
   std::ostringstream os;
-  os << res;
+  if (head_only) {
+    os << res.base();
+  } else {
+    os << res;
+  }
   return std::move(os).str();
 }
 
@@ -255,6 +260,7 @@ void Connection::Abort() {
 }
 
 void Connection::WaitRequest() {
+  request_ = {};  // an error answered before the next request is whole: HTTP/1.1, not HEAD
   parser_.emplace();
   parser_->header_limit(static_cast<uint32_t>(options_.max_header_bytes));
   parser_->body_limit(options_.max_body_bytes);
@@ -349,22 +355,24 @@ void Connection::Handle() {
   std::string_view target = View(request_.target());
   target = target.substr(0, target.find('?'));
   const bhttp::verb method = request_.method();
-  auto only = [&](bhttp::verb allowed, const char* allow) {
-    if (method == allowed) return true;
+  // HEAD is GET without the body.
+  auto only = [&](bhttp::verb allowed) {
+    const bool get = allowed == bhttp::verb::get;
+    if (method == allowed || (get && method == bhttp::verb::head)) return true;
     Response res =
         ErrorResponse(absl::InvalidArgumentError("method not allowed"), retry_after(), 405);
-    res.set(bhttp::field::allow, allow);
+    res.set(bhttp::field::allow, get ? "GET, HEAD" : "POST");
     Reply(std::move(res));
     return false;
   };
   if (target == "/v1/completions" || target == "/v1/chat/completions") {
-    if (only(bhttp::verb::post, "POST")) {
+    if (only(bhttp::verb::post)) {
       Generate(target == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChat);
     }
   } else if (target == "/v1/models") {
-    if (only(bhttp::verb::get, "GET")) Models();
+    if (only(bhttp::verb::get)) Models();
   } else if (target == "/health") {
-    if (only(bhttp::verb::get, "GET")) Health();
+    if (only(bhttp::verb::get)) Health();
   } else {
     ReplyError(absl::NotFoundError("no such endpoint"));
   }
@@ -373,7 +381,7 @@ void Connection::Handle() {
 void Connection::Reply(Response res) {
   res.version(request_.version() == 10 ? 10 : 11);
   res.keep_alive(keep_alive_ && !linger_);
-  Send(Serialize(res), /*last=*/true);
+  Send(Serialize(res, request_.method() == bhttp::verb::head), /*last=*/true);
 }
 
 void Connection::ReplyError(const absl::Status& status, int http_status) {

@@ -378,8 +378,22 @@ TEST_F(OpenAiServerTest, StopEndsEveryOpenCall) {
 TEST_F(OpenAiServerTest, UnknownPathAndWrongMethodGetOpenAiErrors) {
   StartServer({});
   const int fd = ConnectLocal(port_);
-  ASSERT_TRUE(SendAll(fd, RawRequest("GET", "/v1/nothing", "")));
+  // HEAD: GET's header without the body (the next answer on the connection
+  // would not parse after a stray body).
+  ASSERT_TRUE(SendAll(fd, "HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+  std::string head;
+  testing::ReadUntil(
+      fd, &head, [](const std::string& g) { return g.find("\r\n\r\n") != std::string::npos; },
+      absl::Seconds(10));
+  EXPECT_EQ(head.rfind("HTTP/1.1 200", 0), 0u) << head;
+  EXPECT_EQ(head.substr(head.find("\r\n\r\n") + 4), "");
+  ASSERT_TRUE(SendAll(fd, RawRequest("POST", "/health", "")));
   auto r = ReadResponse(fd);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->Header("Allow"), "GET, HEAD");
+  ASSERT_TRUE(SendAll(fd, RawRequest("GET", "/v1/nothing", "")));
+  r = ReadResponse(fd);
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->status, 404);
   EXPECT_TRUE(json::parse(r->body)["error"]["message"].is_string());
