@@ -10,7 +10,7 @@ DEB_PACKAGES=(
   clang clang-format libclang-rt-14-dev
   libabsl-dev libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  prometheus prometheus-cpp-dev openssl libcpp-httplib-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
+  prometheus prometheus-cpp-dev openssl libcpp-httplib-dev libboost-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
   python3 python3-venv python3-pip unzip
 )
 

@@ -1,5 +1,6 @@
-// The HTTP endpoint Prometheus scrapes and probes hit, on cpp-httplib (the
-// library services/http/ serves the OpenAI API with):
+// The HTTP endpoint Prometheus scrapes and probes hit, on cpp-httplib
+// (internal and GET-only; the OpenAI API's front door, services/http/, is on
+// Boost.Beast):
 //   GET /metrics  -> 200, text/plain; version=0.0.4, body = registry Serialize()
 //   GET /healthz  -> 200 "ok" (or 503 "unhealthy" while Options::healthy says so)
 //   other paths   -> 404; methods other than GET/HEAD on those two -> 405
@@ -50,7 +51,6 @@ namespace tandem::metrics {
 // returns that thread once the listen loop runs, or has already returned.
 // cpp-httplib's stop() does nothing before the loop starts, so a stop()
 // right after a plain thread start could be lost and the join hang forever.
-// Shared by the /metrics server and the OpenAI HTTP server.
 std::thread StartListening(httplib::Server* server);
 
 class MetricsHttpServer {

@@ -100,8 +100,9 @@ absl::StatusOr<std::unique_ptr<http::OpenAiServer>> StartHttp(const RouterFlags&
   ho.port = static_cast<int>(flags.http_port);
   ho.generation = server->generation();
   ho.ready = [server] { return server->Ready(); };
-  // Each streaming call holds a connection thread: as many as gRPC may admit.
-  ho.num_threads = static_cast<int>(std::min<int64_t>(flags.max_inflight + 8, 1024));
+  // Connections cost memory, not threads: room for every call the router may
+  // admit plus idle keep-alive clients (each is a file descriptor too).
+  ho.max_connections = static_cast<int>(std::clamp<int64_t>(flags.max_inflight + 256, 1024, 65536));
   return http::OpenAiServer::Start(std::move(ho));
 }
 

@@ -3,9 +3,9 @@
 // DisaggregatedBackend (PrefillWorker.Prefill, then DecodeWorker.Decode).
 //
 // A backend call pushes BackendEvents into a CallQueue: zero or more token
-// events, then exactly one finish event. The gRPC Generate reactor is woken
-// by each push (no thread waits); the HTTP handler thread pops them. Either
-// way backends never block on the client.
+// events, then exactly one finish event. The gRPC Generate reactor and the
+// HTTP server's connection are woken by each push (no thread waits), so
+// backends never block on the client.
 //
 // Thread safety: Backend::Start and BackendCall::Cancel are thread-safe;
 // CallQueue is thread-safe.
@@ -43,9 +43,9 @@ struct BackendEvent {
 };
 
 // The events of one call, from the backend to whoever writes the client
-// stream. Two ways to consume: Pop (blocking, the HTTP server's handler
-// thread) or a notifier (the gRPC reactor, generate_reactor.h): SetNotify
-// registers a function that runs after every Push, on the pushing thread
+// stream (the gRPC reactor, generate_reactor.h; the HTTP server's
+// connection, services/http/): SetNotify registers a function that runs
+// after every Push, on the pushing thread
 // (the engine thread, a gRPC callback thread of the disaggregated backend), without the queue's
 // lock held; it then drains the queue with TryPop. It must be quick and never block.
 class CallQueue {
@@ -60,13 +60,6 @@ class CallQueue {
     notify();
     mu_.Lock();
     --num_notifying_;
-  }
-  // Waits until `deadline` for an event; nullopt on timeout.
-  std::optional<BackendEvent> Pop(absl::Time deadline) {
-    absl::MutexLock lock(&mu_);
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !events_.empty(); };
-    mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-    return PopLocked();
   }
   // The next event if one is there; never waits.
   std::optional<BackendEvent> TryPop() {

@@ -44,7 +44,7 @@ void GenerateReactor::Begin(std::unique_ptr<GenerationServiceImpl::AdmittedCall>
   call_ = std::move(call);
   {
     absl::MutexLock lock(&mu_);
-    builder_.emplace(call_->request(), call_->start(), service_->options().metrics);
+    stream_.emplace(call_.get());
   }
   absl::Time deadline = absl::InfiniteFuture();
   const auto chrono_deadline = context_->deadline();
@@ -70,24 +70,22 @@ void GenerateReactor::Pump() {
 
 void GenerateReactor::PumpLocked() {
   if (finished_ || writing_) return;
-  if (deadline_hit_) {
-    FinishWithLocked(builder_->Final(tandem::v1::FINISH_REASON_DEADLINE, "", 0, 0));
-    return;
-  }
-  std::optional<BackendEvent> ev = call_->queue().TryPop();
-  if (!ev.has_value()) return;
-  if (ev->finished) {
-    if (!ev->status.ok()) {
-      FinishWithErrorLocked(service_->Fail(ev->status));
+  CallStream::Step step = stream_->Next();
+  switch (step.kind) {
+    case CallStream::Step::kNone:
       return;
-    }
-    FinishWithLocked(
-        builder_->Final(ev->finish_reason, ev->text, ev->num_cached_tokens, ev->queue_seconds));
-    return;
+    case CallStream::Step::kError:
+      FinishWithErrorLocked(step.status);
+      return;
+    case CallStream::Step::kFinal:
+      FinishWithLocked(std::move(step.response));
+      return;
+    case CallStream::Step::kToken:
+      response_ = std::move(step.response);
+      writing_ = true;
+      StartWrite(&response_);
+      return;
   }
-  response_ = builder_->Token(*ev);
-  writing_ = true;
-  StartWrite(&response_);
 }
 
 void GenerateReactor::FinishWithErrorLocked(const absl::Status& status) {
@@ -122,10 +120,7 @@ void GenerateReactor::CancelStream(const char* why) {
     if (finished_) return;
     finished_ = true;  // nothing else writes from here
   }
-  call_->call().Cancel();  // the workers free the request's KV
-  if (metrics::TandemMetrics* m = service_->options().metrics; m != nullptr) {
-    m->RequestErrors(absl::StatusCode::kCancelled)->Inc();
-  }
+  call_->CancelForClient();  // the workers free the request's KV
   absl::MutexLock lock(&mu_);
   Finish(services::ToGrpcStatus(absl::CancelledError(why)));
 }
@@ -136,7 +131,7 @@ void GenerateReactor::OnDeadline(bool fired) {
     {
       absl::MutexLock lock(&mu_);
       if (!finished_) {
-        deadline_hit_ = true;
+        stream_->FinishAtDeadline();
         cancel = true;
       }
     }

@@ -7,7 +7,8 @@
 // admitted call then costs no thread: the reactor registers itself as its
 // CallQueue's notifier, so the backend's push (the engine thread for the
 // colocated backend, a call thread for the disaggregated one) writes the
-// next message; OnWriteDone writes the one after. At most one write is in
+// next message (CallStream::Next, shared with the HTTP server); OnWriteDone
+// writes the one after. At most one write is in
 // flight; events queue in the CallQueue meanwhile. A grpc::Alarm at the
 // deadline margin (FinishBy) ends the stream with FINISH_REASON_DEADLINE;
 // OnCancel (client cancel, deadline, connection loss) and a failed write
@@ -76,11 +77,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<tandem::v1::Genera
   std::atomic<int> refs_{1};
 
   absl::Mutex mu_;
-  std::optional<GenerateResponseBuilder> builder_ ABSL_GUARDED_BY(mu_);
+  std::optional<CallStream> stream_ ABSL_GUARDED_BY(mu_);       // the call's messages
   tandem::v1::GenerateResponse response_ ABSL_GUARDED_BY(mu_);  // the write in flight
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;      // Finish or StartWriteAndFinish called
-  bool deadline_hit_ ABSL_GUARDED_BY(mu_) = false;  // finish with DEADLINE next
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish or StartWriteAndFinish called
 };
 
 }  // namespace tandem::router

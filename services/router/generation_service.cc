@@ -89,6 +89,13 @@ GenerationServiceImpl::AdmittedCall::~AdmittedCall() {
   service_->inflight_.fetch_sub(1);
 }
 
+void GenerationServiceImpl::AdmittedCall::CancelForClient() const {
+  call_->Cancel();  // the workers free the request's KV
+  if (metrics::TandemMetrics* m = service_->options_.metrics; m != nullptr) {
+    m->RequestErrors(absl::StatusCode::kCancelled)->Inc();
+  }
+}
+
 absl::StatusOr<std::unique_ptr<GenerationServiceImpl::AdmittedCall>> GenerationServiceImpl::Admit(
     const tandem::v1::GenerateRequest& request) {
   if (draining_.load()) {
@@ -216,41 +223,35 @@ grpc::ServerWriteReactor<GenerateResponse>* GenerationServiceImpl::Generate(
   return GenerateReactor::Start(this, context, *request);
 }
 
-absl::Status GenerationServiceImpl::Stream(AdmittedCall& admitted, absl::Time deadline,
-                                           GenerateSink* sink) {
-  CallQueue* queue = admitted.queue_.get();
-  BackendCall* call = admitted.call_.get();
-  // Finish cleanly (DEADLINE) a little before the client's deadline fires.
-  const absl::Time finish_by = FinishBy(admitted.start_, deadline);
-  metrics::TandemMetrics* m = options_.metrics;
-  GenerateResponseBuilder builder(admitted.request_, admitted.start_, m);
-  while (true) {
-    std::optional<BackendEvent> ev = queue->Pop(std::min(sink->NextCheck(), finish_by));
-    if (!ev.has_value()) {
-      if (sink->IsCancelled()) {
-        call->Cancel();
-        if (m != nullptr) m->RequestErrors(absl::StatusCode::kCancelled)->Inc();
-        return absl::CancelledError("cancelled by the client");
-      }
-      if (absl::Now() >= finish_by) {
-        call->Cancel();
-        sink->WriteLast(builder.Final(tandem::v1::FINISH_REASON_DEADLINE, "", 0, 0));
-        return absl::OkStatus();
-      }
-      continue;
-    }
-    if (ev->finished) {
-      if (!ev->status.ok()) return Fail(ev->status);
-      sink->WriteLast(
-          builder.Final(ev->finish_reason, ev->text, ev->num_cached_tokens, ev->queue_seconds));
-      return absl::OkStatus();
-    }
-    if (!sink->Write(builder.Token(*ev))) {  // the client went away
-      call->Cancel();
-      if (m != nullptr) m->RequestErrors(absl::StatusCode::kCancelled)->Inc();
-      return absl::CancelledError("the client stream closed");
-    }
+CallStream::CallStream(GenerationServiceImpl::AdmittedCall* call)
+    : call_(call), builder_(call->request(), call->start(), call->service_->options().metrics) {}
+
+CallStream::Step CallStream::Next() {
+  Step step;
+  if (done_) return step;
+  if (deadline_hit_) {
+    done_ = true;
+    step.kind = Step::kFinal;
+    step.response = builder_.Final(tandem::v1::FINISH_REASON_DEADLINE, "", 0, 0);
+    return step;
   }
+  std::optional<BackendEvent> ev = call_->queue().TryPop();
+  if (!ev.has_value()) return step;
+  if (!ev->finished) {
+    step.kind = Step::kToken;
+    step.response = builder_.Token(*ev);
+    return step;
+  }
+  done_ = true;
+  if (!ev->status.ok()) {
+    step.kind = Step::kError;
+    step.status = call_->service_->Fail(ev->status);
+    return step;
+  }
+  step.kind = Step::kFinal;
+  step.response =
+      builder_.Final(ev->finish_reason, ev->text, ev->num_cached_tokens, ev->queue_seconds);
+  return step;
 }
 
 grpc::Status GenerationServiceImpl::Tokenize(grpc::ServerContext* context,

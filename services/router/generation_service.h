@@ -18,8 +18,8 @@
 // event and by an alarm at the deadline; no thread waits for a stream, so an
 // idle or slow stream costs memory, not a thread. Tokenize and GetModelInfo
 // stay on the sync API (short, bounded by the server's ResourceQuota). The
-// HTTP server (services/http/) streams through Stream() on its own
-// connection thread.
+// HTTP server (services/http/) is woken the same way: both turn the queued
+// events into messages with CallStream (below).
 //
 // Thread safety: thread-safe. Everything passed in Options must outlive it.
 #ifndef TANDEM_SERVICES_ROUTER_GENERATION_SERVICE_H_
@@ -39,27 +39,10 @@
 
 namespace tandem::router {
 
-// The transport's side of one Generate call: the gRPC stream or an HTTP/SSE
-// response (services/http/). Called on the handler's thread only.
-class GenerateSink {
- public:
-  virtual ~GenerateSink() = default;
-  // One token message; false when the client has gone away.
-  virtual bool Write(const tandem::v1::GenerateResponse& response) = 0;
-  // The final message (finish reason, usage, timings).
-  virtual void WriteLast(const tandem::v1::GenerateResponse& response) = 0;
-  // True once the client has cancelled / disconnected. Stream() asks when no
-  // event has come by NextCheck(); until then it waits on the call's queue,
-  // woken by the backend's next event, not by a timer.
-  virtual bool IsCancelled() = 0;
-  // When IsCancelled() should next be asked (absl::InfiniteFuture(): never).
-  virtual absl::Time NextCheck() = 0;
-};
-
 // Turns one call's BackendEvents into GenerateResponses and records the
 // router's per-request metrics (TTFT, inter-token latency, e2e, queue time,
-// success by finish reason) as it goes; used by the gRPC reactor and by
-// Stream(). Not thread-safe: one consumer at a time.
+// success by finish reason) as it goes; used by CallStream. Not thread-safe:
+// one consumer at a time.
 class GenerateResponseBuilder {
  public:
   GenerateResponseBuilder(const PreparedRequest& request, absl::Time start,
@@ -124,9 +107,14 @@ class GenerationServiceImpl final
     absl::Time start() const { return start_; }
     CallQueue& queue() const { return *queue_; }
     BackendCall& call() const { return *call_; }
+    // The client is gone (cancel, disconnect, failed write): cancels the
+    // backend call (the workers free the KV) and counts CANCELLED.
+    // Thread-safe; never blocks.
+    void CancelForClient() const;
 
    private:
     friend class GenerationServiceImpl;
+    friend class CallStream;
     GenerationServiceImpl* service_ = nullptr;
     PreparedRequest request_;
     absl::Time start_;
@@ -140,10 +128,6 @@ class GenerationServiceImpl final
   // RESOURCE_EXHAUSTED messages end with the retry hint (options().retry_after).
   // The caller authenticates first.
   absl::StatusOr<std::unique_ptr<AdmittedCall>> Admit(const tandem::v1::GenerateRequest& request);
-  // Streams `call` into `sink` until its final message (OK) or an error /
-  // cancel (counted). `deadline` (InfiniteFuture = none): the call finishes
-  // with FINISH_REASON_DEADLINE a margin before it.
-  absl::Status Stream(AdmittedCall& call, absl::Time deadline, GenerateSink* sink);
   // The API-key check on an `authorization` header value (null = absent);
   // a failure is counted like the gRPC one.
   absl::Status AuthenticateHeader(const std::string* authorization);
@@ -162,6 +146,7 @@ class GenerationServiceImpl final
 
  private:
   friend class GenerateReactor;
+  friend class CallStream;
   // A reactor's lifetime, counted for WaitForReactors.
   void ReactorStarted();
   void ReactorFinished();
@@ -177,6 +162,38 @@ class GenerationServiceImpl final
   std::atomic<int64_t> inflight_tokens_{0};
   absl::Mutex reactors_mu_;
   int live_reactors_ ABSL_GUARDED_BY(reactors_mu_) = 0;
+};
+
+// One admitted call's messages for whoever writes them to its client (the
+// gRPC GenerateReactor, the HTTP server's connection), both woken by the
+// call's CallQueue notifier: Next() turns the next queued event into the
+// next message, never waiting. Not thread-safe: one consumer at a time (the
+// reactor's mutex, the connection's strand); `call` outlives it.
+class CallStream {
+ public:
+  struct Step {
+    enum Kind {
+      kNone,   // nothing queued yet: wait for the next notification
+      kToken,  // `response` is a token message
+      kFinal,  // `response` is the final message (finish reason, usage, timings)
+      kError,  // the call failed: `status` (counted; RESOURCE_EXHAUSTED with the retry hint)
+    };
+    Kind kind = kNone;
+    tandem::v1::GenerateResponse response;
+    absl::Status status;
+  };
+  explicit CallStream(GenerationServiceImpl::AdmittedCall* call);
+  // The next message; after kFinal or kError, kNone forever.
+  Step Next();
+  // The deadline margin is reached (FinishBy): Next() returns the
+  // FINISH_REASON_DEADLINE final message. The caller cancels the backend call.
+  void FinishAtDeadline() { deadline_hit_ = true; }
+
+ private:
+  GenerationServiceImpl::AdmittedCall* const call_;
+  GenerateResponseBuilder builder_;
+  bool deadline_hit_ = false;
+  bool done_ = false;
 };
 
 // `s` with every invalid UTF-8 sequence replaced by U+FFFD.

@@ -10,7 +10,16 @@
 // The client is one process with gRPC callback readers (no thread per
 // stream either). TANDEM_TEST_STREAMS sets the stream count (default 400;
 // docs/operations.md has a 1,000-stream run).
+//
+// The same over the OpenAI HTTP API (SSE streams, the client one poll loop
+// over raw sockets): the Beast server's few io threads carry every stream,
+// so the router's thread count stays bounded there too.
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/client_callback.h"
@@ -27,6 +37,7 @@
 #include "tandem/v1/generation.grpc.pb.h"
 #include "tests/integration/cluster_util.h"
 #include "tests/util/http_get.h"
+#include "tests/util/raw_http.h"
 #include "tests/util/wait.h"
 
 namespace tandem::testing {
@@ -97,8 +108,7 @@ void RunManyStreams(const char* mode, std::vector<std::string> args) {
   constexpr int kMaxExtraThreads = 64;
   ServeProcess cluster;
   const std::string limit = std::to_string(n + 16);
-  // No HTTP API: its connection pool (a thread per connection, sized from
-  // --max-inflight, all started up front) would hide the gRPC edge's count.
+  // No HTTP API: the gRPC edge's count alone (the HTTP variant is below).
   for (const std::string& a :
        {std::string("--max-inflight"), limit, std::string("--max-waiting-requests"), limit,
         std::string("--threads"), std::string("2"), std::string("--http-port"),
@@ -239,6 +249,125 @@ TEST(ManyStreamsTest, DisaggregatedStreamsCompleteWithBoundedRouterThreads) {
   RunManyStreams("disaggregated",
                  {"--prefill-workers", "1", "--decode-workers", "1", "--kv-cache-memory", "1GiB"});
 }
+
+// One SSE stream per socket; the requests ask Connection: close, so each
+// stream ends with the server's close.
+struct HttpStream {
+  int fd = -1;
+  std::string got;
+  bool closed = false;
+};
+
+// Reads every stream until all are closed or `timeout` passes, on this
+// thread; the number closed.
+int PollStreams(std::vector<HttpStream>& streams, absl::Duration timeout) {
+  const absl::Time end = absl::Now() + timeout;
+  int closed = 0;
+  std::vector<pollfd> fds;
+  std::vector<HttpStream*> of;
+  char buf[16384];
+  while (closed < static_cast<int>(streams.size()) && absl::Now() < end) {
+    fds.clear();
+    of.clear();
+    for (HttpStream& s : streams) {
+      if (s.closed) continue;
+      fds.push_back({s.fd, POLLIN, 0});
+      of.push_back(&s);
+    }
+    if (poll(fds.data(), fds.size(), 100) < 0) break;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      const ssize_t n = recv(fds[i].fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n > 0) {
+        of[i]->got.append(buf, static_cast<size_t>(n));
+      } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+        of[i]->closed = true;
+        ++closed;
+      }
+    }
+  }
+  return closed;
+}
+
+// The HTTP variant of RunManyStreams: NumStreams() SSE streams through the
+// router's OpenAI API against `tandem serve --colocated`.
+void RunManyHttpStreams() {
+  const int n = NumStreams();
+  constexpr int kMaxTokens = 4;
+  constexpr int kMaxExtraThreads = 64;
+  ServeProcess cluster;
+  const std::string limit = std::to_string(n + 16);
+  ASSERT_EQ(cluster.Start({"--colocated", "--max-inflight", limit, "--max-waiting-requests", limit,
+                           "--threads", "2"}),
+            "");
+  const Endpoint router = cluster.endpoints()[0];
+  ASSERT_FALSE(router.http_address.empty());
+  const int port = std::stoi(router.http_address.substr(router.http_address.rfind(':') + 1));
+  const std::string body = absl::StrFormat(
+      R"({"prompt": "Once upon a time, in a small village by the sea,", "max_tokens": %d,)"
+      R"( "ignore_eos": true, "temperature": 0.8, "stream": true})",
+      kMaxTokens);
+  const std::string request =
+      testing::RawRequest("POST", "/v1/completions", body, "Connection: close\r\n");
+  {  // warm: the router's first call
+    std::vector<HttpStream> warm(1);
+    warm[0].fd = testing::ConnectLocal(port);
+    ASSERT_TRUE(testing::SendAll(warm[0].fd, request));
+    ASSERT_EQ(PollStreams(warm, absl::Seconds(60)), 1);
+    close(warm[0].fd);
+    ASSERT_NE(warm[0].got.find("data: [DONE]"), std::string::npos) << warm[0].got;
+  }
+  ASSERT_TRUE(WaitFor([&] { return RouterMetric(router, "tandem_num_requests_running") == 0; }));
+  const int threads_before = NumThreads(router.pid);
+  std::atomic<bool> sampling{true};
+  std::atomic<int> threads_peak{threads_before};
+  std::atomic<double> running_peak{0};
+  std::thread sampler([&] {
+    while (sampling.load()) {
+      threads_peak.store(std::max(threads_peak.load(), NumThreads(router.pid)));
+      running_peak.store(
+          std::max(running_peak.load(), RouterMetric(router, "tandem_num_requests_running")));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  const auto start = Clock::now();
+  std::vector<HttpStream> streams(n);
+  for (HttpStream& s : streams) {
+    s.fd = testing::ConnectLocal(port);
+    if (s.fd < 0 || !testing::SendAll(s.fd, request)) s.closed = true;
+  }
+  const int closed = PollStreams(streams, absl::Seconds(240));
+  const double wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+  sampling.store(false);
+  sampler.join();
+  EXPECT_EQ(closed, n);
+  int ok = 0;
+  for (int i = 0; i < n; ++i) {
+    HttpStream& s = streams[i];
+    if (s.fd >= 0) close(s.fd);
+    const bool good = s.got.rfind("HTTP/1.1 200", 0) == 0 &&
+                      s.got.find("\"finish_reason\":\"length\"") != std::string::npos &&
+                      s.got.find("data: [DONE]") != std::string::npos;
+    if (good) {
+      ++ok;
+    } else if (ok + 3 > i) {  // the first few failures only
+      ADD_FAILURE() << i << ": " << s.got.substr(0, 300);
+    }
+  }
+  std::printf(
+      "[many_streams http] %d SSE streams: %d ok, %d not in %.2f s; router threads %d before, "
+      "peak %d while open; peak %g router requests in flight\n",
+      n, ok, n - ok, wall_s, threads_before, threads_peak.load(), running_peak.load());
+  EXPECT_EQ(ok, n);
+  EXPECT_GE(running_peak.load(), n / 2);
+  EXPECT_LE(threads_peak.load(), threads_before + kMaxExtraThreads);
+  // Nor a pool sized for the connections, started up front.
+  EXPECT_LE(threads_before, 128);
+  EXPECT_TRUE(WaitFor([&] { return RouterMetric(router, "tandem_num_requests_running") == 0; }));
+  EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
+}
+
+TEST(ManyStreamsTest, HttpStreamsCompleteWithBoundedRouterThreads) { RunManyHttpStreams(); }
 
 }  // namespace
 }  // namespace tandem::testing

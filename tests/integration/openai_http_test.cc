@@ -2,7 +2,7 @@
 // completions and chat, streamed and not, equal to the gRPC API's greedy
 // output; a table of malformed bodies, each with its status and OpenAI error
 // JSON while the server keeps serving; a streaming client that disconnects
-// frees its KV.
+// frees its KV; too many header lines get 431 and the server goes on.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -24,11 +24,16 @@
 #include "tandem/v1/worker.grpc.pb.h"
 #include "tests/integration/cluster_util.h"
 #include "tests/util/http_get.h"
+#include "tests/util/raw_http.h"
 
 namespace tandem::testing {
 namespace {
 
 using nlohmann::json;
+using testing::ConnectLocal;
+using testing::RawRequest;
+using testing::ReadResponse;
+using testing::SendAll;
 
 int PortOf(const std::string& address) { return std::stoi(address.substr(address.rfind(':') + 1)); }
 
@@ -340,6 +345,29 @@ TEST_F(OpenAiHttpTest, DisconnectMidStreamCancels) {
               1);
   });
   EXPECT_TRUE(WaitRouterIdle(metrics_port_));
+}
+
+// 2,000 short header lines (40 KiB, each line far below any per-line
+// limit): 431 with OpenAI's error JSON, nothing admitted, and the server
+// keeps serving.
+TEST_F(OpenAiHttpTest, ManyHeaderLinesGet431AndTheServerKeepsServing) {
+  std::string many;
+  for (int i = 0; i < 2000; ++i) many += "X-Pad-" + std::to_string(i) + ": abcdefgh\r\n";
+  const int fd = ConnectLocal(http_port_);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(
+      fd, RawRequest("POST", "/v1/completions", R"({"prompt": "Hello", "max_tokens": 2})", many)));
+  auto r = ReadResponse(fd);
+  close(fd);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 431) << r->head;
+  json j = json::parse(r->body, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r->body;
+  EXPECT_TRUE(j["error"]["message"].is_string());
+  EXPECT_EQ(MetricValue(HttpGetBody(metrics_port_, "/metrics"), "tandem_num_requests_running"), 0);
+  auto ok = Post("/v1/completions", R"({"prompt": "Hello", "max_tokens": 2})");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
 }
 
 absl::StatusOr<tandem::v1::WorkerStats> DecodeStats(const std::string& address) {

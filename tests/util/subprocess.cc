@@ -11,7 +11,13 @@ extern char** environ;
 
 namespace tandem::testing {
 
-std::string TandemBinary() { return std::string(TANDEM_BINARY_DIR) + "/tandem"; }
+std::string TandemBinary() {
+  // Another build's binary (e.g. to measure an older tree with this test).
+  if (const char* other = std::getenv("TANDEM_TEST_BINARY"); other != nullptr && *other != 0) {
+    return other;
+  }
+  return std::string(TANDEM_BINARY_DIR) + "/tandem";
+}
 
 ProcessResult RunProcess(const std::vector<std::string>& argv,
                          const std::vector<std::string>& extra_env) {

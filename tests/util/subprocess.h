@@ -19,7 +19,8 @@ struct ProcessResult {
 ProcessResult RunProcess(const std::vector<std::string>& argv,
                          const std::vector<std::string>& extra_env = {});
 
-// Path of the built `tandem` binary.
+// Path of the built `tandem` binary ($TANDEM_TEST_BINARY when set: another
+// build's, e.g. to measure an older tree with the same test).
 std::string TandemBinary();
 
 }  // namespace tandem::testing
