@@ -56,6 +56,20 @@ tandem::v1::KvTransferHeader HostKvTransport::MakeHeader(const KvTransferTarget&
 
 namespace {
 
+// The result of a PushKv call that ended OK: the receiver's count must be
+// what the header declared.
+absl::StatusOr<KvSendResult> PushResult(const tandem::v1::PushKvResponse& response,
+                                        int64_t total_bytes, absl::Time start) {
+  KvSendResult result;
+  result.num_bytes = response.bytes_received();
+  result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  result.lease_seconds = response.lease_seconds();
+  if (result.num_bytes != total_bytes) {
+    return absl::DataLossError("PushKv: receiver counted a different number of bytes");
+  }
+  return result;
+}
+
 // One PushKv call: the header went out at Open; Write sends raw chunks.
 class HostKvSendStream final : public KvSendStream {
  public:
@@ -108,14 +122,7 @@ class HostKvSendStream final : public KvSendStream {
     const grpc::Status status = writer_->Finish();
     if (!status.ok()) return services::FromGrpcStatus(status);
     if (!ok) return absl::UnavailableError("PushKv stream broke");
-    KvSendResult result;
-    result.num_bytes = response_.bytes_received();
-    result.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
-    result.lease_seconds = response_.lease_seconds();
-    if (result.num_bytes != total_bytes_) {
-      return absl::DataLossError("PushKv: receiver counted a different number of bytes");
-    }
-    return result;
+    return PushResult(response_, total_bytes_, start_);
   }
 
  private:
@@ -243,14 +250,7 @@ class AsyncPush final : public KvAsyncSendStream,
     if (!error_.ok()) return error_;
     if (!status.ok()) return services::FromGrpcStatus(status);
     if (!writes_done_) return absl::UnavailableError("PushKv stream broke");
-    KvSendResult result;
-    result.num_bytes = response_.bytes_received();
-    result.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
-    result.lease_seconds = response_.lease_seconds();
-    if (result.num_bytes != total_bytes_) {
-      return absl::DataLossError("PushKv: receiver counted a different number of bytes");
-    }
-    return result;
+    return PushResult(response_, total_bytes_, start_);
   }
 
   void Unhold() {
