@@ -3,13 +3,13 @@
 #ifndef TANDEM_TESTS_UTIL_HTTP_GET_H_
 #define TANDEM_TESTS_UTIL_HTTP_GET_H_
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <string>
+
+#include "tests/util/raw_http.h"
 
 namespace tandem::testing {
 
@@ -17,15 +17,8 @@ namespace tandem::testing {
 // the connection fails or the response has no header/body separator. Reads
 // time out after 5 s.
 inline std::string HttpGetBody(int port, const std::string& path_and_query) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
+  const int fd = ConnectLocal(port);
+  if (fd < 0) return "";
   timeval tv{5, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   const std::string req = "GET " + path_and_query + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
