@@ -5,7 +5,8 @@
 // plus a memory-bandwidth probe and the decode bound it implies. Prints one
 // JSON object on stdout (tools/bench.sh formats it next to llama.cpp).
 //
-// Usage: tandem_bench [--model PATH] [--threads 2] [--kernels fast|fast-int8|reference]
+// Usage: tandem_bench [--model PATH] [--threads 2]
+//                     [--kernels fast|fast-int8|fast-int8-token|reference]
 //                     [--kv-cache-dtype f32|f16|bf16|int8|fp8] [--reps 5] [--pp 512]
 //                     [--tg 128] [--batches 1,4,16,32,64] [--steps 32]
 // The KV cache dtype defaults to the engine's on the CPU (engine::DefaultKvDtype),
@@ -219,7 +220,7 @@ int Main(int argc, char** argv) {
   }
   engine::KernelMode mode;
   if (!engine::ParseKernelMode(a.kernels, &mode)) {
-    std::fprintf(stderr, "--kernels: expected fast, fast-int8 or reference\n");
+    std::fprintf(stderr, "--kernels: expected %s\n", engine::kKernelModeChoices);
     return 2;
   }
   engine::KvDtype kv_dtype;

@@ -39,12 +39,35 @@ bool ParseKernelMode(const std::string& s, KernelMode* mode) {
     *mode = KernelMode::kFast;
   } else if (s == "fast-int8") {
     *mode = KernelMode::kFastInt8;
+  } else if (s == "fast-int8-token") {
+    *mode = KernelMode::kFastInt8Token;
   } else if (s == "reference") {
     *mode = KernelMode::kReference;
   } else {
     return false;
   }
   return true;
+}
+
+std::string KernelModeName(KernelMode mode) {
+  switch (mode) {
+    case KernelMode::kFast:
+      return "fast";
+    case KernelMode::kFastInt8:
+      return "fast-int8";
+    case KernelMode::kFastInt8Token:
+      return "fast-int8-token";
+    case KernelMode::kReference:
+      return "reference";
+  }
+  return "?";
+}
+
+KernelMode DefaultKernelMode(const gguf::GgufFile& file) {
+  KernelMode mode = KernelMode::kFast;
+  const absl::StatusOr<std::string_view> name = file.GetString(kKernelsMetadataKey);
+  if (name.ok() && ParseKernelMode(std::string(*name), &mode)) return mode;
+  return KernelMode::kFast;
 }
 
 bool ActLevels::Parse(const std::string& s, ActLevels* out) {
@@ -61,7 +84,7 @@ bool ActLevels::Parse(const std::string& s, ActLevels* out) {
 std::string ActLevels::ToString() const { return absl::StrCat(qkv, wo, gate_up, down, lm_head); }
 
 ActLevels DefaultActLevels(KernelMode mode) {
-  if (mode == KernelMode::kFastInt8) return {1, 1, 1, 1, 1};
+  if (mode == KernelMode::kFastInt8 || mode == KernelMode::kFastInt8Token) return {1, 1, 1, 1, 1};
   return {2, 2, 2, 2, 2};
 }
 
@@ -122,8 +145,8 @@ std::string LlamaModel::Summary() const {
           ? std::string("reference (exact f32)")
           : absl::StrFormat("%s (%s, activation levels qkv/o/gu/down/head %s), %d/%d layers "
                             "packed%s, %.1f MB repacked weights",
-                            mode_ == KernelMode::kFast ? "fast" : "fast-int8", kernels::QGemmIsa(),
-                            levels_.ToString(), weights_.num_packed_layers(), c.num_layers,
+                            KernelModeName(mode_), kernels::QGemmIsa(), levels_.ToString(),
+                            weights_.num_packed_layers(), c.num_layers,
                             weights_.lm_head_p.empty() ? "" : " + LM head",
                             weights_.packed_bytes() / 1e6));
 }
@@ -257,8 +280,11 @@ void LlamaModel::RunPackedLayer(int64_t layer, const ForwardBatch& b,
   const LayerWeights& w = weights_.layers[layer];
   const int64_t T = b.num_tokens(), qd = c.q_dim(), kvd = c.kv_dim();
   const int64_t width = qd + 2 * kvd;
+  const kernels::ActScale scale = mode_ == KernelMode::kFastInt8Token
+                                      ? kernels::ActScale::kPerToken
+                                      : kernels::ActScale::kPerBlock;
   kernels::RmsNormQuantize(s.x.data(), w.attn_norm.data(), T, c.hidden_size, c.rms_eps, &s.acts,
-                           levels_.qkv, pool_);
+                           levels_.qkv, pool_, scale);
   QGemm(w.qkv, s.acts, s.qkv.data(), width, false, pool_);
   // Split Q|K|V (+ bias), RoPE and the K/V cache write, per token (each
   // token's values are computed by one thread alone).
@@ -285,13 +311,13 @@ void LlamaModel::RunPackedLayer(int64_t layer, const ForwardBatch& b,
       },
       kMinParallelTokens);
   kernels::PagedAttention(args, s.q.data(), view, s.attn.data(), pool_);
-  kernels::QuantizeActs(s.attn.data(), T, qd, &s.acts, levels_.wo, pool_);
+  kernels::QuantizeActs(s.attn.data(), T, qd, &s.acts, levels_.wo, pool_, scale);
   kernels::QGemm(w.wo_p, s.acts, s.x.data(), c.hidden_size, true, pool_);
 
   kernels::RmsNormQuantize(s.x.data(), w.ffn_norm.data(), T, c.hidden_size, c.rms_eps, &s.acts,
-                           levels_.gate_up, pool_);
+                           levels_.gate_up, pool_, scale);
   QGemm(w.gate_up, s.acts, s.gu.data(), 2 * c.ffn_size, false, pool_);
-  kernels::SiluMulQuantize(s.gu.data(), T, c.ffn_size, &s.acts, levels_.down, pool_);
+  kernels::SiluMulQuantize(s.gu.data(), T, c.ffn_size, &s.acts, levels_.down, pool_, scale);
   kernels::QGemm(w.down_p, s.acts, s.x.data(), c.hidden_size, true, pool_);
 }
 

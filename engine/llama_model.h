@@ -42,11 +42,16 @@ namespace tandem::engine {
 // kFastInt8: the same with one-level int8 activations (llama.cpp's Q8
 // activation precision): faster prefill, mean KL about 3e-3, greedy
 // continuations may diverge early at near-ties.
+// kFastInt8Token: as kFastInt8, but the four layer linears' activations get
+// one int8 scale per token (kernels::ActScale::kPerToken) instead of one per
+// 32-column block: SmoothQuant's W8A8 (quant/smoothquant.h), the default for
+// a file whose tandem.quantize.kernels says so (DefaultKernelMode). The LM
+// head keeps per-block scales (its input is not smoothed).
 // kReference: the exact f32 path (dequantized weights, f32 activations),
 // the one checked against the HF goldens at KL < 1e-3. Both are
 // deterministic in the sense above; F32 / F16 / BF16 matrices always use the
 // f32 path.
-enum class KernelMode { kFast, kFastInt8, kReference };
+enum class KernelMode { kFast, kFastInt8, kFastInt8Token, kReference };
 
 // Activation levels (1: int8, 2: int8 + int8 residual) of each packed matmul
 // input on the fast path. Fixed per model at load, the same for every token
@@ -60,8 +65,18 @@ struct ActLevels {
 // The levels each mode runs with (kReference: unused).
 ActLevels DefaultActLevels(KernelMode mode);
 
-// "fast" / "fast-int8" / "reference" (flags, env); false on anything else.
+// "fast" / "fast-int8" / "fast-int8-token" / "reference" (flags, env);
+// false on anything else.
 bool ParseKernelMode(const std::string& s, KernelMode* mode);
+std::string KernelModeName(KernelMode mode);
+// "fast, fast-int8, fast-int8-token or reference" (flag help and errors).
+inline constexpr char kKernelModeChoices[] = "fast, fast-int8, fast-int8-token or reference";
+
+// The file's own kernel mode: its "tandem.quantize.kernels" metadata (written
+// by `tandem quantize --method smoothquant`) when that names a mode, else
+// kFast. A user's explicit choice (--kernels) overrides it.
+inline constexpr char kKernelsMetadataKey[] = "tandem.quantize.kernels";
+KernelMode DefaultKernelMode(const gguf::GgufFile& file);
 
 // Sees the input of each group of linears on the f32 path (every layer
 // with KernelMode::kReference; with the fast modes only layers that are not

@@ -152,20 +152,29 @@ struct QuantizedActs {
 // Activation precision used by LlamaModel's fast path.
 inline constexpr int kDefaultActLevels = 2;
 
+// The activation scale's granularity. kPerBlock: each 32-column block has
+// its own dx = max|x_block| / 127 (the Q8_0 rule above). kPerToken: one
+// dx = max|x_t| / 127 over the token's whole row, stored in every block's
+// slot (SmoothQuant's per-token int8 activations; an outlier channel coarsens
+// the whole row, which is what the smoothing scales are for). The blocks'
+// d / s / sd keep their meaning, so QGemm is the same for both.
+enum class ActScale { kPerBlock, kPerToken };
+
 // Quantizes x [n, cols] (cols % 32 == 0) into `out` with 1 or 2 levels.
 // These three split tokens over `pool` (may be null); each token's result
 // is computed by one thread alone, so the split changes nothing.
 void QuantizeActs(const float* x, int64_t n, int64_t cols, QuantizedActs* out, int levels = 1,
-                  ThreadPool* pool = nullptr);
+                  ThreadPool* pool = nullptr, ActScale scale = ActScale::kPerBlock);
 
 // Fused: y = RmsNorm(x) * weight (as kernels::RmsNorm) quantized into `out`.
 void RmsNormQuantize(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
-                     QuantizedActs* out, int levels = 1, ThreadPool* pool = nullptr);
+                     QuantizedActs* out, int levels = 1, ThreadPool* pool = nullptr,
+                     ActScale scale = ActScale::kPerBlock);
 
 // Fused SwiGLU: out = quantized silu(gu[t, :ffn]) * gu[t, ffn:] where gu is
 // the [n, 2 * ffn] output of a stacked gate|up matmul.
 void SiluMulQuantize(const float* gu, int64_t n, int64_t ffn, QuantizedActs* out, int levels = 1,
-                     ThreadPool* pool = nullptr);
+                     ThreadPool* pool = nullptr, ActScale scale = ActScale::kPerBlock);
 
 // y[t, r] (= or +=, see `accumulate`) dot of packed row r and token t, for
 // t < acts.n. ldy: row stride of y (>= w.rows()). With accumulate, y[t, r] =
@@ -182,7 +191,8 @@ std::string QGemmIsa();
 bool SetQGemmIsaForTesting(const std::string& isa);
 
 namespace ref {
-void QuantizeActs(const float* x, int64_t n, int64_t cols, QuantizedActs* out, int levels = 1);
+void QuantizeActs(const float* x, int64_t n, int64_t cols, QuantizedActs* out, int levels = 1,
+                  ActScale scale = ActScale::kPerBlock);
 void QGemm(const PackedWeight& w, const QuantizedActs& acts, float* y, int64_t ldy,
            bool accumulate);
 }  // namespace ref

@@ -60,20 +60,13 @@ bool HasGrid(TensorType type) {
 }
 
 int BlockSize(TensorType type) {
-  switch (type) {
-    case TensorType::kQ4_K:
-    case TensorType::kQ5_K:
-    case TensorType::kQ6_K:
-      return 256;
-    default:
-      return 32;
-  }
+  TANDEM_CHECK(HasGrid(type));
+  return static_cast<int>(gguf::GetTypeTraits(type)->block_size);
 }
 
 int BlockBytes(TensorType type) {
-  absl::StatusOr<uint64_t> b = gguf::RowBytes(type, BlockSize(type));
-  TANDEM_CHECK(b.ok());
-  return static_cast<int>(*b);
+  TANDEM_CHECK(HasGrid(type));
+  return static_cast<int>(gguf::GetTypeTraits(type)->type_size);
 }
 
 GridRange RangeOf(TensorType type) {

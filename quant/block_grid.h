@@ -22,7 +22,9 @@ struct GridRange {
 };
 
 bool HasGrid(gguf::TensorType type);
-int BlockSize(gguf::TensorType type);  // elements per block (32 or 256)
+// Elements (32 or 256) and bytes per block: gguf::GetTypeTraits' block_size
+// and type_size. REQUIRES: HasGrid(type).
+int BlockSize(gguf::TensorType type);
 int BlockBytes(gguf::TensorType type);
 GridRange RangeOf(gguf::TensorType type);
 

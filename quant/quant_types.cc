@@ -65,8 +65,9 @@ absl::StatusOr<Method> ParseMethod(std::string_view name) {
   if (lower == "rtn") return Method::kRtn;
   if (lower == "awq") return Method::kAwq;
   if (lower == "gptq") return Method::kGptq;
+  if (lower == "smoothquant") return Method::kSmoothQuant;
   return absl::InvalidArgumentError(absl::StrCat("unknown quantization method '", std::string(name),
-                                                 "' (one of: rtn, awq, gptq)"));
+                                                 "' (one of: rtn, awq, gptq, smoothquant)"));
 }
 
 std::string_view MethodName(Method m) {
@@ -77,6 +78,8 @@ std::string_view MethodName(Method m) {
       return "awq";
     case Method::kGptq:
       return "gptq";
+    case Method::kSmoothQuant:
+      return "smoothquant";
   }
   return "?";
 }

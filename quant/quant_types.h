@@ -35,8 +35,9 @@ struct TargetType {
 // "q4_0", "Q4_K_M", ...: InvalidArgument listing the accepted names.
 absl::StatusOr<TargetType> ParseTargetType(std::string_view name);
 
-enum class Method { kRtn, kAwq, kGptq };
-absl::StatusOr<Method> ParseMethod(std::string_view name);  // rtn | awq | gptq
+enum class Method { kRtn, kAwq, kGptq, kSmoothQuant };
+// rtn | awq | gptq | smoothquant
+absl::StatusOr<Method> ParseMethod(std::string_view name);
 std::string_view MethodName(Method m);
 
 // The type `name` (a tensor of `row_length` elements per row; `rank` dims)

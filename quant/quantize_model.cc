@@ -11,6 +11,7 @@
 #include "kernels/quant.h"
 #include "quant/block_grid.h"
 #include "quant/calibration.h"
+#include "quant/smoothquant.h"
 
 namespace tandem::quant {
 namespace {
@@ -111,14 +112,19 @@ struct Producers {
 
 // attn_output's channel h * head_dim + d comes from V channel
 // kv(h) * head_dim + d: the heads of one KV group must share a scale (folded
-// into that V row), so they get the group's mean statistic.
-void TieKvGroups(const engine::ModelConfig& c, std::vector<float>* mean_abs) {
+// into that V row), so they get the group's mean (AWQ's mean |x|) or max
+// (SmoothQuant's max |x|, max |w|) statistic.
+void TieKvGroups(const engine::ModelConfig& c, std::vector<float>* stat, bool take_max = false) {
   const int64_t group = c.num_heads / c.num_kv_heads;
   for (int64_t kv = 0; kv < c.kv_dim(); ++kv) {
     const int64_t first = (kv / c.head_dim) * group * c.head_dim + kv % c.head_dim;
-    float sum = 0;
-    for (int64_t h = 0; h < group; ++h) sum += (*mean_abs)[first + h * c.head_dim];
-    for (int64_t h = 0; h < group; ++h) (*mean_abs)[first + h * c.head_dim] = sum / group;
+    float sum = 0, mx = 0;
+    for (int64_t h = 0; h < group; ++h) {
+      sum += (*stat)[first + h * c.head_dim];
+      mx = std::max(mx, (*stat)[first + h * c.head_dim]);
+    }
+    for (int64_t h = 0; h < group; ++h)
+      (*stat)[first + h * c.head_dim] = take_max ? mx : sum / group;
   }
 }
 
@@ -144,10 +150,13 @@ void FoldIntoProducer(const engine::ModelConfig& c, LinearInput input, const std
   }
 }
 
-// The AWQ scales of one layer, folded into the producers of each input.
-absl::Status AwqLayer(const engine::ModelConfig& c, int64_t layer, const CalibrationSet& calib,
-                      TensorMap& m, const AwqOptions& opt, ThreadPool* pool,
-                      std::vector<float>* alphas) {
+// A layer's four linear groups and the producers of their inputs.
+struct LayerGroups {
+  Producers producers;
+  std::vector<Group> groups;
+};
+
+absl::StatusOr<LayerGroups> GetLayerGroups(TensorMap& m, int64_t layer) {
   auto need = [&](const char* what) -> absl::StatusOr<Tensor*> {
     Tensor* t = Find(m, Name(layer, what));
     if (t == nullptr)
@@ -163,11 +172,19 @@ absl::Status AwqLayer(const engine::ModelConfig& c, int64_t layer, const Calibra
   TANDEM_ASSIGN_OR_RETURN(Tensor * wd, need("ffn_down.weight"));
   TANDEM_ASSIGN_OR_RETURN(Tensor * attn_norm, need("attn_norm.weight"));
   TANDEM_ASSIGN_OR_RETURN(Tensor * ffn_norm, need("ffn_norm.weight"));
-  const Producers producers = {attn_norm, wv, Find(m, Name(layer, "attn_v.bias")), ffn_norm, wu};
-  std::vector<Group> groups = {{LinearInput::kAttnIn, {wq, wk, wv}, {}, {}},
-                               {LinearInput::kAttnOut, {wo}, {}, {}},
-                               {LinearInput::kFfnIn, {wg, wu}, {}, {}},
-                               {LinearInput::kDownIn, {wd}, {}, {}}};
+  return LayerGroups{{attn_norm, wv, Find(m, Name(layer, "attn_v.bias")), ffn_norm, wu},
+                     {{LinearInput::kAttnIn, {wq, wk, wv}, {}, {}},
+                      {LinearInput::kAttnOut, {wo}, {}, {}},
+                      {LinearInput::kFfnIn, {wg, wu}, {}, {}},
+                      {LinearInput::kDownIn, {wd}, {}, {}}}};
+}
+
+// The AWQ scales of one layer, folded into the producers of each input.
+absl::Status AwqLayer(const engine::ModelConfig& c, int64_t layer, const CalibrationSet& calib,
+                      TensorMap& m, const AwqOptions& opt, ThreadPool* pool,
+                      std::vector<float>* alphas) {
+  TANDEM_ASSIGN_OR_RETURN(LayerGroups layer_groups, GetLayerGroups(m, layer));
+  std::vector<Group>& groups = layer_groups.groups;
   for (Group& g : groups) {
     const bool ok = std::all_of(g.linears.begin(), g.linears.end(),
                                 [](const Tensor* t) { return Quantizable(*t); });
@@ -186,12 +203,37 @@ absl::Status AwqLayer(const engine::ModelConfig& c, int64_t layer, const Calibra
     g.scales = SearchScales(st, ls, opt, pool, &alpha);
     alphas->push_back(alpha);
     for (Tensor* t : g.linears) ScaleColumns(*t, g.scales);
-    FoldIntoProducer(c, g.input, g.scales, producers);
+    FoldIntoProducer(c, g.input, g.scales, layer_groups.producers);
   }
   // Clips once every fold of the layer is in (attn_v's and ffn_up's rows).
   for (const Group& g : groups) {
     if (g.scales.empty()) continue;
     for (Tensor* t : g.linears) SearchClip(g.stats, g.scales, LinearOf(*t), opt, pool);
+  }
+  return absl::OkStatus();
+}
+
+// SmoothQuant's factors of one layer (quant/smoothquant.h), folded into the
+// producers of each input as AWQ's are.
+absl::Status SmoothLayer(const engine::ModelConfig& c, int64_t layer, const CalibrationSet& calib,
+                         TensorMap& m, float alpha) {
+  TANDEM_ASSIGN_OR_RETURN(LayerGroups layer_groups, GetLayerGroups(m, layer));
+  for (Group& g : layer_groups.groups) {
+    const int64_t tokens = calib.tokens(layer, g.input), cols = g.linears[0]->cols();
+    if (tokens == 0) continue;
+    std::vector<float> act = ColumnAbsMax(calib.inputs(layer, g.input).data(), tokens, cols);
+    std::vector<float> w(cols, 0.f);
+    for (const Tensor* t : g.linears) {
+      const std::vector<float> wt = ColumnAbsMax(t->v.data(), t->rows(), cols);
+      for (int64_t i = 0; i < cols; ++i) w[i] = std::max(w[i], wt[i]);
+    }
+    if (g.input == LinearInput::kAttnOut) {
+      TieKvGroups(c, &act, /*take_max=*/true);
+      TieKvGroups(c, &w, /*take_max=*/true);
+    }
+    g.scales = SmoothScales(act, w, alpha);
+    for (Tensor* t : g.linears) ScaleColumns(*t, g.scales);
+    FoldIntoProducer(c, g.input, g.scales, layer_groups.producers);
   }
   return absl::OkStatus();
 }
@@ -248,11 +290,46 @@ std::string OutputBytes(const Tensor& t, ThreadPool* pool) {
   return bytes;
 }
 
+absl::Status CheckOptions(const QuantizeOptions& options) {
+  if (options.method != Method::kSmoothQuant) return absl::OkStatus();
+  if (options.target.type != TensorType::kQ8_0 && options.target.type != TensorType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "smoothquant writes int8 weights: the type must be q8_0, not ", options.target.name));
+  }
+  if (!(options.smooth_alpha >= 0.f && options.smooth_alpha <= 1.f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("smoothquant alpha must be in [0, 1], got ", options.smooth_alpha));
+  }
+  return absl::OkStatus();
+}
+
+// The input's metadata, then how the file was made (and, for SmoothQuant,
+// the kernel mode it is meant to run with).
+void AddMetadata(const gguf::GgufFile& in, const QuantizeOptions& options, gguf::GgufWriter* out) {
+  for (const auto& [key, value] : in.metadata()) {
+    if (key == "general.file_type" || key == "general.quantization_version" ||
+        key.rfind("tandem.quantize.", 0) == 0) {
+      continue;
+    }
+    out->Add(key, value);
+  }
+  out->Add("general.file_type", gguf::Value::Uint32(FileTypeOf(options.target)));
+  out->Add("general.quantization_version", gguf::Value::Uint32(2));
+  out->Add("tandem.quantize.type", gguf::Value::String(options.target.name));
+  out->Add("tandem.quantize.method", gguf::Value::String(std::string(MethodName(options.method))));
+  if (options.method == Method::kSmoothQuant) {
+    out->Add("tandem.quantize.alpha", gguf::Value::Float32(options.smooth_alpha));
+    out->Add(engine::kKernelsMetadataKey,
+             gguf::Value::String(engine::KernelModeName(engine::KernelMode::kFastInt8Token)));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<QuantizeSummary> QuantizeModel(const gguf::GgufFile& in,
                                               const QuantizeOptions& options,
                                               gguf::GgufWriter* out) {
+  TANDEM_RETURN_IF_ERROR(CheckOptions(options));
   engine::LoadOptions load;
   load.pool = options.pool;
   load.prefault = false;
@@ -280,23 +357,15 @@ absl::StatusOr<QuantizeSummary> QuantizeModel(const gguf::GgufFile& in,
       if (options.method == Method::kAwq) {
         TANDEM_RETURN_IF_ERROR(
             AwqLayer(c, layer, calib, tensors, options.awq, options.pool, &summary.awq_alphas));
+      } else if (options.method == Method::kSmoothQuant) {
+        TANDEM_RETURN_IF_ERROR(SmoothLayer(c, layer, calib, tensors, options.smooth_alpha));
       } else {
         TANDEM_RETURN_IF_ERROR(GptqLayer(layer, calib, tensors, options.gptq, options.pool));
       }
       progress(MethodName(options.method), layer + 1, c.num_layers);
     }
   }
-  for (const auto& [key, value] : in.metadata()) {
-    if (key == "general.file_type" || key == "general.quantization_version" ||
-        key.rfind("tandem.quantize.", 0) == 0) {
-      continue;
-    }
-    out->Add(key, value);
-  }
-  out->Add("general.file_type", gguf::Value::Uint32(FileTypeOf(options.target)));
-  out->Add("general.quantization_version", gguf::Value::Uint32(2));
-  out->Add("tandem.quantize.type", gguf::Value::String(options.target.name));
-  out->Add("tandem.quantize.method", gguf::Value::String(std::string(MethodName(options.method))));
+  AddMetadata(in, options, out);
   int64_t done = 0;
   for (const gguf::TensorInfo& info : in.tensors()) {
     const Tensor& t = tensors.at(info.name);

@@ -10,8 +10,14 @@
 //          KV group), gate/up (into ffn_norm) and ffn_down (into ffn_up's
 //          rows), then a clip search per block, then rtn (quant/awq.h);
 //   gptq - every layer matrix by GPTQ with the Gram matrix of its input
-//          (quant/gptq.h).
-// awq and gptq run the model (f32 reference kernels) over the calibration
+//          (quant/gptq.h);
+//   smoothquant - per layer and linear group, the smoothing factors of
+//          quant/smoothquant.h folded into the same producers as AWQ's
+//          scales, then rtn to Q8_0 (the target must be q8_0; f32 in tests
+//          keeps the smoothed weights unquantized). The file records
+//          tandem.quantize.alpha and tandem.quantize.kernels =
+//          "fast-int8-token", the kernel mode it runs with by default.
+// awq, gptq and smoothquant run the model (f32 reference kernels) over the calibration
 // tokens first and keep at most max_calibration_tokens rows of each
 // linear's input. token_embd / output are always rtn (their input is a
 // lookup / the final norm, not calibrated). Metadata is copied;
@@ -36,10 +42,12 @@
 #include "quant/awq.h"
 #include "quant/gptq.h"
 #include "quant/quant_types.h"
+#include "quant/smoothquant.h"
 
 namespace tandem::quant {
 
-// (stage, done, total); stages: "calibrate", "awq", "gptq", "write".
+// (stage, done, total); stages: "calibrate", "awq", "gptq", "smoothquant",
+// "write".
 using QuantizeProgress = std::function<void(std::string_view, int64_t, int64_t)>;
 
 struct QuantizeOptions {
@@ -50,7 +58,8 @@ struct QuantizeOptions {
   int64_t max_calibration_tokens = 512;     // input rows kept per linear
   AwqOptions awq;
   GptqOptions gptq;
-  ThreadPool* pool = nullptr;  // not owned
+  float smooth_alpha = kDefaultSmoothAlpha;  // smoothquant: migration strength in [0, 1]
+  ThreadPool* pool = nullptr;                // not owned
   QuantizeProgress progress;
 };
 
@@ -63,7 +72,8 @@ struct QuantizeSummary {
 
 // Fills `out` (empty) with the quantized model. InvalidArgument for files
 // that are not a supported model or have tensors that cannot be
-// dequantized; awq / gptq without calibration tokens too.
+// dequantized; awq / gptq / smoothquant without calibration tokens too, and
+// smoothquant with a type other than q8_0 (or f32) or alpha outside [0, 1].
 absl::StatusOr<QuantizeSummary> QuantizeModel(const gguf::GgufFile& in,
                                               const QuantizeOptions& options,
                                               gguf::GgufWriter* out);

@@ -90,8 +90,8 @@ QuantRowFn QuantRow() {
   return f != nullptr ? f : cpu::ScalarImpl()->quantize_row;
 }
 
-void QuantizeOne(QuantRowFn f, const float* x, int64_t t, QuantizedActs* out) {
-  f(x, out->cols, cpu::RowOf(out, t));
+void QuantizeOne(QuantRowFn f, const float* x, int64_t t, QuantizedActs* out, ActScale scale) {
+  f(x, out->cols, cpu::RowOf(out, t, x, scale == ActScale::kPerToken));
 }
 
 }  // namespace
@@ -117,17 +117,17 @@ void ForTokens(ThreadPool* pool, int64_t n, absl::FunctionRef<void(int64_t, int6
 }  // namespace
 
 void QuantizeActs(const float* x, int64_t n, int64_t cols, QuantizedActs* out, int levels,
-                  ThreadPool* pool) {
+                  ThreadPool* pool, ActScale scale) {
   TANDEM_CHECK(cols % kQBlock == 0 && (levels == 1 || levels == 2));
   out->Resize(n, cols, levels);
   const QuantRowFn f = QuantRow();
   ForTokens(pool, n, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) QuantizeOne(f, x + t * cols, t, out);
+    for (int64_t t = t0; t < t1; ++t) QuantizeOne(f, x + t * cols, t, out, scale);
   });
 }
 
 void RmsNormQuantize(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
-                     QuantizedActs* out, int levels, ThreadPool* pool) {
+                     QuantizedActs* out, int levels, ThreadPool* pool, ActScale scale) {
   TANDEM_CHECK(dim % kQBlock == 0 && (levels == 1 || levels == 2));
   out->Resize(n, dim, levels);
   const QuantRowFn f = QuantRow();
@@ -135,13 +135,13 @@ void RmsNormQuantize(const float* x, const float* weight, int64_t n, int64_t dim
     std::vector<float> row(dim);  // one normed row, still in L1 when quantized
     for (int64_t t = t0; t < t1; ++t) {
       RmsNorm(x + t * dim, weight, 1, dim, eps, row.data());
-      QuantizeOne(f, row.data(), t, out);
+      QuantizeOne(f, row.data(), t, out, scale);
     }
   });
 }
 
 void SiluMulQuantize(const float* gu, int64_t n, int64_t ffn, QuantizedActs* out, int levels,
-                     ThreadPool* pool) {
+                     ThreadPool* pool, ActScale scale) {
   TANDEM_CHECK(ffn % kQBlock == 0 && (levels == 1 || levels == 2));
   out->Resize(n, ffn, levels);
   const QuantRowFn f = QuantRow();
@@ -151,7 +151,7 @@ void SiluMulQuantize(const float* gu, int64_t n, int64_t ffn, QuantizedActs* out
     for (int64_t t = t0; t < t1; ++t) {
       const float* g = gu + t * 2 * ffn;
       silu(g, g + ffn, ffn, row.data());
-      QuantizeOne(f, row.data(), t, out);
+      QuantizeOne(f, row.data(), t, out, scale);
     }
   });
 }

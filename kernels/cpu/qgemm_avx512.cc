@@ -247,8 +247,10 @@ void QuantizeRow(const float* x, int64_t cols, const ActRow& o) {
     const int64_t k = b * kActTile;
     const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
     // max is exact in any order.
-    const float amax =
-        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask), _mm512_and_ps(x1, absmask)));
+    const float amax = o.row_amax >= 0.f
+                           ? o.row_amax
+                           : _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask),
+                                                                _mm512_and_ps(x1, absmask)));
     const float dx = amax / 127.f;
     const float id = dx != 0.f ? 1.f / dx : 0.f;
     __m512 q0f, q1f;

@@ -5,6 +5,7 @@
 #ifndef TANDEM_KERNELS_CPU_QGEMM_IMPL_H_
 #define TANDEM_KERNELS_CPU_QGEMM_IMPL_H_
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/qgemm.h"
@@ -13,7 +14,8 @@ namespace tandem::kernels::cpu {
 
 // Where one token's quantized row goes: pointers at its block 0; block b is
 // at q + b * kActTile * 32 and d / sd / s / s_lo [b * kActTile] (the
-// QuantizedActs tile layout). q2 == nullptr: one level.
+// QuantizedActs tile layout). q2 == nullptr: one level. row_amax >= 0:
+// every block uses it as its max|x| (ActScale::kPerToken); < 0: per block.
 struct ActRow {
   int8_t* q;
   float* d;
@@ -21,7 +23,15 @@ struct ActRow {
   int32_t* s;
   int8_t* q2;
   int32_t* s_lo;
+  float row_amax = -1.f;
 };
+
+// max|x_i| over n floats (exact in any order), the per-token amax.
+inline float RowAbsMax(const float* x, int64_t n) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  return amax;
+}
 
 inline ActRow RowOf(QuantizedActs* a, int64_t t) {
   const int64_t i = a->Index(t, 0);
@@ -31,7 +41,16 @@ inline ActRow RowOf(QuantizedActs* a, int64_t t) {
           a->sd.data() + i,
           a->s.data() + i,
           two ? a->qs2.data() + i * kQBlock : nullptr,
-          a->s_lo.data() + i};
+          a->s_lo.data() + i,
+          -1.f};
+}
+
+// RowOf with the per-token amax of x (one row of a->cols floats) when
+// `per_token`.
+inline ActRow RowOf(QuantizedActs* a, int64_t t, const float* x, bool per_token) {
+  ActRow row = RowOf(a, t);
+  if (per_token) row.row_amax = RowAbsMax(x, a->cols);
+  return row;
 }
 
 struct QGemmImpl {

@@ -167,6 +167,7 @@ void QuantizeRowRef(const float* x, int64_t cols, const cpu::ActRow& o) {
     const float* xb = x + b * kQBlock;
     float amax = 0.f;
     for (int i = 0; i < kQBlock; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
+    if (o.row_amax >= 0.f) amax = o.row_amax;
     const float dx = amax / 127.f;
     const float id = dx != 0.f ? 1.f / dx : 0.f;
     int32_t lo = 0, lo2 = 0;
@@ -348,10 +349,14 @@ void QuantizedActs::Resize(int64_t num_tokens, int64_t num_cols, int num_levels)
 
 namespace ref {
 
-void QuantizeActs(const float* x, int64_t n, int64_t cols, QuantizedActs* out, int levels) {
+void QuantizeActs(const float* x, int64_t n, int64_t cols, QuantizedActs* out, int levels,
+                  ActScale scale) {
   TANDEM_CHECK(cols % kQBlock == 0 && (levels == 1 || levels == 2));
   out->Resize(n, cols, levels);
-  for (int64_t t = 0; t < n; ++t) QuantizeRowRef(x + t * cols, cols, cpu::RowOf(out, t));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* row = x + t * cols;
+    QuantizeRowRef(row, cols, cpu::RowOf(out, t, row, scale == ActScale::kPerToken));
+  }
 }
 
 void QGemm(const PackedWeight& w, const QuantizedActs& a, float* y, int64_t ldy, bool accumulate) {

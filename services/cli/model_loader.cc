@@ -93,14 +93,14 @@ absl::StatusOr<LoadedModel> LoadTokenizer(const std::string& path) {
 }
 
 absl::StatusOr<LoadedModel> LoadModel(const std::string& model_flag, ThreadPool* pool, bool verbose,
-                                      engine::KernelMode kernels) {
+                                      std::optional<engine::KernelMode> kernels) {
   TANDEM_ASSIGN_OR_RETURN(std::string path, ResolveModelPath(model_flag));
   const auto start = std::chrono::steady_clock::now();
   TANDEM_ASSIGN_OR_RETURN(LoadedModel out, LoadTokenizer(path));
   ProgressBar bar(verbose);
   engine::LoadOptions options;
   options.pool = pool;
-  options.kernels = kernels;
+  options.kernels = kernels.value_or(engine::DefaultKernelMode(*out.file));
   options.progress = [&bar](uint64_t done, uint64_t total) { bar.Update(done, total); };
   auto model = engine::LlamaModel::Load(*out.file, options);
   if (!model.ok()) {

@@ -4,6 +4,7 @@
 #define TANDEM_SERVICES_CLI_MODEL_LOADER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -33,9 +34,11 @@ struct LoadedModel {
 absl::StatusOr<LoadedModel> LoadTokenizer(const std::string& path);
 
 // Resolves, opens and loads. verbose: progress bar and summary on stderr.
-// kernels: the CPU kernel mode (engine/llama_model.h; `tandem perplexity --kernels`).
+// kernels: the CPU kernel mode (engine/llama_model.h; `tandem perplexity
+// --kernels`); unset: the file's own (engine::DefaultKernelMode: kFast unless
+// the file was made by `tandem quantize --method smoothquant`).
 absl::StatusOr<LoadedModel> LoadModel(const std::string& model_flag, ThreadPool* pool, bool verbose,
-                                      engine::KernelMode kernels = engine::KernelMode::kFast);
+                                      std::optional<engine::KernelMode> kernels = std::nullopt);
 
 }  // namespace tandem::cli
 

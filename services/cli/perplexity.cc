@@ -53,7 +53,7 @@ struct PerplexityFlags {
   int64_t chunks = 0;
   int64_t threads = 0;
   int64_t batch_size = 0;
-  std::string kernels = "fast";
+  std::string kernels;  // empty: the file's default (engine::DefaultKernelMode)
   std::string device = "cpu";
   std::string kv_cache_dtype;  // empty: the device's default (f16 on cpu)
   std::string kld_base;
@@ -76,8 +76,10 @@ void AddFlags(ArgParser& p, PerplexityFlags& f) {
            "about batch / 2 x vocab x 4 bytes");
   p.AddInt("threads", &f.threads, 0, 1024, "compute threads, 0 = all cores");
   p.AddString("kernels", &f.kernels,
-              "CPU kernel mode: fast, fast-int8 (llama.cpp's int8 activation precision) or "
-              "reference (exact f32)");
+              "CPU kernel mode: fast, fast-int8 (llama.cpp's int8 activation precision), "
+              "fast-int8-token (int8 activations with one scale per token: SmoothQuant W8A8) or "
+              "reference (exact f32); default: the file's (fast-int8-token for a `tandem "
+              "quantize --method smoothquant` file), else fast");
   AddDeviceFlag(p, &f.device);
   AddKvDtypeFlag(p, &f.kv_cache_dtype);
   p.AddString("kl-divergence-base", &f.kld_base,
@@ -185,7 +187,7 @@ json::OrderedJson KldJson(const KldSummary& s, const KldBaseHeader& h) {
 // The flags checked and resolved; `reader` is open in compare mode (the base
 // fixes n_ctx and the chunk count unless they are given).
 struct Setup {
-  engine::KernelMode mode{};
+  std::optional<engine::KernelMode> mode;  // unset: the file's default
   engine::Device device = engine::Device::kCpu;
   std::optional<kernels::KvDtype> kv_dtype;
   std::string text;
@@ -201,9 +203,13 @@ absl::StatusOr<Setup> CheckFlags(const ArgParser& parser, PerplexityFlags& flags
     return UsageStatus("--kl-top-k applies when writing a base, not with --kl-divergence");
   }
   Setup setup;
-  if (!engine::ParseKernelMode(flags.kernels, &setup.mode)) {
-    return UsageStatus("--kernels: expected fast, fast-int8 or reference, got '" + flags.kernels +
-                       "'");
+  if (!flags.kernels.empty()) {
+    engine::KernelMode mode{};
+    if (!engine::ParseKernelMode(flags.kernels, &mode)) {
+      return UsageStatus(absl::StrCat("--kernels: expected ", engine::kKernelModeChoices, ", got '",
+                                      flags.kernels, "'"));
+    }
+    setup.mode = mode;
   }
   auto device = ResolveDevice(flags.device);
   if (!device.ok()) return UsageStatus(device.status());
@@ -469,7 +475,7 @@ void PrintResult(const PerplexityFlags& flags, const LoadedModel& loaded, const 
   if (flags.json) {
     json::OrderedJson out = {{"model", loaded.path},
                              {"file", flags.file},
-                             {"kernels", flags.kernels},
+                             {"kernels", engine::KernelModeName(loaded.model->kernel_mode())},
                              {"kv_cache_dtype", kernels::KvDtypeName(kv_dtype)},
                              {"n_ctx", c.n_ctx},
                              {"batch_size", c.batch},
@@ -523,7 +529,8 @@ absl::Status Perplexity(const ArgParser& parser, PerplexityFlags& flags) {
   std::fputs(absl::StrFormat("[perplexity] %d chunks of %d tokens, %d scored per chunk, batch %d, "
                              "kernels %s, KV cache %s\n",
                              chunks->n_chunks, chunks->n_ctx, chunks->scored, chunks->batch,
-                             flags.kernels, kernels::KvDtypeName(eopts.kv_dtype))
+                             engine::KernelModeName(loaded->model->kernel_mode()),
+                             kernels::KvDtypeName(eopts.kv_dtype))
                  .c_str(),
              stderr);
   ChunkScorer scorer(*chunks, config.vocab_size, executor->get(), eopts.num_blocks, writer->get(),

@@ -1,6 +1,6 @@
 // `tandem quantize`: a GGUF model in, a quantized GGUF out (quant/,
-// docs/quantization.md). --method rtn | awq | gptq; awq and gptq run the
-// model over the tokens of --calibration FILE first. --report prints the
+// docs/quantization.md). --method rtn | awq | gptq | smoothquant; all but
+// rtn run the model over the tokens of --calibration FILE first. --report prints the
 // activation statistics of every linear's input on the calibration text
 // (alone, or beside a quantization). Progress goes to stderr; bad input is
 // one line on stderr and exit code 2.
@@ -45,6 +45,7 @@ struct QuantizeFlags {
   int64_t awq_grid = 20;
   int64_t awq_clip_grid = 10;
   double gptq_damp = 0.01;
+  double alpha = quant::kDefaultSmoothAlpha;
   int64_t threads = 0;
   bool report = false;
   double report_threshold = 6.0;
@@ -58,7 +59,9 @@ void AddFlags(ArgParser& p, QuantizeFlags& f) {
   p.AddString("type", &f.type,
               "q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q4_k_m, q5_k, q5_k_m or q6_k (K types fall "
               "back to q5_0 / q5_1 / q8_0 on rows that are not a multiple of 256)");
-  p.AddString("method", &f.method, "rtn, awq or gptq (awq and gptq need --calibration)");
+  p.AddString("method", &f.method,
+              "rtn, awq, gptq or smoothquant (W8A8: --type q8_0, the default for it; the file "
+              "runs with --kernels fast-int8-token by default); all but rtn need --calibration");
   p.AddString("calibration", &f.calibration,
               "calibration text file (at most 8 MiB): awq / gptq / --report run the model on it");
   p.AddInt("calibration-tokens", &f.calibration_tokens, 1, 1 << 16,
@@ -69,6 +72,8 @@ void AddFlags(ArgParser& p, QuantizeFlags& f) {
            "awq: clip ratios tried per block (1 = no clip search)");
   p.AddDouble("gptq-damp", &f.gptq_damp, 0.0, 10.0,
               "gptq: damping added to the Hessian diagonal, as a fraction of its mean");
+  p.AddDouble("alpha", &f.alpha, 0.0, 1.0,
+              "smoothquant: migration strength in [0, 1], s = max|x|^alpha / max|w|^(1-alpha)");
   p.AddInt("threads", &f.threads, 0, 1024, "compute threads, 0 = all cores");
   p.AddBool("report", &f.report,
             "print per-linear activation statistics on the calibration text (max|x| per "
@@ -136,16 +141,26 @@ int RunReport(const LoadedModel& loaded, const std::vector<int32_t>& tokens, con
   return kExitOk;
 }
 
-// --out, --type and --method of a quantizing run; usage errors.
-absl::Status ParseTarget(const QuantizeFlags& f, quant::QuantizeOptions* options) {
+// --out, --type, --method and --alpha of a quantizing run; usage errors.
+absl::Status ParseTarget(const ArgParser& parser, const QuantizeFlags& f,
+                         quant::QuantizeOptions* options) {
   if (f.out.empty()) return UsageStatus("--out is required");
-  if (f.type.empty()) return UsageStatus("--type is required");
-  auto target = quant::ParseTargetType(f.type);
-  if (!target.ok()) return UsageStatus("--type: " + std::string(target.status().message()));
-  options->target = *target;
   auto method = quant::ParseMethod(f.method);
   if (!method.ok()) return UsageStatus("--method: " + std::string(method.status().message()));
   options->method = *method;
+  const bool smooth = *method == quant::Method::kSmoothQuant;
+  if (parser.WasSet("alpha") && !smooth) {
+    return UsageStatus("--alpha applies to --method smoothquant only");
+  }
+  options->smooth_alpha = static_cast<float>(f.alpha);
+  if (f.type.empty() && !smooth) return UsageStatus("--type is required");
+  auto target = quant::ParseTargetType(f.type.empty() ? "q8_0" : f.type);
+  if (!target.ok()) return UsageStatus("--type: " + std::string(target.status().message()));
+  if (smooth && target->type != gguf::TensorType::kQ8_0) {
+    return UsageStatus("--method smoothquant writes int8 weights: --type must be q8_0, got '" +
+                       f.type + "'");
+  }
+  options->target = *target;
   return absl::OkStatus();
 }
 
@@ -186,9 +201,10 @@ void PrintSummary(const std::string& out, const quant::QuantizeOptions& options,
 
 int RunQuantize(int argc, char** argv) {
   QuantizeFlags f;
-  ArgParser parser("quantize",
-                   "Quantize a GGUF model (rtn, awq or gptq) into a new GGUF; --report prints "
-                   "activation statistics (docs/quantization.md).");
+  ArgParser parser(
+      "quantize",
+      "Quantize a GGUF model (rtn, awq, gptq or smoothquant) into a new GGUF; --report prints "
+      "activation statistics (docs/quantization.md).");
   AddFlags(parser, f);
   if (absl::Status s = parser.Parse(argc, argv, 2); !s.ok()) {
     return ExitFor("quantize", UsageStatus(std::string(s.message())));
@@ -200,7 +216,9 @@ int RunQuantize(int argc, char** argv) {
   const bool quantize = !f.report || parser.WasSet("out") || parser.WasSet("type");
   quant::QuantizeOptions options;
   if (quantize) {
-    if (absl::Status st = ParseTarget(f, &options); !st.ok()) return ExitFor("quantize", st);
+    if (absl::Status st = ParseTarget(parser, f, &options); !st.ok()) {
+      return ExitFor("quantize", st);
+    }
   }
   const bool needs_calibration = f.report || options.method != quant::Method::kRtn;
   if (needs_calibration && f.calibration.empty()) {

@@ -48,7 +48,16 @@ TEST(QuantizeCliTest, BadInputIsOneLineAndExit2) {
       {"quantize", "--type", "q4_0", "--out", out, "--model", "/nonexistent/model.gguf"},
       {"quantize", "--type", "q4_0", "--out", out, "--model", not_gguf},
       {"quantize", "--type", "q3_x", "--out", out},
-      {"quantize", "--type", "q4_0", "--out", out, "--method", "smoothquant"},
+      {"quantize", "--type", "q4_0", "--out", out, "--method", "fp4"},
+      // SmoothQuant: int8 weights only, alpha in [0, 1], --alpha only with it.
+      {"quantize", "--type", "q4_0", "--out", out, "--method", "smoothquant", "--calibration",
+       calib},
+      {"quantize", "--out", out, "--method", "smoothquant", "--alpha", "1.5", "--calibration",
+       calib},
+      {"quantize", "--out", out, "--method", "smoothquant", "--alpha", "-0.1", "--calibration",
+       calib},
+      {"quantize", "--type", "q8_0", "--out", out, "--alpha", "0.5"},
+      {"quantize", "--out", out, "--method", "smoothquant"},            // no --calibration
       {"quantize", "--type", "q4_0"},                                   // no --out
       {"quantize", "--out", out},                                       // no --type
       {"quantize", "--type", "q4_0", "--out", out, "--method", "awq"},  // no --calibration
@@ -122,6 +131,34 @@ TEST(QuantizeCliTest, GptqAndAwqOnTheBundledModelGenerate) {
     EXPECT_EQ(g.exit_code, 0) << g.err;
     unlink(out.c_str());
   }
+}
+
+// A SmoothQuant file (--type defaults to q8_0) runs with per-token int8
+// activations unless --kernels says otherwise, and generates.
+TEST(QuantizeCliTest, SmoothQuantFileRunsWithPerTokenKernels) {
+  const std::string calib = TestDataPath("calibration_text.txt");
+  const std::string out = TempPath("smoothquant.gguf");
+  ProcessResult q =
+      Tandem({"quantize", "--method", "smoothquant", "--alpha", "0.6", "--calibration", calib,
+              "--calibration-tokens", "64", "--out", out, "--threads", "2"});
+  ASSERT_EQ(q.exit_code, 0) << q.err;
+  EXPECT_NE(q.out.find("wrote " + out + " (q8_0, smoothquant)"), std::string::npos) << q.out;
+  const std::vector<std::string> ppl = {"perplexity", "--model",    out,  "--file",
+                                        calib,        "--ctx-size", "64", "--chunks",
+                                        "1",          "--threads",  "2",  "--json"};
+  ProcessResult p = Tandem(ppl);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.out.find("\"kernels\":\"fast-int8-token\""), std::string::npos) << p.out;
+  std::vector<std::string> explicit_fast = ppl;
+  explicit_fast.insert(explicit_fast.end(), {"--kernels", "fast"});
+  p = Tandem(explicit_fast);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.out.find("\"kernels\":\"fast\""), std::string::npos) << p.out;
+  ProcessResult g = Tandem({"generate", "--model", out, "--prompt", "The capital of France is",
+                            "--max-tokens", "8", "--threads", "2"});
+  EXPECT_EQ(g.exit_code, 0) << g.err;
+  EXPECT_NE(g.err.find("fast-int8-token"), std::string::npos) << g.err;
+  unlink(out.c_str());
 }
 
 TEST(QuantizeCliTest, ReportListsEveryLinearInput) {

@@ -3,6 +3,7 @@
 // MatMul, and results independent of batch size, composition and threads.
 #include "kernels/qgemm.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -272,6 +273,66 @@ TEST(QGemmStackTest, StackedViewsEqualSeparate) {
     EXPECT_EQ(std::memcmp(y.data() + t * 29, ya.data() + t * 20, 20 * 4), 0);
     EXPECT_EQ(std::memcmp(y.data() + t * 29 + 20, yb.data() + t * 9, 9 * 4), 0);
   }
+}
+
+// ActScale::kPerToken: every block of a token has dx = max|x_t| / 127, the
+// quants are round(x / dx) on that one grid, and every ISA path (and the
+// fused RmsNorm op) gives the same bytes as the scalar reference.
+TEST(PerTokenActsTest, OneScalePerTokenOnEveryIsa) {
+  IsaGuard guard;
+  const int64_t n = 11, cols = 96;
+  std::vector<float> x = Random(n * cols, 4, 2.f);
+  x[3 * cols + 40] = 50.f;  // an outlier channel in token 3
+  for (int levels : kLevels) {
+    QuantizedActs want;
+    ref::QuantizeActs(x.data(), n, cols, &want, levels, ActScale::kPerToken);
+    for (int64_t t = 0; t < n; ++t) {
+      float amax = 0.f;
+      for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(x[t * cols + c]));
+      const float d = levels == 1 ? amax / 127.f : amax / 127.f * (1.f / 256.f);
+      for (int64_t b = 0; b < cols / kQBlock; ++b) {
+        EXPECT_EQ(want.d[want.Index(t, b)], d) << t << " " << b;
+        if (levels == 1) {
+          for (int i = 0; i < kQBlock; ++i) {
+            EXPECT_EQ(
+                want.q(t, b)[i],
+                static_cast<int8_t>(std::nearbyint(x[t * cols + b * kQBlock + i] * (1.f / d))));
+          }
+        }
+      }
+    }
+    for (const std::string& isa : Isas()) {
+      ASSERT_TRUE(SetQGemmIsaForTesting(isa));
+      QuantizedActs got;
+      QuantizeActs(x.data(), n, cols, &got, levels, nullptr, ActScale::kPerToken);
+      EXPECT_EQ(got.qs, want.qs) << isa;
+      EXPECT_EQ(got.qs2, want.qs2) << isa;
+      EXPECT_TRUE(BitEqual(got.d, want.d)) << isa;
+      EXPECT_TRUE(BitEqual(got.sd, want.sd)) << isa;
+      EXPECT_EQ(got.s, want.s) << isa;
+    }
+  }
+  // The outlier coarsens token 3's whole row on the per-token grid, only its
+  // block on the per-block grid.
+  QuantizedActs block, token;
+  ref::QuantizeActs(x.data(), n, cols, &block, 1);
+  ref::QuantizeActs(x.data(), n, cols, &token, 1, ActScale::kPerToken);
+  EXPECT_LT(block.d[block.Index(3, 0)], token.d[token.Index(3, 0)] / 4);
+  EXPECT_EQ(block.d[block.Index(3, 1)], token.d[token.Index(3, 1)]);
+}
+
+// The fused RMSNorm + quantize with per-token scales equals RMSNorm then
+// QuantizeActs with them.
+TEST(PerTokenActsTest, FusedRmsNormMatchesUnfused) {
+  const int64_t n = 5, dim = 96;
+  const std::vector<float> x = Random(n * dim, 5, 4.f), w = Random(dim, 6);
+  std::vector<float> normed(n * dim);
+  RmsNorm(x.data(), w.data(), n, dim, 1e-5f, normed.data());
+  QuantizedActs fused, unfused;
+  RmsNormQuantize(x.data(), w.data(), n, dim, 1e-5f, &fused, 1, nullptr, ActScale::kPerToken);
+  QuantizeActs(normed.data(), n, dim, &unfused, 1, nullptr, ActScale::kPerToken);
+  EXPECT_EQ(fused.qs, unfused.qs);
+  EXPECT_TRUE(BitEqual(fused.d, unfused.d));
 }
 
 TEST(FusedOpsTest, RmsNormAndSiluQuantizeMatchUnfused) {

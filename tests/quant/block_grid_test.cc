@@ -55,7 +55,9 @@ TEST(BlockGridTest, SetQDecodesOnTheGrid) {
 
 TEST(QuantTypesTest, ParseAndFallbacks) {
   EXPECT_FALSE(ParseTargetType("q3_k").ok());
-  EXPECT_FALSE(ParseMethod("smoothquant").ok());
+  EXPECT_FALSE(ParseMethod("fp4").ok());
+  EXPECT_EQ(*ParseMethod("SmoothQuant"), Method::kSmoothQuant);
+  EXPECT_EQ(MethodName(Method::kSmoothQuant), "smoothquant");
   auto q4k = ParseTargetType("Q4_K");
   ASSERT_TRUE(q4k.ok());
   // SmolLM2: hidden 576 is not a multiple of 256, ffn 1536 is.

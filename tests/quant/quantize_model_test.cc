@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -57,10 +60,11 @@ std::vector<int32_t> RandomTokens(int n, int vocab, uint32_t seed) {
   return t;
 }
 
-// Logits of every position of `tokens` (reference kernels).
-std::vector<float> AllLogits(const gguf::GgufFile& file, const std::vector<int32_t>& tokens) {
+// Logits of every position of `tokens` (reference kernels unless told).
+std::vector<float> AllLogits(const gguf::GgufFile& file, const std::vector<int32_t>& tokens,
+                             engine::KernelMode kernels = engine::KernelMode::kReference) {
   engine::LoadOptions load;
-  load.kernels = engine::KernelMode::kReference;
+  load.kernels = kernels;
   auto model = engine::LlamaModel::Load(file, load);
   EXPECT_TRUE(model.ok()) << model.status();
   auto runner = engine::SingleSequenceRunner::Create(model->get(), 256);
@@ -125,6 +129,117 @@ TEST_P(MethodsTest, AwqAndGptqBeatRtnOnHeldOutTokens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, MethodsTest, ::testing::Values("q4_0", "q4_1", "q4_k"));
+
+// The quantized file of `model` (method, target and alpha as given).
+std::unique_ptr<gguf::GgufFile> Quantize(const std::string& model, const TargetType& target,
+                                         Method method, float alpha, std::string* bytes) {
+  auto in = gguf::GgufFile::FromBuffer(model);
+  QuantizeOptions o;
+  o.target = target;
+  o.method = method;
+  o.smooth_alpha = alpha;
+  o.calibration_tokens = RandomTokens(512, 128, 11);
+  o.calibration_seq_len = 128;
+  gguf::GgufWriter w;
+  auto summary = QuantizeModel(**in, o, &w);
+  EXPECT_TRUE(summary.ok()) << summary.status();
+  *bytes = w.Serialize();
+  auto out = gguf::GgufFile::FromBuffer(*bytes);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return std::move(out).value();
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
+  return m;
+}
+
+// Smoothing alone (f32 target: the layers stay f32, only the tied embedding
+// is Q8_0, as in the rtn f32 file it is compared with) computes the same
+// function: s is folded exactly into the norms and the v / up rows.
+TEST(SmoothQuantTest, FoldIsExactInF32) {
+  const std::string model = OutlierModel(256, 512, 7);
+  const TargetType f32{TensorType::kF32, false, "f32"};
+  std::string b1, b2;
+  auto plain = Quantize(model, f32, Method::kRtn, 0.f, &b1);
+  auto smoothed = Quantize(model, f32, Method::kSmoothQuant, 0.5f, &b2);
+  EXPECT_EQ(smoothed->FindTensor("blk.0.attn_q.weight")->type, TensorType::kF32);
+  // The norms really changed.
+  const gguf::TensorInfo* n0 = plain->FindTensor("blk.0.attn_norm.weight");
+  const gguf::TensorInfo* n1 = smoothed->FindTensor("blk.0.attn_norm.weight");
+  EXPECT_NE(std::memcmp(n0->data, n1->data, n0->num_bytes), 0);
+  const std::vector<int32_t> tokens = RandomTokens(32, 128, 99);
+  const std::vector<float> a = AllLogits(*plain, tokens), b = AllLogits(*smoothed, tokens);
+  double scale = 0;
+  for (float v : a) scale = std::max(scale, double(std::fabs(v)));
+  std::printf("smoothed f32 vs plain f32: max |d logit| %.3g (max |logit| %.3g)\n",
+              MaxAbsDiff(a, b), scale);
+  EXPECT_LT(MaxAbsDiff(a, b), 1e-5 * std::max(1.0, scale));
+}
+
+// With per-token int8 activations (the mode a SmoothQuant file runs with),
+// SmoothQuant's Q8_0 file is closer to the f32 model than plain Q8_0 rtn on
+// held-out tokens, at both alphas; the file asks for that kernel mode.
+TEST(SmoothQuantTest, BeatsPlainW8A8PerToken) {
+  const std::string model = OutlierModel(256, 512, 7);
+  auto in = gguf::GgufFile::FromBuffer(model);
+  const TargetType q8 = *ParseTargetType("q8_0");
+  const std::vector<int32_t> held_out = RandomTokens(48, 128, 99);
+  const std::vector<float> want = AllLogits(**in, held_out);
+  const auto token = engine::KernelMode::kFastInt8Token;
+  std::string b0, b1, b2;
+  auto rtn = Quantize(model, q8, Method::kRtn, 0.f, &b0);
+  const double rtn_err = MeanSquaredError(want, AllLogits(*rtn, held_out, token));
+  EXPECT_EQ(engine::DefaultKernelMode(*rtn), engine::KernelMode::kFast);
+  for (float alpha : {0.5f, 0.8f}) {
+    auto sq = Quantize(model, q8, Method::kSmoothQuant, alpha, &b1);
+    const double err = MeanSquaredError(want, AllLogits(*sq, held_out, token));
+    const double block_err =
+        MeanSquaredError(want, AllLogits(*sq, held_out, engine::KernelMode::kFastInt8));
+    std::printf(
+        "W8A8 logits MSE, per-token acts: rtn %.5g smoothquant(%.1f) %.5g; per-block: "
+        "smoothquant %.5g rtn %.5g\n",
+        rtn_err, alpha, err, block_err,
+        MeanSquaredError(want, AllLogits(*rtn, held_out, engine::KernelMode::kFastInt8)));
+    EXPECT_LT(err, rtn_err);
+    EXPECT_EQ(sq->FindTensor("blk.1.ffn_down.weight")->type, TensorType::kQ8_0);
+    EXPECT_EQ(*sq->GetString("tandem.quantize.method"), "smoothquant");
+    EXPECT_FLOAT_EQ(static_cast<float>(*sq->GetFloat("tandem.quantize.alpha")), alpha);
+    EXPECT_EQ(engine::DefaultKernelMode(*sq), token);
+  }
+}
+
+TEST(SmoothQuantTest, BadTypeOrAlphaIsInvalidArgument) {
+  auto in = gguf::GgufFile::FromBuffer(OutlierModel(64, 96, 5));
+  QuantizeOptions o;
+  o.method = Method::kSmoothQuant;
+  o.calibration_tokens = RandomTokens(64, 128, 3);
+  gguf::GgufWriter w;
+  o.target = *ParseTargetType("q4_0");
+  EXPECT_EQ(QuantizeModel(**in, o, &w).status().code(), absl::StatusCode::kInvalidArgument);
+  o.target = *ParseTargetType("q8_0");
+  for (float alpha : {-0.1f, 1.5f, NAN}) {
+    o.smooth_alpha = alpha;
+    EXPECT_EQ(QuantizeModel(**in, o, &w).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  o.smooth_alpha = 0.5f;
+  o.calibration_tokens.clear();
+  EXPECT_EQ(QuantizeModel(**in, o, &w).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// s = max|x|^a / max|w|^(1-a); dead channels keep s = 1.
+TEST(SmoothQuantTest, Scales) {
+  const std::vector<float> x = {1, -8, 0, 2, 4, 0.5f};  // 2 rows x 3 cols
+  const std::vector<float> act = ColumnAbsMax(x.data(), 2, 3);
+  EXPECT_EQ(act, (std::vector<float>{2, 8, 0.5f}));
+  const std::vector<float> s = SmoothScales({4, 9, 0}, {1, 4, 2}, 0.5f);
+  EXPECT_FLOAT_EQ(s[0], 2.f);
+  EXPECT_FLOAT_EQ(s[1], 1.5f);
+  EXPECT_EQ(s[2], 1.f);
+  EXPECT_FLOAT_EQ(SmoothScales({4}, {2}, 1.f)[0], 4.f);
+  EXPECT_FLOAT_EQ(SmoothScales({4}, {2}, 0.f)[0], 0.5f);
+}
 
 TEST(QuantizeModelTest, WritesTargetTypesAndMetadata) {
   const std::string model = OutlierModel(64, 96, 5);
