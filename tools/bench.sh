@@ -2,7 +2,7 @@
 # One-command CPU benchmark: Tandem vs llama.cpp on the same GGUF, same
 # thread count, in the same run, printed as ratios.
 #
-#   tools/bench.sh [--model PATH] [--threads N] [--reps N] [--kernels fast|fast-int8|reference]
+#   tools/bench.sh [--model PATH] [--threads N] [--reps N] [--kernels fast|fast-int8|fast-int8-token|reference]
 #                  [--kv-cache-dtype f32|f16|bf16|int8|fp8] [--batches 1,4,16,32,64]
 #
 # Tandem (build-bench/bench/tandem_bench): pp512, tg128, aggregate decode at

@@ -19,8 +19,9 @@ void AddSpecFlags(ArgParser& p, SpecFlags* f) {
   p.AddInt("spec-ngram-max", &f->ngram_max, 1, 64, "--spec-method ngram: longest suffix matched");
   p.AddString("spec-draft-model", &f->draft_model,
               "--spec-method draft: the draft GGUF (same vocabulary as the model)");
-  p.AddString("spec-draft-kernels", &f->draft_kernels,
-              "--spec-method draft: the draft's CPU kernels: fast, fast-int8 or reference");
+  p.AddString(
+      "spec-draft-kernels", &f->draft_kernels,
+      absl::StrCat("--spec-method draft: the draft's CPU kernels: ", engine::kKernelModeChoices));
 }
 
 absl::StatusOr<engine::SpecDecodeConfig> ResolveSpec(const SpecFlags& f) {
@@ -34,9 +35,9 @@ absl::StatusOr<engine::SpecDecodeConfig> ResolveSpec(const SpecFlags& f) {
         absl::StrCat("--spec-ngram-min ", f.ngram_min, " is above --spec-ngram-max ", f.ngram_max));
   }
   if (!engine::ParseKernelMode(f.draft_kernels, &c.draft_kernels)) {
-    return absl::InvalidArgumentError(absl::StrCat("--spec-draft-kernels: expected fast, ",
-                                                   "fast-int8 or reference, got '", f.draft_kernels,
-                                                   "'"));
+    return absl::InvalidArgumentError(absl::StrCat("--spec-draft-kernels: expected ",
+                                                   engine::kKernelModeChoices, ", got '",
+                                                   f.draft_kernels, "'"));
   }
   const bool draft = c.method == engine::SpecDecodeConfig::Method::kDraft;
   if (draft && f.draft_model.empty()) {
