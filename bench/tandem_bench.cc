@@ -183,13 +183,13 @@ double PrefillRun(const engine::LlamaModel& m, int tokens, uint32_t seed) {
 }
 
 // Speculative verification probe: one sequence with `context` tokens in its
-// KV cache runs `steps` Forwards of an m-token chunk (the last token plus
-// m - 1 drafts) with logits for every chunk position. Returns the median
-// milliseconds of one such Forward.
+// KV cache (f16, the serving default) runs `steps` Forwards of an m-token chunk (the last token
+// plus m - 1 drafts) with logits for every chunk position. Returns the median milliseconds of one
+// such Forward.
 double VerifyRun(const engine::LlamaModel& m, int context, int chunk, int steps, uint32_t seed) {
   const int64_t bs = engine::KvCacheStorage::kDefaultBlockSize;
   const int64_t blocks = (context + chunk + bs - 1) / bs;
-  auto cache = m.MakeKvCache(blocks, bs);
+  auto cache = m.MakeKvCache(blocks, bs, engine::KvDtype::kF16);
   std::mt19937 rng(seed);
   const int64_t vocab = m.config().vocab_size;
   std::vector<int32_t> table(blocks);
@@ -227,6 +227,18 @@ double VerifyRun(const engine::LlamaModel& m, int context, int chunk, int steps,
   return Median(ms);
 }
 
+// --verify: one JSON line of VerifyRun's milliseconds per chunk size.
+void PrintVerify(const engine::LlamaModel& m, const Args& a) {
+  std::string json;
+  for (int chunk : a.verify) {
+    const double ms = VerifyRun(m, a.context, chunk, a.steps * 4, 7);
+    json += (json.empty() ? "" : ", ") + std::string("\"") + std::to_string(chunk) +
+            "\": " + std::to_string(ms);
+  }
+  std::printf("{\"isa\": \"%s\", \"context\": %d, \"verify_ms\": {%s}}\n",
+              kernels::QGemmIsa().c_str(), a.context, json.c_str());
+}
+
 int Main(int argc, char** argv) {
   Args a;
   if (!ParseArgs(argc, argv, &a)) {
@@ -255,14 +267,7 @@ int Main(int argc, char** argv) {
   std::fprintf(stderr, "%s\n", m.Summary().c_str());
 
   if (!a.verify.empty()) {
-    std::string json;
-    for (int chunk : a.verify) {
-      const double ms = VerifyRun(m, a.context, chunk, a.steps * 4, 7);
-      json += (json.empty() ? "" : ", ") + std::string("\"") + std::to_string(chunk) +
-              "\": " + std::to_string(ms);
-    }
-    std::printf("{\"isa\": \"%s\", \"context\": %d, \"verify_ms\": {%s}}\n",
-                kernels::QGemmIsa().c_str(), a.context, json.c_str());
+    PrintVerify(m, a);
     return 0;
   }
   const double bw = BandwidthProbe(&pool, a.reps);
