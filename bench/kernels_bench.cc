@@ -137,6 +137,10 @@ BENCHMARK(BM_QGemm)
     ->Args({kQ41, 576, 1536, 1, 2})  // down decode
     ->Args({kQ40, 3072, 576, 1, 2})
     ->Args({kQ80, 49152, 576, 1, 2})  // LM head decode (out of cache)
+    ->Args({kQ41, 3072, 576, 2, 2})   // speculative verification (k + 1 tokens)
+    ->Args({kQ41, 3072, 576, 5, 2})
+    ->Args({kQ80, 49152, 576, 5, 2})
+    ->Args({kQ41, 3072, 576, 8, 2})
     ->Args({kQ41, 3072, 576, 32, 2})  // batched decode
     ->Args({kQ80, 49152, 576, 32, 2})
     ->Args({kQ41, 3072, 576, 512, 1})  // prefill

@@ -9,6 +9,7 @@
 //                     [--kernels fast|fast-int8|fast-int8-token|reference]
 //                     [--kv-cache-dtype f32|f16|bf16|int8|fp8] [--reps 5] [--pp 512]
 //                     [--tg 128] [--batches 1,4,16,32,64] [--steps 32]
+//                     [--verify 1,2,5 [--context 300]]  (speculative verify probe only)
 // The KV cache dtype defaults to the engine's on the CPU (engine::DefaultKvDtype),
 // what `tandem generate` and `tandem serve` use.
 #include <algorithm>
@@ -53,6 +54,8 @@ struct Args {
   std::string kernels = "fast";
   std::string kv_dtype = kernels::KvDtypeName(engine::DefaultKvDtype(engine::Device::kCpu));
   std::vector<int> batches = {1, 4, 16, 32, 64};
+  std::vector<int> verify;  // --verify 1,2,5: chunk sizes of the verify probe
+  int context = 300;        // --context: tokens before a verify chunk
 };
 
 bool ParseArgs(int argc, char** argv, Args* a) {
@@ -64,20 +67,23 @@ bool ParseArgs(int argc, char** argv, Args* a) {
       a->kernels = v;
     } else if (k == "--kv-cache-dtype") {
       a->kv_dtype = v;
-    } else if (k == "--threads" || k == "--reps" || k == "--pp" || k == "--tg" || k == "--steps") {
+    } else if (k == "--threads" || k == "--reps" || k == "--pp" || k == "--tg" || k == "--steps" ||
+               k == "--context") {
       int x;
       if (!absl::SimpleAtoi(v, &x) || x < 1) return false;
       (k == "--threads" ? a->threads
        : k == "--reps"  ? a->reps
        : k == "--pp"    ? a->pp
        : k == "--tg"    ? a->tg
-                        : a->steps) = x;
-    } else if (k == "--batches") {
-      a->batches.clear();
+       : k == "--steps" ? a->steps
+                        : a->context) = x;
+    } else if (k == "--batches" || k == "--verify") {
+      std::vector<int>& list = k == "--batches" ? a->batches : a->verify;
+      list.clear();
       for (absl::string_view s : absl::StrSplit(v, ',')) {
         int x;
         if (!absl::SimpleAtoi(s, &x) || x < 1) return false;
-        a->batches.push_back(x);
+        list.push_back(x);
       }
     } else {
       return false;
@@ -212,6 +218,63 @@ double DecodeBytesPerToken(const engine::LlamaModel& m, engine::KernelMode mode,
   return double(weight_bytes) + kv_bytes;
 }
 
+// Speculative verification probe: one sequence with `context` tokens in its
+// KV cache (f16, the serving default) runs `steps` Forwards of an m-token chunk (the last token
+// plus m - 1 drafts) with logits for every chunk position. Returns the median milliseconds of one
+// such Forward.
+double VerifyRun(const engine::LlamaModel& m, int context, int chunk, int steps, uint32_t seed) {
+  const int64_t bs = engine::KvCacheStorage::kDefaultBlockSize;
+  const int64_t blocks = (context + chunk + bs - 1) / bs;
+  auto cache = m.MakeKvCache(blocks, bs, engine::KvDtype::kF16);
+  std::mt19937 rng(seed);
+  const int64_t vocab = m.config().vocab_size;
+  std::vector<int32_t> table(blocks);
+  for (int64_t i = 0; i < blocks; ++i) table[i] = int32_t(i);
+  engine::ForwardBatch b;
+  b.block_tables = {table};
+  b.query_start = {0, context};
+  b.context_lens = {context};
+  for (int t = 0; t < context; ++t) {
+    b.token_ids.push_back(int32_t(rng() % vocab));
+    b.positions.push_back(t);
+    b.slot_mapping.push_back(t);
+  }
+  b.logits_indices = {context - 1};
+  std::vector<float> logits(chunk * vocab);
+  if (!m.Forward(b, cache->get(), logits.data()).ok()) std::abort();
+  b.token_ids.clear();
+  b.positions.clear();
+  b.slot_mapping.clear();
+  b.logits_indices.clear();
+  for (int t = 0; t < chunk; ++t) {
+    b.token_ids.push_back(int32_t(rng() % vocab));
+    b.positions.push_back(context + t);
+    b.slot_mapping.push_back(context + t);
+    b.logits_indices.push_back(t);
+  }
+  b.query_start = {0, chunk};
+  b.context_lens = {context + chunk};
+  std::vector<double> ms;
+  for (int i = 0; i < steps + 2; ++i) {
+    const auto t0 = Clock::now();
+    if (!m.Forward(b, cache->get(), logits.data()).ok()) std::abort();
+    if (i >= 2) ms.push_back(1e3 * Seconds(t0, Clock::now()));
+  }
+  return Median(ms);
+}
+
+// --verify: one JSON line of VerifyRun's milliseconds per chunk size.
+void PrintVerify(const engine::LlamaModel& m, const Args& a) {
+  std::string json;
+  for (int chunk : a.verify) {
+    const double ms = VerifyRun(m, a.context, chunk, a.steps * 4, 7);
+    json += (json.empty() ? "" : ", ") + std::string("\"") + std::to_string(chunk) +
+            "\": " + std::to_string(ms);
+  }
+  std::printf("{\"isa\": \"%s\", \"context\": %d, \"verify_ms\": {%s}}\n",
+              kernels::QGemmIsa().c_str(), a.context, json.c_str());
+}
+
 int Main(int argc, char** argv) {
   Args a;
   if (!ParseArgs(argc, argv, &a)) {
@@ -244,6 +307,10 @@ int Main(int argc, char** argv) {
   const engine::LlamaModel& m = **model;
   std::fprintf(stderr, "%s\n", m.Summary().c_str());
 
+  if (!a.verify.empty()) {
+    PrintVerify(m, a);
+    return 0;
+  }
   const double bw = BandwidthProbe(&pool, a.reps);
   const double bytes_per_token = DecodeBytesPerToken(m, mode, kv_dtype, a.tg);
   const double bound = bw * 1e9 / bytes_per_token;

@@ -35,6 +35,16 @@ import llama_cpp
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 model, threads, max_tokens, lookup, prompt = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5]
 kw = dict(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=4)) if lookup else {}
+if hasattr(llama_cpp.llama_model_params, "use_extra_bufts"):
+    # No AMX weight repacking: it segfaults in 0.3.36 on AMX machines (as in
+    # tools/bench_llamacpp.py); llama.cpp then runs its AVX-512 VNNI kernels.
+    low = llama_cpp.llama_cpp
+    default_params = low.llama_model_default_params
+    def model_params():
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+    low.llama_model_default_params = model_params
 llm = llama_cpp.Llama(model_path=model, n_ctx=4096, n_threads=threads, n_threads_batch=threads, verbose=False, **kw)
 msgs = [{"role": "user", "content": prompt}]
 t0 = time.perf_counter(); first = None; n = 0
@@ -120,7 +130,7 @@ def main():
     if draft:
         hdr += f"{'draft tok/s':>13}{'speedup':>9}{'accept %':>10}{'len':>6}"
     if a.llama_python:
-        hdr += f"{'llama.cpp':>11}{'+lookup':>9}{'ngram/lookup':>14}"
+        hdr += f"{'llama.cpp':>11}{'+lookup':>9}{'speedup':>9}{'ngram/lookup':>14}"
     print(hdr)
     for r in rows:
         line = (f"{r['workload']:<11}{r['tokens']:>7}{'yes' if r['identical'] else 'NO':>6}"
@@ -131,6 +141,7 @@ def main():
                      f"{r['draft_acceptance_pct']:>10.1f}{r['draft_accept_len']:>6.2f}")
         if a.llama_python:
             line += (f"{r['llama_tps']:>11.1f}{r['llama_lookup_tps']:>9.1f}"
+                     f"{r['llama_lookup_tps'] / r['llama_tps']:>8.2f}x"
                      f"{r['ngram_tps'] / r['llama_lookup_tps']:>13.2f}x")
         print(line)
     return 0 if all(r["identical"] for r in rows) else 1

@@ -1,9 +1,13 @@
 // Prompt-lookup (n-gram) drafting for speculative decoding: the longest
 // suffix of the sequence, of length ngram_max down to ngram_min, that also
 // occurs earlier in the sequence (prompt or output) proposes the tokens that
-// followed its most recent earlier occurrence. No second model; it pays off
-// where the output copies from the input (summaries, rewrites, code edits,
-// document QA). O(num_tokens * ngram_max) per call.
+// followed it. Of several earlier occurrences, the one whose match with the
+// sequence's end reaches furthest back (up to 16 tokens) wins, the most
+// recent on ties; at most as many tokens are proposed as that match is long
+// (a one-token match proposes one draft), since on a CPU every rejected
+// draft costs verification work. No second model; it pays off where the
+// output copies from the input (summaries, rewrites, code edits, document
+// QA). O(num_tokens * (ngram_max + 16)) per call.
 #ifndef TANDEM_ENGINE_SPEC_NGRAM_PROPOSER_H_
 #define TANDEM_ENGINE_SPEC_NGRAM_PROPOSER_H_
 

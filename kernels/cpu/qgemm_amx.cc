@@ -37,6 +37,7 @@ namespace tandem::kernels::cpu {
 namespace {
 
 constexpr int64_t kAmxMinTokens = 8;
+constexpr int64_t kPrefetchBlocks = 8;
 constexpr int kTok = 8;  // A / C tile rows: one QuantizedActs tile
 
 // Tiles: A = activations (8 tokens x 32 int8), A2 = their level-2 quants,
@@ -118,6 +119,11 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* c = w.chunk(g, 0);
     for (int64_t b = 0; b < nb; ++b, c += cb) {
+      // The weights stream once: fetch kPrefetchBlocks chunks ahead (into
+      // the next group at the end, usually this thread's).
+      for (int64_t off = 0; off < cb; off += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(c + kPrefetchBlocks * cb + off), _MM_HINT_T0);
+      }
       if constexpr (kBits == 4) {
         uint8_t* dst = buf + b * 512;
         for (int j = 0; j < 4; ++j) {

@@ -87,12 +87,11 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
   const int32_t* xs_lo = a.s_lo.data() + i0;
   constexpr int64_t kStep = kActTile * kQBlock;
   for (int64_t b = 0; b < nb; ++b, c += cb) {
-    if constexpr (kNt == 1) {
-      // GEMV streams the weights once: fetch kPrefetchBlocks chunks ahead
-      // (the stream runs on into the next group, usually the same thread's).
-      for (int64_t off = 0; off < cb; off += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(c + kPrefetchBlocks * cb + off), _MM_HINT_T0);
-      }
+    // Small batches stream the weights once: fetch kPrefetchBlocks chunks
+    // ahead (the stream runs on into the next group, usually the same
+    // thread's). The hardware prefetcher alone leaves the loads stalled.
+    for (int64_t off = 0; off < cb; off += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(c + kPrefetchBlocks * cb + off), _MM_HINT_T0);
     }
     __m512i wq[8];
     if constexpr (kBits == 4) {

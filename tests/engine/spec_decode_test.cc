@@ -23,12 +23,42 @@ TEST(NgramProposerTest, LongestRecentSuffixMatch) {
   EXPECT_EQ(ProposeNgram(u, 1, 3, 3), (std::vector<int32_t>{1, 2, 6}));
   // Only suffixes of length >= ngram_min count: [7] alone would match.
   EXPECT_EQ(ProposeNgram(u, 4, 4, 3), std::vector<int32_t>{});
-  // The continuation stops at the end of the sequence.
-  const std::vector<int32_t> v = {3, 4, 3};
+  // The continuation stops at the end of the sequence: [4 3] at 1, its match
+  // reaching back 3 tokens, continues with 4 3 and then the sequence ends.
+  const std::vector<int32_t> v = {3, 4, 3, 4, 3};
   EXPECT_EQ(ProposeNgram(v, 1, 2, 5), (std::vector<int32_t>{4, 3}));
   EXPECT_EQ(ProposeNgram(std::vector<int32_t>{1, 2, 3}, 1, 3, 4), std::vector<int32_t>{});
   EXPECT_EQ(ProposeNgram(std::vector<int32_t>{}, 1, 3, 4), std::vector<int32_t>{});
   EXPECT_EQ(ProposeNgram(t, 1, 4, 0), std::vector<int32_t>{});
+}
+
+TEST(NgramProposerTest, LongestContextOccurrenceWins) {
+  // Suffix [2 3] occurs at 1 and 6. The most recent one (6) is preceded by 5,
+  // the older one by 1 as the sequence's end is: its match is 3 tokens long
+  // ([1 2 3]), so it is the passage being copied: 9 8 5, not 7 6.
+  const std::vector<int32_t> w = {1, 2, 3, 9, 8, 5, 2, 3, 7, 6, 1, 2, 3};
+  EXPECT_EQ(ProposeNgram(w, 1, 2, 3), (std::vector<int32_t>{9, 8, 5}));
+  // Equal matches: the most recent occurrence.
+  const std::vector<int32_t> x = {4, 2, 3, 9, 4, 2, 3, 7, 1, 2, 3};
+  EXPECT_EQ(ProposeNgram(x, 1, 2, 1), (std::vector<int32_t>{7}));
+}
+
+TEST(NgramProposerTest, DraftsCappedByMatchLength) {
+  // A one-token match ([3] at 0) proposes one draft, however many are asked.
+  EXPECT_EQ(ProposeNgram(std::vector<int32_t>{3, 4, 3}, 1, 2, 5), (std::vector<int32_t>{4}));
+  // A two-token match ([4 5] at 1, preceded by 1, not 9): two drafts.
+  const std::vector<int32_t> y = {1, 4, 5, 6, 7, 8, 9, 4, 5};
+  EXPECT_EQ(ProposeNgram(y, 1, 4, 4), (std::vector<int32_t>{6, 7}));
+  // A run copied for 18 tokens: its match counts 16 at most, so 16 drafts
+  // however many are asked (118, 119, 1, 100 .. 112), fewer when asked fewer.
+  std::vector<int32_t> z;
+  for (int i = 0; i < 20; ++i) z.push_back(100 + i);
+  z.push_back(1);
+  for (int i = 0; i < 18; ++i) z.push_back(100 + i);
+  std::vector<int32_t> want = {118, 119, 1};
+  for (int i = 0; i < 13; ++i) want.push_back(100 + i);
+  EXPECT_EQ(ProposeNgram(z, 1, 4, 20), want);
+  EXPECT_EQ(ProposeNgram(z, 1, 4, 2), (std::vector<int32_t>{118, 119}));
 }
 
 class SpecDecodeTest : public ::testing::Test {
