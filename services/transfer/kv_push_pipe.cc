@@ -142,7 +142,7 @@ void KvPushPipe::Run() {
   absl::StatusOr<std::unique_ptr<KvSendStream>> stream =
       transport_->Open(target_, compat_, plan_, deadline_);
   auto done = [&](absl::StatusOr<KvSendResult> r) {
-    if (!r.ok()) failed_.store(true);
+    if (!r.ok()) async_state_->failed.store(true);
     {
       absl::MutexLock lock(&mu_);
       stream_ = nullptr;

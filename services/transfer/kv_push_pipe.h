@@ -70,7 +70,7 @@ class KvPushPipe {
   // Ends the handoff (idempotent): the receiver drops it.
   void Cancel();
 
-  bool failed() const { return failed_.load() || async_state_->failed.load(); }
+  bool failed() const { return async_state_->failed.load(); }
 
  private:
   // What the asynchronous stream's callback shares with the pipe: the
@@ -80,7 +80,7 @@ class KvPushPipe {
     std::optional<absl::StatusOr<KvSendResult>> result ABSL_GUARDED_BY(mu);
     bool callback_returned ABSL_GUARDED_BY(mu) = false;
     std::thread::id callback_thread ABSL_GUARDED_BY(mu);
-    std::atomic<bool> failed{false};
+    std::atomic<bool> failed{false};  // both modes: the handoff failed
     std::function<void()> on_done;
   };
 
@@ -97,7 +97,6 @@ class KvPushPipe {
   const std::function<void()> on_done_;
   std::thread thread_;
   bool finished_ = false;  // producer thread only
-  std::atomic<bool> failed_{false};
 
   absl::Mutex mu_;
   std::deque<std::string> pieces_ ABSL_GUARDED_BY(mu_);
