@@ -56,6 +56,13 @@ tandem::v1::KvTransferHeader HostKvTransport::MakeHeader(const KvTransferTarget&
 
 namespace {
 
+// The test hook TANDEM_FAULT_KV_PUSH_DELAY_MS: how long a push holds its
+// payload after the header (read once).
+absl::Duration PushFaultDelay() {
+  static const absl::Duration delay = services::FaultDelay(services::kFaultKvPushDelay);
+  return delay;
+}
+
 // The result of a PushKv call that ended OK: the receiver's count must be
 // what the header declared.
 absl::StatusOr<KvSendResult> PushResult(const tandem::v1::PushKvResponse& response,
@@ -321,7 +328,7 @@ class AsyncPush final : public KvAsyncSendStream,
 std::shared_ptr<KvAsyncSendStream> HostKvTransport::OpenAsync(
     const KvTransferTarget& target, const tandem::v1::KvCompatibility& compat,
     const KvSendPlan& plan, absl::Time deadline, KvAsyncSendStream::DoneCallback on_done) {
-  static const absl::Duration fault_delay = services::FaultDelay(services::kFaultKvPushDelay);
+  const absl::Duration fault_delay = PushFaultDelay();
   return AsyncPush::Start(StubFor(target.address).get(), MakeTransferContext(target, deadline),
                           chunk_bytes_, MakeHeader(target, compat, plan), fault_delay,
                           std::move(on_done));
@@ -334,7 +341,7 @@ absl::StatusOr<std::unique_ptr<KvSendStream>> HostKvTransport::Open(
                                                    MakeTransferContext(target, deadline),
                                                    chunk_bytes_, plan.total_bytes());
   TANDEM_RETURN_IF_ERROR(stream->WriteHeader(MakeHeader(target, compat, plan)));
-  static const absl::Duration fault_delay = services::FaultDelay(services::kFaultKvPushDelay);
+  const absl::Duration fault_delay = PushFaultDelay();
   if (fault_delay > absl::ZeroDuration()) absl::SleepFor(fault_delay);  // tests only
   return std::unique_ptr<KvSendStream>(std::move(stream));
 }
