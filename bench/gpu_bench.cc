@@ -1,6 +1,6 @@
 // GPU throughput of the CUDA executor next to the HBM-bandwidth bound.
 //
-//   gpu_bench [--model PATH] [--quick]
+//   gpu_bench [--model PATH] [--quick] [--no-synthetic]
 //
 // Measures the device's copy bandwidth (float4 copy kernel), then for each
 // model: prefill tok/s (one 1024-token prompt in one step) and decode tok/s
@@ -158,14 +158,17 @@ engine::ModelConfig Llama3_8B() {
 int Main(int argc, char** argv) {
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   Options o;
+  bool synthetic = true;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
       model_path = argv[++i];
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       o.prefill_tokens = 256;
       o.decode_steps = 4;
+    } else if (std::strcmp(argv[i], "--no-synthetic") == 0) {
+      synthetic = false;
     } else {
-      std::fprintf(stderr, "usage: gpu_bench [--model PATH] [--quick]\n");
+      std::fprintf(stderr, "usage: gpu_bench [--model PATH] [--quick] [--no-synthetic]\n");
       return 2;
     }
   }
@@ -201,6 +204,7 @@ int Main(int argc, char** argv) {
   } else {
     std::printf("%s: not found, skipped\n", model_path.c_str());
   }
+  if (!synthetic) return 0;
   const engine::ModelConfig c = Llama3_8B();
   for (gguf::TensorType t : {gguf::TensorType::kBF16, gguf::TensorType::kQ4_0}) {
     auto ex = engine::cuda::MakeSyntheticCudaExecutor(c, t, eo, 1234);

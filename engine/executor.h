@@ -80,6 +80,12 @@ struct ExecutorOptions {
   // Element type of the KV cache (kernels/kv_dtype.h). The CUDA executor
   // holds f32 only and refuses the others (FailedPrecondition).
   KvDtype kv_dtype = KvDtype::kF32;
+  // CUDA: every matrix product on the f32 GEMV, so a sequence's logits are
+  // bit-identical whatever else shares its step (alone, batched, prefilled
+  // on another worker); prefill is slower. Also on when the environment has
+  // TANDEM_BATCH_INVARIANT=1 (inherited by `tandem serve`'s workers). The CPU
+  // executor is batch invariant always.
+  bool batch_invariant = false;
 };
 
 // The executor for options.device over `model` (not owned; must outlive it).

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -86,6 +88,7 @@ class CudaExecutor final : public Executor {
   ModelConfig config_;
   KvCacheShape shape_;
   int device_index_ = 0;
+  bool batch_invariant_ = false;
   kc::Stream stream_ = nullptr;
   void* blas_ = nullptr;
   DeviceWeights weights_;
@@ -111,6 +114,9 @@ absl::StatusOr<std::unique_ptr<Executor>> CudaExecutor::Create(const ModelConfig
   TANDEM_RETURN_IF_ERROR(CheckKvDtypeSupported(Device::kCuda, options.kv_dtype));
   std::unique_ptr<CudaExecutor> ex(new CudaExecutor(config));
   ex->device_index_ = options.device_index;
+  const char* env = std::getenv("TANDEM_BATCH_INVARIANT");
+  ex->batch_invariant_ =
+      options.batch_invariant || (env != nullptr && std::string_view(env) == "1");
   TANDEM_RETURN_IF_ERROR(kc::SetDevice(options.device_index));
   TANDEM_ASSIGN_OR_RETURN(ex->stream_, kc::StreamCreate());
   TANDEM_ASSIGN_OR_RETURN(ex->blas_, kc::CreateBlasHandle());
@@ -144,9 +150,9 @@ std::string CudaExecutor::Describe() const {
   }
   return absl::StrFormat(
       "cuda:%d (%s): weights %.2f GiB on device [%s], KV cache f32 in device "
-      "memory (%.1f MiB)",
+      "memory (%.1f MiB)%s",
       device_index_, kc::DeviceDescription(device_index_), weights_.bytes / 1073741824.0, types,
-      kv_cache_bytes() / 1048576.0);
+      kv_cache_bytes() / 1048576.0, batch_invariant_ ? ", batch invariant" : "");
 }
 
 absl::Status CudaExecutor::CopyBlocks(absl::Span<const BlockCopy> copies) {
@@ -160,7 +166,7 @@ absl::Status CudaExecutor::CopyBlocks(absl::Span<const BlockCopy> copies) {
 absl::Status CudaExecutor::MatMul(const kc::DeviceMatrix& w, const float* x, int64_t n, float* y,
                                   int64_t ldy, bool accumulate) {
   const kc::GemmContext ctx{blas_, gemm_ws_.bytes() > 0 ? gemm_ws_.Get(0).value() : nullptr,
-                            gemm_ws_.bytes()};
+                            gemm_ws_.bytes(), batch_invariant_};
   return kc::MatMul(ctx, w, x, n, y, ldy, accumulate, stream_);
 }
 

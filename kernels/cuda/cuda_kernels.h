@@ -125,11 +125,15 @@ struct GemmContext {
   void* blas = nullptr;  // from CreateBlasHandle
   void* d_workspace = nullptr;
   int64_t workspace_bytes = 0;  // >= MatMulWorkspaceBytes(n, w.cols)
+  // Every n on the Gemv: a token's result does not depend on how many
+  // tokens share the call (bit-identical alone and batched), at the cost of
+  // reading the weights once per kGemvMaxTokens tokens (slow prefill).
+  bool batch_invariant = false;
 };
-// y[t * ldy + r] (+)= (W x_t)[r]. n <= kGemvMaxTokens: Gemv (exact f32
-// math on the dequantized weights); above: x rounded to bf16, quantized
-// weights dequantized to bf16 in row slices, cuBLAS bf16 GEMM with f32
-// accumulation (and beta = 1 when accumulating).
+// y[t * ldy + r] (+)= (W x_t)[r]. n <= kGemvMaxTokens or batch_invariant:
+// Gemv (exact f32 math on the dequantized weights); above: x rounded to bf16,
+// quantized weights dequantized to bf16 in row slices, cuBLAS bf16 GEMM with
+// f32 accumulation (and beta = 1 when accumulating).
 absl::Status MatMul(const GemmContext& ctx, const DeviceMatrix& w, const float* d_x, int64_t n,
                     float* d_y, int64_t ldy, bool accumulate, Stream stream);
 

@@ -28,7 +28,9 @@ int64_t MatMulWorkspaceBytes(int64_t n, int64_t max_cols) {
 
 absl::Status MatMul(const GemmContext& ctx, const DeviceMatrix& w, const float* d_x, int64_t n,
                     float* d_y, int64_t ldy, bool accumulate, Stream stream) {
-  if (n <= kGemvMaxTokens) return Gemv(w, d_x, n, d_y, ldy, accumulate, stream);
+  if (n <= kGemvMaxTokens || ctx.batch_invariant) {
+    return Gemv(w, d_x, n, d_y, ldy, accumulate, stream);
+  }
   if (ctx.blas == nullptr) return absl::FailedPreconditionError("cuda MatMul: no cuBLAS handle");
   if (ctx.workspace_bytes < MatMulWorkspaceBytes(n, w.cols)) {
     return absl::InvalidArgumentError("cuda MatMul: workspace too small");

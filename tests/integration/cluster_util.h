@@ -98,6 +98,14 @@ class CpuHogs {
   std::vector<pid_t> pids_;
 };
 
+// {"--device", $TANDEM_TEST_DEVICE} when set (tests/gpu/run.sh runs the
+// cluster tests with cuda), else nothing: the engines run on the CPU.
+inline std::vector<std::string> DeviceArgs() {
+  const char* v = std::getenv("TANDEM_TEST_DEVICE");
+  if (v == nullptr || *v == '\0') return {};
+  return {"--device", v};
+}
+
 struct Endpoint {
   std::string role;
   int pid = 0;
@@ -148,6 +156,7 @@ class ServeProcess {
       argv.insert(argv.end(), {"--remote-prefill-min-tokens", "0"});
     }
     argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+    for (const std::string& a : DeviceArgs()) argv.push_back(a);
     pid_ = SpawnLogged(argv, log_file_);
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
     while (std::chrono::steady_clock::now() < give_up) {
