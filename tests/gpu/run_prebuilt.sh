@@ -108,10 +108,10 @@ GT=(--gtest_color=no --gtest_brief=0)
 if [[ "$PHASE" == kernels || "$PHASE" == all ]]; then
   if [[ -f "$CARRY/model-a/model.part-a" ]]; then cp "$CARRY/model-a/model.part-a" "$WORK/"; fi
   for t in cuda_rmsnorm_test cuda_ops_test cuda_attention_test cuda_executor_test nccl_gpu_test; do
-    run "$t" 300 "$B/tests/$t" "${GT[@]}"
+    run "$t" 150 "$B/tests/$t" "${GT[@]}"
   done
-  run nccl_transport_test 300 "$B/tests/nccl_transport_test" "${GT[@]}"
-  run "gpu_bench (synthetic)" 300 "$B/bench/gpu_bench" --model /nonexistent
+  run nccl_transport_test 150 "$B/tests/nccl_transport_test" "${GT[@]}"
+  run "gpu_bench (synthetic)" 200 "$B/bench/gpu_bench" --model /nonexistent
 fi
 
 if [[ "$PHASE" == model || "$PHASE" == all ]]; then
