@@ -1,6 +1,9 @@
 // GPU throughput of the CUDA executor next to the HBM-bandwidth bound.
 //
-//   gpu_bench [--model PATH] [--quick] [--no-synthetic]
+//   gpu_bench [--model PATH] [--quick] [--no-synthetic] [--kernels]
+//
+// --kernels: the matrix products and paged decode attention alone (bytes
+// read per second next to the copy bandwidth), instead of the models.
 //
 // Measures the device's copy bandwidth (float4 copy kernel), then for each
 // model: prefill tok/s (one 1024-token prompt in one step) and decode tok/s
@@ -12,11 +15,13 @@
 // or a step fails.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -155,10 +160,152 @@ engine::ModelConfig Llama3_8B() {
   return c;
 }
 
+namespace kc = kernels::cuda;
+
+// Device memory freed at scope end.
+struct DevBuf {
+  void* p = nullptr;
+  explicit DevBuf(int64_t bytes) {
+    auto m = kc::Malloc(std::max<int64_t>(bytes, 256));
+    BENCH_CHECK(m.status());
+    p = *m;
+    BENCH_CHECK(kc::Memset(p, 0, std::max<int64_t>(bytes, 256), nullptr));
+  }
+  ~DevBuf() { kc::Free(p); }
+  template <typename T = float>
+  T* get() const {
+    return static_cast<T*>(p);
+  }
+};
+
+// Seconds per call of `f` (enqueues device work), the median of 5 timings
+// of `reps` calls after a warm-up.
+template <typename F>
+double TimeDevice(int reps, F&& f) {
+  f();
+  BENCH_CHECK(kc::StreamSync(nullptr));
+  std::vector<double> t;
+  for (int k = 0; k < 5; ++k) {
+    const double t0 = Now();
+    for (int r = 0; r < reps; ++r) f();
+    BENCH_CHECK(kc::StreamSync(nullptr));
+    t.push_back((Now() - t0) / reps);
+  }
+  std::sort(t.begin(), t.end());
+  return t[2];
+}
+
+// The matrix products alone: weight bytes read per second by the Gemv at one
+// token (planar layout for the quantized types), then Gemv against the bf16
+// tensor-core GEMM (dequantization included) per token count: where MatMul
+// should switch (kGemvMaxTokens).
+void MatrixBench(double gbs) {
+  std::printf("matrix products (Llama-3-8B gate|up [28672 x 4096] and down [4096 x 14336])\n");
+  auto blas = kc::CreateBlasHandle();
+  BENCH_CHECK(blas.status());
+  for (gguf::TensorType t : {gguf::TensorType::kBF16, gguf::TensorType::kQ4_0,
+                             gguf::TensorType::kQ4_1, gguf::TensorType::kQ8_0}) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{28672, 4096}, {4096, 14336}}) {
+      kc::DeviceMatrix m{t, nullptr, rows, cols, int64_t(*gguf::RowBytes(t, cols))};
+      DevBuf gguf_buf(rows * m.row_bytes);
+      m.data = gguf_buf.p;
+      BENCH_CHECK(kc::FillRandom(m, 0.02f, 7, nullptr));
+      const int64_t planar_bytes = kc::PlanarBytes(m);
+      DevBuf planar_buf(planar_bytes);
+      if (planar_bytes > 0) {
+        auto pm = kc::RepackPlanar(m, planar_buf.p, nullptr);
+        BENCH_CHECK(pm.status());
+        m = *pm;
+      }
+      const int64_t max_n = 256;
+      DevBuf x(max_n * cols * 4), y(max_n * rows * 4);
+      BENCH_CHECK(kc::FillConstant(x.get(), max_n * cols, 0.01f, nullptr));
+      const int64_t ws_bytes = kc::MatMulWorkspaceBytes(max_n, cols);
+      DevBuf ws(ws_bytes);
+      const kc::GemmContext ctx{*blas, ws.p, ws_bytes};
+      const double bytes = double(rows) * m.row_bytes;
+      const double t1 = TimeDevice(20, [&] {
+        BENCH_CHECK(kc::Gemv(m, x.get(), 1, y.get(), rows, false, nullptr));
+      });
+      std::printf("  %-5s [%5lld x %5lld] Gemv n=1: %7.1f us, %5.0f GB/s (%.0f%% of copy)\n",
+                  std::string(gguf::GetTypeTraits(t)->name).c_str(), (long long)rows, (long long)cols, t1 * 1e6,
+                  bytes / t1 / 1e9, 100.0 * bytes / t1 / 1e9 / gbs);
+      if (cols != 4096) continue;
+      std::printf("        tokens:");
+      for (int64_t n : {8, 16, 32, 64, 128, 256}) std::printf(" %8lld", (long long)n);
+      std::printf("\n        Gemv us:");
+      for (int64_t n : {8, 16, 32, 64, 128, 256}) {
+        std::printf(" %8.1f", 1e6 * TimeDevice(5, [&] {
+                      BENCH_CHECK(kc::Gemv(m, x.get(), n, y.get(), rows, false, nullptr));
+                    }));
+      }
+      std::printf("\n        GEMM us:");
+      for (int64_t n : {8, 16, 32, 64, 128, 256}) {
+        std::printf(" %8.1f", 1e6 * TimeDevice(5, [&] {
+                      BENCH_CHECK(n <= kc::kGemvMaxTokens
+                                      ? kc::Gemv(m, x.get(), n, y.get(), rows, false, nullptr)
+                                      : kc::BlasMatMul(ctx, m, x.get(), n, y.get(), rows, false,
+                                                       nullptr));
+                    }));
+      }
+      std::printf("\n");
+    }
+  }
+  kc::DestroyBlasHandle(*blas);
+}
+
+// Paged decode attention alone (Llama-3-8B heads: 32 query, 8 KV, dim 128;
+// f32 KV cache, 16-token blocks in shuffled order): KV bytes read per second.
+void AttentionBench(double gbs) {
+  std::printf("paged decode attention (32 q heads, 8 KV heads, head dim 128, f32 KV)\n");
+  const int64_t heads = 32, kv_heads = 8, hd = 128, bs = 16;
+  for (auto [B, ctx] : {std::pair<int64_t, int64_t>{1, 4096}, {16, 4096}, {64, 4096},
+                        {64, 1024}, {16, 16384}}) {
+    const int64_t per_seq = ctx / bs, blocks = B * per_seq;
+    const int64_t row = kv_heads * hd;
+    DevBuf k(blocks * bs * row * 4), v(blocks * bs * row * 4), q(B * heads * hd * 4),
+        out(B * heads * hd * 4);
+    BENCH_CHECK(kc::FillConstant(k.get(), blocks * bs * row, 0.01f, nullptr));
+    BENCH_CHECK(kc::FillConstant(v.get(), blocks * bs * row, 0.02f, nullptr));
+    BENCH_CHECK(kc::FillConstant(q.get(), B * heads * hd, 0.03f, nullptr));
+    std::vector<int32_t> tables(blocks), pos(B, int32_t(ctx - 1)), seq(B);
+    for (int64_t i = 0; i < blocks; ++i) tables[i] = int32_t((i * 7919) % blocks);  // a permutation
+    for (int64_t i = 0; i < B; ++i) seq[i] = int32_t(i);
+    DevBuf d_tables(blocks * 4), d_pos(B * 4), d_seq(B * 4);
+    BENCH_CHECK(kc::CopyToDevice(d_tables.p, tables.data(), blocks * 4, nullptr));
+    BENCH_CHECK(kc::CopyToDevice(d_pos.p, pos.data(), B * 4, nullptr));
+    BENCH_CHECK(kc::CopyToDevice(d_seq.p, seq.data(), B * 4, nullptr));
+    const int64_t ws_floats = kc::PagedAttentionWorkspaceFloats(B, heads, hd, ctx - 1);
+    DevBuf ws(ws_floats * 4);
+    kc::DeviceAttentionArgs a;
+    a.layout = {blocks, bs, kv_heads, hd};
+    a.num_heads = heads;
+    a.scale = 1.f / std::sqrt(float(hd));
+    a.num_tokens = B;
+    a.d_q = q.get();
+    a.q_stride = heads * hd;
+    a.d_positions = d_pos.get<int32_t>();
+    a.d_token_seq = d_seq.get<int32_t>();
+    a.d_block_tables = d_tables.get<int32_t>();
+    a.max_blocks_per_seq = per_seq;
+    a.max_position = ctx - 1;
+    a.d_k_cache = k.get();
+    a.d_v_cache = v.get();
+    a.d_out = out.get();
+    a.d_workspace = ws.get();
+    a.workspace_floats = ws_floats;
+    const double t = TimeDevice(10, [&] { BENCH_CHECK(kc::PagedAttention(a, nullptr)); });
+    const double bytes = 2.0 * B * ctx * row * 4;
+    std::printf("  batch %3lld x %5lld context: %8.1f us, %5.0f GB/s KV read (%.0f%% of copy)\n",
+                (long long)B, (long long)ctx, t * 1e6, bytes / t / 1e9,
+                100.0 * bytes / t / 1e9 / gbs);
+  }
+}
+
 int Main(int argc, char** argv) {
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   Options o;
-  bool synthetic = true;
+  bool synthetic = true, kernels_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
       model_path = argv[++i];
@@ -167,8 +314,10 @@ int Main(int argc, char** argv) {
       o.decode_steps = 4;
     } else if (std::strcmp(argv[i], "--no-synthetic") == 0) {
       synthetic = false;
+    } else if (std::strcmp(argv[i], "--kernels") == 0) {
+      kernels_only = true;
     } else {
-      std::fprintf(stderr, "usage: gpu_bench [--model PATH] [--quick] [--no-synthetic]\n");
+      std::fprintf(stderr, "usage: gpu_bench [--model PATH] [--quick] [--no-synthetic] [--kernels]\n");
       return 2;
     }
   }
@@ -177,6 +326,11 @@ int Main(int argc, char** argv) {
   auto gbs = kernels::cuda::MeasureCopyBandwidthGBs(int64_t(2) << 30, 10);
   BENCH_CHECK(gbs.status());
   std::printf("HBM copy bandwidth (read + write): %.0f GB/s\n\n", *gbs);
+  if (kernels_only) {
+    MatrixBench(*gbs);
+    AttentionBench(*gbs);
+    return 0;
+  }
 
   engine::ExecutorOptions eo;
   eo.device = engine::Device::kCuda;

@@ -86,6 +86,11 @@ struct ExecutorOptions {
   // TANDEM_BATCH_INVARIANT=1 (inherited by `tandem serve`'s workers). The CPU
   // executor is batch invariant always.
   bool batch_invariant = false;
+  // CUDA: decode steps (one token per sequence, up to 64 sequences, every
+  // matrix product on the Gemv) replay a CUDA graph captured per padded
+  // batch size and context bucket instead of launching ~10 kernels per
+  // layer. Also off when the environment has TANDEM_CUDA_GRAPHS=0.
+  bool cuda_graphs = true;
 };
 
 // The executor for options.device over `model` (not owned; must outlive it).

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +21,9 @@ namespace tandem::engine::cuda {
 namespace {
 
 namespace kc = kernels::cuda;
+
+// Decode steps of up to this many sequences run as CUDA graphs.
+constexpr int64_t kMaxGraphTokens = 64;
 
 struct HostFree {
   void operator()(void* p) const { kc::FreeHost(p); }
@@ -85,6 +90,41 @@ class CudaExecutor final : public Executor {
   absl::Status MatMul(const kc::DeviceMatrix& w, const float* x, int64_t n, float* y, int64_t ldy,
                       bool accumulate);
 
+  // The sizes a step's buffers are laid out for: the batch's own (eager), or
+  // a captured graph's (tokens padded up, block tables and attention splits
+  // sized for a context bucket).
+  struct Geometry {
+    int64_t T = 0, S = 0, L = 0, max_blocks = 1, max_pos = 0;
+    // Byte offsets in the metadata upload.
+    int64_t off_tokens = 0, off_pos = 0, off_seq = 0, off_logits = 0, off_tables = 0,
+            off_slots = 0, meta_bytes = 0;
+    int64_t attn_ws_floats = 0, acts_bytes = 0;
+  };
+  Geometry Layout(int64_t T, int64_t S, int64_t L, int64_t max_blocks, int64_t max_pos) const;
+  // The batch's metadata into `host` in g's layout; rows past the batch's
+  // (graph padding) are dummy tokens writing the scratch block.
+  void StageMeta(const ForwardBatch& b, const Geometry& g, char* host) const;
+  // The step's device work, from the metadata upload to the logits copy
+  // into `host_logits` (L rows): what a graph captures.
+  absl::Status Enqueue(const Geometry& g, const char* host_meta, char* meta, char* acts,
+                       float* host_logits);
+  absl::Status ForwardEager(const ForwardBatch& b, float* logits);
+  // Decode steps (one token per sequence) of up to kMaxGraphTokens tokens
+  // whose matrix products all run on the Gemv: a CUDA graph per (padded
+  // size, context bucket), captured at first use. Unavailable: eager.
+  absl::StatusOr<bool> ForwardGraph(const ForwardBatch& b, float* logits);
+  // Steps of 16, 8, 4, 2 and 1 one-token sequences in the scratch block:
+  // every kernel loaded (CUDA loads them at first launch), cuBLAS's first
+  // GEMM done, the short-context decode graphs captured, before the first
+  // request (its TTFT pays none of it).
+  absl::Status Warmup();
+  struct GraphKey {
+    int64_t tokens, splits;
+    bool operator<(const GraphKey& o) const {
+      return tokens != o.tokens ? tokens < o.tokens : splits < o.splits;
+    }
+  };
+
   ModelConfig config_;
   KvCacheShape shape_;
   int device_index_ = 0;
@@ -96,6 +136,14 @@ class CudaExecutor final : public Executor {
   kc::DeviceKvCache kv_;
   HostStaging staging_;  // host side of metadata and slot uploads
   Scratch meta_, acts_, gemm_ws_, kv_io_;
+  // Graphs: their own buffers, sized once for the largest graph (addresses
+  // a graph recorded never move), and the scratch block (index
+  // shape_.layout.num_blocks, past the engine's) that padding tokens write.
+  bool use_graphs_ = true;
+  std::map<GraphKey, void*> graphs_;
+  HostStaging graph_host_;  // metadata, then logits
+  Scratch graph_meta_, graph_acts_;
+  int64_t graph_host_bytes_ = 0;
   // Activation views into acts_ for the current Forward.
   float *x_ = nullptr, *h_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *gu_ = nullptr,
         *act_ = nullptr;
@@ -117,6 +165,9 @@ absl::StatusOr<std::unique_ptr<Executor>> CudaExecutor::Create(const ModelConfig
   const char* env = std::getenv("TANDEM_BATCH_INVARIANT");
   ex->batch_invariant_ =
       options.batch_invariant || (env != nullptr && std::string_view(env) == "1");
+  const char* graphs_env = std::getenv("TANDEM_CUDA_GRAPHS");
+  ex->use_graphs_ =
+      options.cuda_graphs && !(graphs_env != nullptr && std::string_view(graphs_env) == "0");
   TANDEM_RETURN_IF_ERROR(kc::SetDevice(options.device_index));
   TANDEM_ASSIGN_OR_RETURN(ex->stream_, kc::StreamCreate());
   TANDEM_ASSIGN_OR_RETURN(ex->blas_, kc::CreateBlasHandle());
@@ -129,16 +180,22 @@ absl::StatusOr<std::unique_ptr<Executor>> CudaExecutor::Create(const ModelConfig
       2 * config.num_layers * ex->shape_.row_floats() * int64_t(sizeof(float))) {
     return absl::InvalidArgumentError("cuda executor: KV cache size overflows");
   }
-  TANDEM_ASSIGN_OR_RETURN(void* kv, kc::Malloc(bytes));
+  // One block more than the engine's: the scratch block graph padding writes.
+  kernels::PagedKvLayout device_layout = ex->shape_.layout;
+  ++device_layout.num_blocks;
+  const int64_t device_bytes = bytes / options.num_blocks * device_layout.num_blocks;
+  TANDEM_ASSIGN_OR_RETURN(void* kv, kc::Malloc(device_bytes));
   ex->kv_data_.reset(kv);
-  TANDEM_RETURN_IF_ERROR(kc::Memset(kv, 0, bytes, ex->stream_));
-  ex->kv_ = {static_cast<float*>(kv), config.num_layers, ex->shape_.layout};
+  TANDEM_RETURN_IF_ERROR(kc::Memset(kv, 0, device_bytes, ex->stream_));
+  ex->kv_ = {static_cast<float*>(kv), config.num_layers, device_layout};
   TANDEM_RETURN_IF_ERROR(kc::StreamSync(ex->stream_));
+  TANDEM_RETURN_IF_ERROR(ex->Warmup());
   return std::unique_ptr<Executor>(std::move(ex));
 }
 
 CudaExecutor::~CudaExecutor() {
   if (stream_ != nullptr) (void)kc::StreamSync(stream_);
+  for (auto& [key, exec] : graphs_) kc::DestroyGraph(exec);
   kc::DestroyBlasHandle(blas_);
   kc::StreamDestroy(stream_);
 }
@@ -214,59 +271,71 @@ absl::Status CudaExecutor::RunLayer(int64_t layer, int64_t T,
   return MatMul(w.down, act_, T, x_, c.hidden_size, /*accumulate=*/true);
 }
 
-absl::Status CudaExecutor::Forward(const ForwardBatch& b, float* logits) {
-  TANDEM_RETURN_IF_ERROR(ValidateForwardBatch(config_, shape_, b));
+CudaExecutor::Geometry CudaExecutor::Layout(int64_t T, int64_t S, int64_t L, int64_t max_blocks,
+                                             int64_t max_pos) const {
   const ModelConfig& c = config_;
-  const int64_t T = b.num_tokens(), S = b.num_seqs();
-  const int64_t L = static_cast<int64_t>(b.logits_indices.size());
-  if (T == 0) return absl::OkStatus();
-  if (T > 65535)
-    return absl::InvalidArgumentError("cuda executor: more than 65535 tokens in a step");
+  Geometry g;
+  g.T = T, g.S = S, g.L = L, g.max_blocks = max_blocks, g.max_pos = max_pos;
+  g.off_tokens = 0;
+  g.off_pos = Align(g.off_tokens + T * 4);
+  g.off_seq = Align(g.off_pos + T * 4);
+  g.off_logits = Align(g.off_seq + T * 4);
+  g.off_tables = Align(g.off_logits + L * 4);
+  g.off_slots = Align(g.off_tables + S * max_blocks * 4);
+  g.meta_bytes = g.off_slots + T * 8;
+  g.attn_ws_floats = kc::PagedAttentionWorkspaceFloats(T, c.num_heads, c.head_dim, max_pos);
+  const int64_t W = c.q_dim() + 2 * c.kv_dim();
+  for (int64_t floats : {T * c.hidden_size, T * c.hidden_size, T * W, T * c.q_dim(),
+                         T * 2 * c.ffn_size, T * c.ffn_size, L * c.hidden_size,
+                         L * c.vocab_size, g.attn_ws_floats}) {
+    g.acts_bytes += Align(floats * 4);
+  }
+  return g;
+}
 
-  // Step metadata: one pinned staging buffer, one upload.
-  int64_t max_blocks = 1, max_pos = 0;
-  for (const auto& table : b.block_tables) max_blocks = std::max<int64_t>(max_blocks, table.size());
-  for (int32_t p : b.positions) max_pos = std::max<int64_t>(max_pos, p);
-  const int64_t off_tokens = 0, off_pos = Align(off_tokens + T * 4),
-                off_seq = Align(off_pos + T * 4), off_logits = Align(off_seq + T * 4),
-                off_tables = Align(off_logits + L * 4),
-                off_slots = Align(off_tables + S * max_blocks * 4), meta_bytes = off_slots + T * 8;
-  TANDEM_ASSIGN_OR_RETURN(char* host, staging_.Get(meta_bytes));
-  std::copy(b.token_ids.begin(), b.token_ids.end(), reinterpret_cast<int32_t*>(host + off_tokens));
-  std::copy(b.positions.begin(), b.positions.end(), reinterpret_cast<int32_t*>(host + off_pos));
-  auto* seq = reinterpret_cast<int32_t*>(host + off_seq);
+void CudaExecutor::StageMeta(const ForwardBatch& b, const Geometry& g, char* host) const {
+  const int64_t T = b.num_tokens(), S = b.num_seqs();
+  auto* tokens = reinterpret_cast<int32_t*>(host + g.off_tokens);
+  auto* pos = reinterpret_cast<int32_t*>(host + g.off_pos);
+  auto* seq = reinterpret_cast<int32_t*>(host + g.off_seq);
+  auto* rows = reinterpret_cast<int32_t*>(host + g.off_logits);
+  auto* tables = reinterpret_cast<int32_t*>(host + g.off_tables);
+  auto* slots = reinterpret_cast<int64_t*>(host + g.off_slots);
+  std::copy(b.token_ids.begin(), b.token_ids.end(), tokens);
+  std::copy(b.positions.begin(), b.positions.end(), pos);
   for (int64_t s = 0; s < S; ++s) {
     std::fill(seq + b.query_start[s], seq + b.query_start[s + 1], static_cast<int32_t>(s));
   }
-  std::copy(b.logits_indices.begin(), b.logits_indices.end(),
-            reinterpret_cast<int32_t*>(host + off_logits));
-  auto* tables = reinterpret_cast<int32_t*>(host + off_tables);
-  std::fill(tables, tables + S * max_blocks, 0);
+  std::copy(b.logits_indices.begin(), b.logits_indices.end(), rows);
+  std::fill(tables, tables + g.S * g.max_blocks, 0);
   for (int64_t s = 0; s < S; ++s) {
-    std::copy(b.block_tables[s].begin(), b.block_tables[s].end(), tables + s * max_blocks);
+    std::copy(b.block_tables[s].begin(), b.block_tables[s].end(), tables + s * g.max_blocks);
   }
-  std::copy(b.slot_mapping.begin(), b.slot_mapping.end(),
-            reinterpret_cast<int64_t*>(host + off_slots));
-  TANDEM_ASSIGN_OR_RETURN(char* meta, meta_.Get(meta_bytes));
-  TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(meta, host, meta_bytes, stream_));
-  d_slots_ = reinterpret_cast<const int64_t*>(meta + off_slots);
+  std::copy(b.slot_mapping.begin(), b.slot_mapping.end(), slots);
+  // Padding: a sequence of one token at position 0 in the scratch block.
+  const int32_t scratch = static_cast<int32_t>(shape_.layout.num_blocks);
+  for (int64_t t = T; t < g.T; ++t) {
+    tokens[t] = 0;
+    pos[t] = 0;
+    seq[t] = static_cast<int32_t>(S + (t - T));
+    slots[t] = int64_t(scratch) * shape_.layout.block_size;
+  }
+  for (int64_t s = S; s < g.S; ++s) tables[s * g.max_blocks] = scratch;
+  for (int64_t r = static_cast<int64_t>(b.logits_indices.size()); r < g.L; ++r) {
+    rows[r] = static_cast<int32_t>(T + (r - static_cast<int64_t>(b.logits_indices.size())));
+  }
+}
 
-  // Activations (float offsets into one buffer).
-  const int64_t H = c.hidden_size, W = c.q_dim() + 2 * c.kv_dim();
-  const int64_t attn_ws = kc::PagedAttentionWorkspaceFloats(T, c.num_heads, c.head_dim, max_pos);
-  const int64_t sizes[] = {T * H,
-                           T * H,
-                           T * W,
-                           T * c.q_dim(),
-                           T * 2 * c.ffn_size,
-                           T * c.ffn_size,
-                           L * H,
-                           L * c.vocab_size,
-                           attn_ws};
-  int64_t total = 0;
-  for (int64_t s : sizes) total += Align(s * 4);
-  TANDEM_ASSIGN_OR_RETURN(char* acts, acts_.Get(total));
+absl::Status CudaExecutor::Enqueue(const Geometry& g, const char* host_meta, char* meta,
+                                   char* acts, float* host_logits) {
+  const ModelConfig& c = config_;
+  const int64_t T = g.T, L = g.L, H = c.hidden_size;
+  TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(meta, host_meta, g.meta_bytes, stream_));
+  d_slots_ = reinterpret_cast<const int64_t*>(meta + g.off_slots);
+  const int64_t W = c.q_dim() + 2 * c.kv_dim();
   float* views[9];
+  const int64_t sizes[] = {T * H, T * H, T * W, T * c.q_dim(), T * 2 * c.ffn_size,
+                           T * c.ffn_size, L * H, L * c.vocab_size, g.attn_ws_floats};
   for (int i = 0; i < 9; ++i) {
     views[i] = reinterpret_cast<float*>(acts);
     acts += Align(sizes[i] * 4);
@@ -274,36 +343,154 @@ absl::Status CudaExecutor::Forward(const ForwardBatch& b, float* logits) {
   x_ = views[0], h_ = views[1], qkv_ = views[2], attn_ = views[3], gu_ = views[4], act_ = views[5];
   float* rows = views[6];
   float* d_logits = views[7];
-  TANDEM_RETURN_IF_ERROR(
-      gemm_ws_.Get(kc::MatMulWorkspaceBytes(std::max(T, L), weights_.max_cols)).status());
 
   kc::DeviceAttentionArgs attn;
   attn.layout = shape_.layout;
   attn.num_heads = c.num_heads;
   attn.scale = 1.f / std::sqrt(float(c.head_dim));
   attn.num_tokens = T;
-  attn.d_positions = reinterpret_cast<const int32_t*>(meta + off_pos);
-  attn.d_token_seq = reinterpret_cast<const int32_t*>(meta + off_seq);
-  attn.d_block_tables = reinterpret_cast<const int32_t*>(meta + off_tables);
-  attn.max_blocks_per_seq = max_blocks;
-  attn.max_position = max_pos;
+  attn.d_positions = reinterpret_cast<const int32_t*>(meta + g.off_pos);
+  attn.d_token_seq = reinterpret_cast<const int32_t*>(meta + g.off_seq);
+  attn.d_block_tables = reinterpret_cast<const int32_t*>(meta + g.off_tables);
+  attn.max_blocks_per_seq = g.max_blocks;
+  attn.max_position = g.max_pos;
   attn.d_workspace = views[8];
-  attn.workspace_floats = attn_ws;
+  attn.workspace_floats = g.attn_ws_floats;
 
   TANDEM_RETURN_IF_ERROR(kc::EmbeddingGather(
-      weights_.token_embd, reinterpret_cast<const int32_t*>(meta + off_tokens), T, x_, stream_));
+      weights_.token_embd, reinterpret_cast<const int32_t*>(meta + g.off_tokens), T, x_, stream_));
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     TANDEM_RETURN_IF_ERROR(RunLayer(layer, T, attn));
   }
-  if (L > 0) {
-    TANDEM_RETURN_IF_ERROR(kc::GatherRows(
-        x_, H, reinterpret_cast<const int32_t*>(meta + off_logits), L, rows, stream_));
-    TANDEM_RETURN_IF_ERROR(kc::RmsNorm(rows, weights_.output_norm, L, H, c.rms_eps, rows, stream_));
-    TANDEM_RETURN_IF_ERROR(MatMul(weights_.lm_head, rows, L, d_logits, c.vocab_size, false));
-    TANDEM_RETURN_IF_ERROR(
-        kc::CopyToHost(logits, d_logits, L * c.vocab_size * int64_t(sizeof(float)), stream_));
+  if (L == 0) return absl::OkStatus();
+  TANDEM_RETURN_IF_ERROR(kc::GatherRows(
+      x_, H, reinterpret_cast<const int32_t*>(meta + g.off_logits), L, rows, stream_));
+  TANDEM_RETURN_IF_ERROR(kc::RmsNorm(rows, weights_.output_norm, L, H, c.rms_eps, rows, stream_));
+  TANDEM_RETURN_IF_ERROR(MatMul(weights_.lm_head, rows, L, d_logits, c.vocab_size, false));
+  return kc::CopyToHost(host_logits, d_logits, L * c.vocab_size * int64_t(sizeof(float)), stream_);
+}
+
+absl::Status CudaExecutor::Forward(const ForwardBatch& b, float* logits) {
+  TANDEM_RETURN_IF_ERROR(ValidateForwardBatch(config_, shape_, b));
+  if (b.num_tokens() == 0) return absl::OkStatus();
+  if (b.num_tokens() > 65535)
+    return absl::InvalidArgumentError("cuda executor: more than 65535 tokens in a step");
+  if (use_graphs_) {
+    TANDEM_ASSIGN_OR_RETURN(const bool done, ForwardGraph(b, logits));
+    if (done) return absl::OkStatus();
   }
+  return ForwardEager(b, logits);
+}
+
+absl::Status CudaExecutor::ForwardEager(const ForwardBatch& b, float* logits) {
+  int64_t max_blocks = 1, max_pos = 0;
+  for (const auto& table : b.block_tables) max_blocks = std::max<int64_t>(max_blocks, table.size());
+  for (int32_t p : b.positions) max_pos = std::max<int64_t>(max_pos, p);
+  const Geometry g = Layout(b.num_tokens(), b.num_seqs(),
+                            static_cast<int64_t>(b.logits_indices.size()), max_blocks, max_pos);
+  TANDEM_ASSIGN_OR_RETURN(char* host, staging_.Get(g.meta_bytes));
+  StageMeta(b, g, host);
+  TANDEM_ASSIGN_OR_RETURN(char* meta, meta_.Get(g.meta_bytes));
+  TANDEM_ASSIGN_OR_RETURN(char* acts, acts_.Get(g.acts_bytes));
+  TANDEM_RETURN_IF_ERROR(
+      gemm_ws_.Get(kc::MatMulWorkspaceBytes(std::max(g.T, g.L), weights_.max_cols)).status());
+  TANDEM_RETURN_IF_ERROR(Enqueue(g, host, meta, acts, logits));
   return kc::StreamSync(stream_);
+}
+
+absl::StatusOr<bool> CudaExecutor::ForwardGraph(const ForwardBatch& b, float* logits) {
+  const int64_t T = b.num_tokens(), S = b.num_seqs();
+  if (T != S || static_cast<int64_t>(b.logits_indices.size()) != S || T > kMaxGraphTokens) {
+    return false;
+  }
+  for (int64_t i = 0; i < S; ++i) {
+    if (b.logits_indices[i] != i) return false;
+  }
+  int64_t P = 1;
+  while (P < T) P *= 2;
+  const kc::GemmContext probe{nullptr, nullptr, 0, batch_invariant_};
+  auto all_gemv = [&](const kc::DeviceMatrix& m) { return kc::MatMulUsesGemv(probe, m.type, P); };
+  if (!all_gemv(weights_.lm_head)) return false;
+  for (const DeviceLayer& l : weights_.layers) {
+    for (const auto* parts : {&l.qkv, &l.gate_up}) {
+      for (const MatrixPart& p : *parts) {
+        if (!all_gemv(p.m)) return false;
+      }
+    }
+    if (!all_gemv(l.wo) || !all_gemv(l.down)) return false;
+  }
+  // Context bucket: a power of two of attention splits, at least the batch's.
+  int64_t max_pos = 0;
+  for (int32_t p : b.positions) max_pos = std::max<int64_t>(max_pos, p);
+  const int64_t bs = shape_.layout.block_size;
+  const int64_t capacity = shape_.layout.num_blocks * bs;  // longest context the cache holds
+  const int64_t max_splits = (capacity - 1) / kc::kAttentionSplit + 1;
+  int64_t splits = 1;
+  while (splits * kc::kAttentionSplit <= max_pos) splits *= 2;
+  splits = std::min(splits, max_splits);
+  const auto blocks_for = [&](int64_t sp) { return (sp * kc::kAttentionSplit + bs - 1) / bs; };
+  const Geometry g = Layout(P, P, P, blocks_for(splits), splits * kc::kAttentionSplit - 1);
+
+  // Buffers for the largest graph, once: every graph keeps its addresses.
+  if (graph_host_bytes_ == 0) {
+    const Geometry big = Layout(kMaxGraphTokens, kMaxGraphTokens, kMaxGraphTokens,
+                                blocks_for(max_splits), max_splits * kc::kAttentionSplit - 1);
+    graph_host_bytes_ = Align(big.meta_bytes) + big.L * config_.vocab_size * 4;
+    TANDEM_RETURN_IF_ERROR(graph_host_.Get(graph_host_bytes_).status());
+    TANDEM_RETURN_IF_ERROR(graph_meta_.Get(big.meta_bytes).status());
+    TANDEM_RETURN_IF_ERROR(graph_acts_.Get(big.acts_bytes).status());
+  }
+  TANDEM_ASSIGN_OR_RETURN(char* host, graph_host_.Get(graph_host_bytes_));
+  TANDEM_ASSIGN_OR_RETURN(char* meta, graph_meta_.Get(0));
+  TANDEM_ASSIGN_OR_RETURN(char* acts, graph_acts_.Get(0));
+  float* host_logits = reinterpret_cast<float*>(host + graph_host_bytes_ -
+                                                kMaxGraphTokens * config_.vocab_size * 4);
+  StageMeta(b, g, host);
+  void*& exec = graphs_[GraphKey{P, splits}];
+  if (exec == nullptr) {
+    TANDEM_RETURN_IF_ERROR(kc::BeginCapture(stream_));
+    const absl::Status enq = Enqueue(g, host, meta, acts, host_logits);
+    absl::StatusOr<void*> captured = kc::EndCapture(stream_);
+    if (!enq.ok() || !captured.ok()) {
+      if (captured.ok()) kc::DestroyGraph(*captured);
+      graphs_.erase(GraphKey{P, splits});
+      use_graphs_ = false;  // this device or driver cannot: eager from now on
+      std::fprintf(stderr, "[cuda] graph capture failed, decode steps run eagerly: %s\n",
+                   (!enq.ok() ? enq : captured.status()).ToString().c_str());
+      return false;
+    }
+    exec = *captured;
+  }
+  TANDEM_RETURN_IF_ERROR(kc::LaunchGraph(exec, stream_));
+  TANDEM_RETURN_IF_ERROR(kc::StreamSync(stream_));
+  std::copy(host_logits, host_logits + T * config_.vocab_size, logits);
+  return true;
+}
+
+absl::Status CudaExecutor::Warmup() {
+  const int64_t bs = shape_.layout.block_size;
+  const int32_t scratch = static_cast<int32_t>(shape_.layout.num_blocks);
+  std::vector<float> logits;
+  for (int64_t T : {16, 8, 4, 2, 1}) {
+    ForwardBatch b;
+    b.query_start.push_back(0);
+    for (int64_t t = 0; t < T; ++t) {
+      b.token_ids.push_back(0);
+      b.positions.push_back(0);
+      b.slot_mapping.push_back(int64_t(scratch) * bs);
+      b.query_start.push_back(static_cast<int32_t>(t + 1));
+      b.context_lens.push_back(1);
+      b.block_tables.push_back({scratch});
+      b.logits_indices.push_back(static_cast<int32_t>(t));
+    }
+    logits.resize(T * config_.vocab_size);
+    bool done = false;
+    if (use_graphs_) {
+      TANDEM_ASSIGN_OR_RETURN(done, ForwardGraph(b, logits.data()));
+    }
+    if (!done) TANDEM_RETURN_IF_ERROR(ForwardEager(b, logits.data()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<CudaExecutor::SlotIo> CudaExecutor::UploadSlots(absl::Span<const int64_t> slots) {

@@ -63,9 +63,37 @@ class Uploader {
     return kc::StreamSync(stream_);
   }
 
+  // `m` (GGUF layout in `staged`, freed here) in the planar layout the
+  // matrix products read fastest; other types as they are, kept.
+  absl::StatusOr<kc::DeviceMatrix> Planar(kc::DeviceMatrix m, DevicePtr staged) {
+    const int64_t bytes = kc::PlanarBytes(m);
+    if (bytes == 0) {
+      w_->owned.push_back(std::move(staged));
+      w_->bytes += m.rows * m.row_bytes;
+      return m;
+    }
+    TANDEM_ASSIGN_OR_RETURN(void* p, Alloc(bytes));
+    TANDEM_ASSIGN_OR_RETURN(m, kc::RepackPlanar(m, p, stream_));
+    TANDEM_RETURN_IF_ERROR(kc::StreamSync(stream_));
+    return m;
+  }
+  absl::StatusOr<DevicePtr> Staging(int64_t bytes) {
+    TANDEM_ASSIGN_OR_RETURN(void* p, kc::Malloc(bytes));
+    return DevicePtr(p);
+  }
+  // A matrix for the matrix products (planar when quantized).
   absl::StatusOr<kc::DeviceMatrix> Matrix(const kernels::WeightView& v, TensorType dt) {
     kc::DeviceMatrix m{dt, nullptr, v.rows, v.cols, RowBytesOf(dt, v.cols)};
     if (m.row_bytes < 0) return absl::InvalidArgumentError("cuda: matrix cols not block aligned");
+    TANDEM_ASSIGN_OR_RETURN(DevicePtr staged, Staging(v.rows * m.row_bytes));
+    TANDEM_RETURN_IF_ERROR(UploadTo(v, dt, staged.get()));
+    m.data = staged.get();
+    return Planar(m, std::move(staged));
+  }
+  // A table for EmbeddingGather (GGUF layout).
+  absl::StatusOr<kc::DeviceMatrix> Table(const kernels::WeightView& v, TensorType dt) {
+    kc::DeviceMatrix m{dt, nullptr, v.rows, v.cols, RowBytesOf(dt, v.cols)};
+    if (m.row_bytes < 0) return absl::InvalidArgumentError("cuda: table cols not block aligned");
     TANDEM_ASSIGN_OR_RETURN(void* p, Alloc(v.rows * m.row_bytes));
     TANDEM_RETURN_IF_ERROR(UploadTo(v, dt, p));
     m.data = p;
@@ -93,12 +121,16 @@ class Uploader {
     if (row_bytes < 0) return absl::InvalidArgumentError("cuda: matrix cols not block aligned");
     int64_t rows = 0;
     for (const auto* v : views) rows += v->rows;
-    TANDEM_ASSIGN_OR_RETURN(void* p, Alloc(rows * row_bytes));
+    TANDEM_ASSIGN_OR_RETURN(DevicePtr staged, Staging(rows * row_bytes));
     for (const auto* v : views) {
-      TANDEM_RETURN_IF_ERROR(UploadTo(*v, dt, static_cast<char*>(p) + offset * row_bytes));
+      TANDEM_RETURN_IF_ERROR(UploadTo(*v, dt, static_cast<char*>(staged.get()) + offset * row_bytes));
       offset += v->rows;
     }
-    parts.push_back({kc::DeviceMatrix{dt, p, rows, views[0]->cols, row_bytes}, 0});
+    // (Not staged.get() in the call that moves staged: arguments are
+    // evaluated in any order.)
+    const kc::DeviceMatrix gguf_layout{dt, staged.get(), rows, views[0]->cols, row_bytes};
+    TANDEM_ASSIGN_OR_RETURN(kc::DeviceMatrix m, Planar(gguf_layout, std::move(staged)));
+    parts.push_back({m, 0});
     return parts;
   }
 
@@ -122,13 +154,10 @@ absl::StatusOr<DeviceWeights> UploadWeights(const LlamaModel& model, kc::Stream 
   Uploader up(&w, stream);
   const kernels::WeightView& embd = mw.token_embd;
   const TensorType embd_type = kc::IsTableType(embd.type) ? embd.type : TensorType::kBF16;
-  TANDEM_ASSIGN_OR_RETURN(w.token_embd, up.Matrix(embd, embd_type));
-  const TensorType head_type = MatrixTypeOf(mw.lm_head.type);
-  if (mw.lm_head.data == embd.data && head_type == embd_type) {
-    w.lm_head = w.token_embd;  // tied and already a matrix type
-  } else {
-    TANDEM_ASSIGN_OR_RETURN(w.lm_head, up.Matrix(mw.lm_head, head_type));
-  }
+  TANDEM_ASSIGN_OR_RETURN(w.token_embd, up.Table(embd, embd_type));
+  // Its own copy also when tied: the table is read in GGUF layout, the LM
+  // head's matrix product in the planar one.
+  TANDEM_ASSIGN_OR_RETURN(w.lm_head, up.Matrix(mw.lm_head, MatrixTypeOf(mw.lm_head.type)));
   TANDEM_ASSIGN_OR_RETURN(w.output_norm, up.Vector(mw.output_norm));
   TANDEM_ASSIGN_OR_RETURN(w.rope_freqs, up.Vector(mw.rope_freqs));
   for (const LayerWeights& l : mw.layers) {
@@ -158,14 +187,21 @@ absl::StatusOr<DeviceWeights> SyntheticWeights(const ModelConfig& c, TensorType 
   }
   DeviceWeights w;
   Uploader up(&w, stream);
-  auto make = [&](int64_t rows, int64_t cols, float scale) -> absl::StatusOr<kc::DeviceMatrix> {
+  // Random GGUF-layout matrices, planar for the matrix products (not the
+  // embedding table).
+  auto make = [&](int64_t rows, int64_t cols, float scale,
+                  bool table = false) -> absl::StatusOr<kc::DeviceMatrix> {
     kc::DeviceMatrix m{type, nullptr, rows, cols, RowBytesOf(type, cols)};
     if (m.row_bytes < 0) return absl::InvalidArgumentError("synthetic model: cols % 32 != 0");
-    TANDEM_ASSIGN_OR_RETURN(void* p, up.Alloc(rows * m.row_bytes));
-    m.data = p;
+    TANDEM_ASSIGN_OR_RETURN(DevicePtr staged, up.Staging(rows * m.row_bytes));
+    m.data = staged.get();
     TANDEM_RETURN_IF_ERROR(kc::FillRandom(m, scale, seed++, stream));
     w.max_cols = std::max(w.max_cols, cols);
     ++w.device_types[TypeName(type) + " (random)"];
+    if (!table) return up.Planar(m, std::move(staged));
+    TANDEM_RETURN_IF_ERROR(kc::StreamSync(stream));
+    w.bytes += rows * m.row_bytes;
+    w.owned.push_back(std::move(staged));
     return m;
   };
   auto ones = [&](int64_t n) -> absl::StatusOr<float*> {
@@ -174,7 +210,7 @@ absl::StatusOr<DeviceWeights> SyntheticWeights(const ModelConfig& c, TensorType 
     return static_cast<float*>(p);
   };
   const float s_hidden = std::sqrt(3.f / float(c.hidden_size));
-  TANDEM_ASSIGN_OR_RETURN(w.token_embd, make(c.vocab_size, c.hidden_size, 1.f));
+  TANDEM_ASSIGN_OR_RETURN(w.token_embd, make(c.vocab_size, c.hidden_size, 1.f, /*table=*/true));
   TANDEM_ASSIGN_OR_RETURN(w.lm_head, make(c.vocab_size, c.hidden_size, s_hidden));
   TANDEM_ASSIGN_OR_RETURN(w.output_norm, ones(c.hidden_size));
   for (int64_t l = 0; l < c.num_layers; ++l) {

@@ -9,7 +9,6 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kMaxGroup = 8;  // query heads per CTA
-constexpr int kMaxDims = 8;   // head_dim / 32 per lane (head_dim <= 256)
 constexpr int kMaxHeadDim = 256;
 
 // Partials of (token t, head h, split s) at index (t * H + h) * max_splits + s:
@@ -25,13 +24,24 @@ __device__ __forceinline__ int64_t SlotOf(const int32_t* table, int64_t j, int64
   return int64_t(table[j / bs]) * bs + j % bs;
 }
 
-template <int kDims>
-__global__ void __launch_bounds__(kWarps * 32)
+// Scores: four lanes per key (lane c of a quad takes the key row's 16-byte
+// chunks c, c + 4, ...: a quad reads 64 consecutive bytes, a warp eight keys
+// at once), the quad's partial dot products summed by two shuffles. Then the
+// tile's 32 scores per head go through shared memory to lane = key for the
+// online softmax, and the probabilities back to shared memory, from which
+// every lane reads them (broadcast) while it accumulates its own head dims
+// of V (lane l owns dims 4 l .. 4 l + 3, and 128 further: coalesced 16-byte
+// loads of each V row, eight rows loaded before they are used).
+template <int kChunks>  // V chunks of 4 dims per lane: head_dim <= 128 * kChunks
+__global__ void __launch_bounds__(kWarps * 32, kChunks == 1 ? 4 : 2)
     AttnSplitKernel(DeviceAttentionArgs a, int64_t head_groups, Partials part) {
-  __shared__ float q_s[kMaxGroup][kMaxHeadDim];
+  __shared__ __align__(16) float q_s[kMaxGroup][kMaxHeadDim];
   __shared__ float m_s[kWarps][kMaxGroup], l_s[kWarps][kMaxGroup];
-  __shared__ float acc_s[kWarps][kMaxGroup][kMaxHeadDim];
+  __shared__ float p_s[kWarps][32][kMaxGroup];
+  __shared__ int64_t slot_s[kWarps][32];
+  __shared__ __align__(16) float acc_s[kWarps][kMaxGroup][kMaxHeadDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int quad = lane / 4, qc = lane % 4;
   const int64_t t = blockIdx.y, split = blockIdx.z;
   const int64_t len = int64_t(a.d_positions[t]) + 1;
   const int64_t k0 = split * kAttentionSplit;
@@ -44,6 +54,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int ng = static_cast<int>(Min64(kMaxGroup, group - g0));
   const int64_t h0 = kvh * group + g0;  // first query head of this CTA
   const int64_t row = kvh_count * hd, bs = a.layout.block_size;
+  const int chunks = static_cast<int>(hd / 4);  // 16-byte chunks per row
   const int32_t* table = a.d_block_tables + int64_t(a.d_token_seq[t]) * a.max_blocks_per_seq;
   const float* kc = a.d_k_cache + kvh * hd;
   const float* vc = a.d_v_cache + kvh * hd;
@@ -53,68 +64,109 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   __syncthreads();
 
-  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][kDims];
+  float m[kMaxGroup], l[kMaxGroup];
+  float4 acc[kMaxGroup][kChunks];
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.f;
 #pragma unroll
-    for (int i = 0; i < kDims; ++i) acc[g][i] = 0.f;
+    for (int i = 0; i < kChunks; ++i) acc[g][i] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  // Each warp takes tiles of 32 keys; lane j scores key j of the tile for
-  // every head of the group, then all lanes accumulate V (lane owns dims
-  // lane, lane + 32, ...).
   for (int64_t tile = k0 + warp * 32; tile < k1; tile += kWarps * 32) {
-    const int64_t j = tile + lane;
-    const bool valid = j < k1;
-    const int64_t slot = valid ? SlotOf(table, j, bs) : 0;
-    float s[kMaxGroup];
+    const int nk = static_cast<int>(Min64(32, k1 - tile));
+    // Scores of the tile's keys, eight at a time (one per quad).
+    for (int pass = 0; pass < 4; ++pass) {
+      const int kk = pass * 8 + quad;
+      const bool valid = kk < nk;
+      const int64_t j = tile + kk;
+      const int64_t slot = valid ? SlotOf(table, j, bs) : 0;
+      float sc[kMaxGroup];
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) s[g] = 0.f;
-    if (valid) {
-      const float4* kr = reinterpret_cast<const float4*>(kc + slot * row);
-      for (int64_t d4 = 0; d4 < hd / 4; ++d4) {
-        const float4 kv = kr[d4];
+      for (int g = 0; g < kMaxGroup; ++g) sc[g] = 0.f;
+      if (valid) {  // the row's chunks loaded first, then used
+        const float4* kr = reinterpret_cast<const float4*>(kc + slot * row);
+        float4 kv[8 * kChunks];
+#pragma unroll
+        for (int i = 0; i < 8 * kChunks; ++i) {
+          const int ci = qc + 4 * i;
+          kv[i] = ci < chunks ? kr[ci] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int i = 0; i < 8 * kChunks; ++i) {
+          const int ci = qc + 4 * i;
+          if (ci >= chunks) break;
+#pragma unroll
+          for (int g = 0; g < kMaxGroup; ++g) {
+            if (g < ng) {
+              const float4 qv = reinterpret_cast<const float4*>(q_s[g])[ci];
+              sc[g] += qv.x * kv[i].x + qv.y * kv[i].y + qv.z * kv[i].z + qv.w * kv[i].w;
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        sc[g] += __shfl_xor_sync(0xFFFFFFFFu, sc[g], 1);
+        sc[g] += __shfl_xor_sync(0xFFFFFFFFu, sc[g], 2);
+      }
+      if (qc == 0) {
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g) p_s[warp][kk][g] = sc[g];
+        slot_s[warp][kk] = slot;
+      }
+    }
+    __syncwarp();
+    // Online softmax with lane = key.
+    const bool valid = lane < nk;
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= ng) continue;
+      const float sg = valid ? p_s[warp][lane][g] : -INFINITY;
+      const float new_m = fmaxf(m[g], WarpMax(sg));  // finite: key 0 is valid
+      const float corr = expf(m[g] - new_m);         // 0 when m[g] is -inf
+      const float pg = valid ? expf(sg - new_m) : 0.f;
+      l[g] = l[g] * corr + WarpSum(pg);
+      m[g] = new_m;
+#pragma unroll
+      for (int i = 0; i < kChunks; ++i) {
+        acc[g][i].x *= corr, acc[g][i].y *= corr, acc[g][i].z *= corr, acc[g][i].w *= corr;
+      }
+      __syncwarp();
+      p_s[warp][lane][g] = pg;
+    }
+    __syncwarp();
+    // V: kVRows rows loaded, then accumulated.
+    constexpr int kVRows = 4;
+    for (int kb = 0; kb < nk; kb += kVRows) {
+      float4 v[kVRows][kChunks];
+#pragma unroll
+      for (int u = 0; u < kVRows; ++u) {
+        if (kb + u < nk) {
+          const float4* vr = reinterpret_cast<const float4*>(vc + slot_s[warp][kb + u] * row);
+#pragma unroll
+          for (int i = 0; i < kChunks; ++i) {
+            const int ci = lane + 32 * i;
+            v[u][i] = ci < chunks ? vr[ci] : make_float4(0.f, 0.f, 0.f, 0.f);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kVRows; ++u) {
+        if (kb + u >= nk) break;
 #pragma unroll
         for (int g = 0; g < kMaxGroup; ++g) {
-          if (g < ng) {
-            const float* qg = &q_s[g][4 * d4];
-            s[g] += qg[0] * kv.x + qg[1] * kv.y + qg[2] * kv.z + qg[3] * kv.w;
+          if (g >= ng) continue;
+          const float pk = p_s[warp][kb + u][g];
+#pragma unroll
+          for (int i = 0; i < kChunks; ++i) {
+            acc[g][i].x += pk * v[u][i].x, acc[g][i].y += pk * v[u][i].y;
+            acc[g][i].z += pk * v[u][i].z, acc[g][i].w += pk * v[u][i].w;
           }
         }
       }
     }
-    float p[kMaxGroup];
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g >= ng) continue;
-      const float sg = valid ? s[g] : -INFINITY;
-      const float new_m = fmaxf(m[g], WarpMax(sg));  // finite: lane 0 is valid
-      const float corr = expf(m[g] - new_m);         // 0 when m[g] is -inf
-      p[g] = valid ? expf(sg - new_m) : 0.f;
-      l[g] = l[g] * corr + WarpSum(p[g]);
-      m[g] = new_m;
-#pragma unroll
-      for (int i = 0; i < kDims; ++i) acc[g][i] *= corr;
-    }
-    const int nk = static_cast<int>(Min64(32, k1 - tile));
-    for (int kk = 0; kk < nk; ++kk) {
-      const int64_t slot_k = __shfl_sync(0xFFFFFFFFu, slot, kk);
-      const float* vr = vc + slot_k * row;
-      float v[kDims];
-#pragma unroll
-      for (int i = 0; i < kDims; ++i) {
-        const int64_t d = lane + 32 * i;
-        v[i] = d < hd ? vr[d] : 0.f;
-      }
-#pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) {
-        if (g >= ng) continue;
-        const float pk = __shfl_sync(0xFFFFFFFFu, p[g], kk);
-#pragma unroll
-        for (int i = 0; i < kDims; ++i) acc[g][i] += pk * v[i];
-      }
-    }
+    __syncwarp();
   }
   // Merge the warps' states, then write this split's partials.
 #pragma unroll
@@ -125,9 +177,9 @@ __global__ void __launch_bounds__(kWarps * 32)
       l_s[warp][g] = l[g];
     }
 #pragma unroll
-    for (int i = 0; i < kDims; ++i) {
-      const int64_t d = lane + 32 * i;
-      if (d < hd) acc_s[warp][g][d] = acc[g][i];
+    for (int i = 0; i < kChunks; ++i) {
+      const int ci = lane + 32 * i;
+      if (ci < chunks) reinterpret_cast<float4*>(acc_s[warp][g])[ci] = acc[g][i];
     }
   }
   __syncthreads();
@@ -202,13 +254,10 @@ absl::Status PagedAttention(const DeviceAttentionArgs& a, Stream stream) {
   const dim3 grid(static_cast<unsigned>(a.layout.num_kv_heads * head_groups),
                   static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(splits));
   const cudaStream_t s = AsStream(stream);
-  const int dims = static_cast<int>((hd + 31) / 32);
-  if (dims <= 2) {
-    AttnSplitKernel<2><<<grid, kWarps * 32, 0, s>>>(a, head_groups, part);
-  } else if (dims <= 4) {
-    AttnSplitKernel<4><<<grid, kWarps * 32, 0, s>>>(a, head_groups, part);
+  if (hd <= 128) {
+    AttnSplitKernel<1><<<grid, kWarps * 32, 0, s>>>(a, head_groups, part);
   } else {
-    AttnSplitKernel<kMaxDims><<<grid, kWarps * 32, 0, s>>>(a, head_groups, part);
+    AttnSplitKernel<2><<<grid, kWarps * 32, 0, s>>>(a, head_groups, part);
   }
   absl::Status st = LaunchStatus("PagedAttention split");
   if (!st.ok()) return st;

@@ -56,6 +56,17 @@ absl::Status CopyToHost(void* dst, const void* d_src, int64_t bytes, Stream stre
 absl::Status CopyOnDevice(void* d_dst, const void* d_src, int64_t bytes, Stream stream);
 absl::Status Memset(void* d_dst, int value, int64_t bytes, Stream stream);
 
+// CUDA graphs: BeginCapture starts recording `stream`'s work (nothing runs;
+// no allocation, synchronization or host-visible copy to pageable memory may
+// be enqueued until EndCapture), EndCapture returns the instantiated graph
+// (a cudaGraphExec_t as void*; an error ends the capture and returns none),
+// LaunchGraph replays it on a stream with the parameters and pointers it
+// recorded.
+absl::Status BeginCapture(Stream stream);
+absl::StatusOr<void*> EndCapture(Stream stream);
+absl::Status LaunchGraph(void* exec, Stream stream);
+void DestroyGraph(void* exec);  // null is a no-op
+
 // ---- Host-array convenience (tests) ----------------------------------------
 
 // RMSNorm of host arrays on the current device, the CUDA twin of
@@ -74,10 +85,21 @@ struct DeviceMatrix {
   const void* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
-  int64_t row_bytes = 0;
+  int64_t row_bytes = 0;  // in GGUF layout (also of a planar matrix: its size)
+  // Set for the planar layout of Q4_0 / Q4_1 / Q8_0 (RepackPlanar): `data`
+  // holds every block's quants (16 or 32 bytes each, aligned: one or two
+  // 16-byte loads per block), `scales` the f16 scales (and Q4_1's mins).
+  // Matrix products only; tables (EmbeddingGather) stay in GGUF layout.
+  const void* scales = nullptr;
 };
 bool IsMatrixType(gguf::TensorType type);
 bool IsTableType(gguf::TensorType type);
+// Bytes of the planar form of `w` (Q4_0 / Q4_1 / Q8_0 in GGUF layout), 0 for
+// other types (BF16 is read with wide loads as it is).
+int64_t PlanarBytes(const DeviceMatrix& w);
+// Writes the planar form of `src` at d_dst (PlanarBytes(src), 256-byte
+// aligned) and returns the matrix that reads it; the values are unchanged.
+absl::StatusOr<DeviceMatrix> RepackPlanar(const DeviceMatrix& src, void* d_dst, Stream stream);
 
 // out[t, :] = dequantized row ids[t] of `table` (device ids, REQUIRES: in range).
 absl::Status EmbeddingGather(const DeviceMatrix& table, const int32_t* d_ids, int64_t n,
@@ -115,8 +137,11 @@ absl::Status DequantizeToBf16(const DeviceMatrix& w, int64_t row0, int64_t num_r
 absl::StatusOr<void*> CreateBlasHandle();
 void DestroyBlasHandle(void* handle);
 
-// Token counts up to this run on Gemv; above it on the bf16 tensor-core GEMM.
+// Token counts up to this run on Gemv; above it on the bf16 tensor-core GEMM
+// (also for the quantized types: at 16 tokens, dequantizing to bf16 and the
+// GEMM take a third of the time of two Gemv passes; bench/gpu_bench --kernels).
 constexpr int64_t kGemvMaxTokens = 8;
+
 // Bytes of scratch MatMul needs for n tokens and matrices of up to max_cols
 // columns (bf16 activations plus a bounded slice of dequantized weights).
 int64_t MatMulWorkspaceBytes(int64_t n, int64_t max_cols);
@@ -136,6 +161,11 @@ struct GemmContext {
 // f32 accumulation (and beta = 1 when accumulating).
 absl::Status MatMul(const GemmContext& ctx, const DeviceMatrix& w, const float* d_x, int64_t n,
                     float* d_y, int64_t ldy, bool accumulate, Stream stream);
+// Whether MatMul runs `n` tokens of a `type` matrix on the Gemv.
+bool MatMulUsesGemv(const GemmContext& ctx, gguf::TensorType type, int64_t n);
+// MatMul's tensor-core path for any n > kGemvMaxTokens (benchmarks, tests).
+absl::Status BlasMatMul(const GemmContext& ctx, const DeviceMatrix& w, const float* d_x, int64_t n,
+                        float* d_y, int64_t ldy, bool accumulate, Stream stream);
 
 // ---- RoPE, the KV cache and attention ---------------------------------------
 

@@ -26,11 +26,19 @@ int64_t MatMulWorkspaceBytes(int64_t n, int64_t max_cols) {
   return Align256(n * max_cols * 2) + std::max<int64_t>(kWeightSliceBytes, Align256(max_cols * 2));
 }
 
+bool MatMulUsesGemv(const GemmContext& ctx, gguf::TensorType /*type*/, int64_t n) {
+  return n <= kGemvMaxTokens || ctx.batch_invariant;
+}
+
 absl::Status MatMul(const GemmContext& ctx, const DeviceMatrix& w, const float* d_x, int64_t n,
                     float* d_y, int64_t ldy, bool accumulate, Stream stream) {
-  if (n <= kGemvMaxTokens || ctx.batch_invariant) {
-    return Gemv(w, d_x, n, d_y, ldy, accumulate, stream);
-  }
+  if (MatMulUsesGemv(ctx, w.type, n)) return Gemv(w, d_x, n, d_y, ldy, accumulate, stream);
+  return BlasMatMul(ctx, w, d_x, n, d_y, ldy, accumulate, stream);
+}
+
+absl::Status BlasMatMul(const GemmContext& ctx, const DeviceMatrix& w, const float* d_x, int64_t n,
+                        float* d_y, int64_t ldy, bool accumulate, Stream stream) {
+  if (n == 0 || w.rows == 0) return absl::OkStatus();
   if (ctx.blas == nullptr) return absl::FailedPreconditionError("cuda MatMul: no cuBLAS handle");
   if (ctx.workspace_bytes < MatMulWorkspaceBytes(n, w.cols)) {
     return absl::InvalidArgumentError("cuda MatMul: workspace too small");

@@ -83,16 +83,39 @@ TEST(CudaOpsTest, SiluMulMatchesReference) {
   ExpectClose(dout.ToHost<float>(), want, 1e-6f, 1e-5f, "silu");
 }
 
-// Gemv (n <= 8: exact f32 math) and the bf16 GEMM path (n > 8: bf16
-// activations, so a looser bound), writing with a row stride and accumulating.
+// MatMul on the Gemv (exact f32 math) and on the bf16 GEMM (bf16
+// activations, so a looser bound), writing with a row stride and
+// accumulating; in the GGUF and the planar layout; BlasMatMul (the GEMM) for
+// every n > 8.
 TEST(CudaOpsTest, MatMulMatchesReferenceForEveryMatrixType) {
   TANDEM_REQUIRE_CUDA_DEVICE();
   auto blas = CreateBlasHandle();
   ASSERT_TRUE(blas.ok()) << blas.status();
-  for (TensorType type :
-       {TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0, TensorType::kBF16}) {
-    const HostMatrix m = MakeMatrix(type, 200, 320, 6);
-    for (int64_t n : {1, 2, 3, 8, 9, 40}) {
+  struct Case {
+    TensorType type;
+    int64_t cols;
+  };
+  for (const Case c : {Case{TensorType::kQ4_0, 320}, Case{TensorType::kQ4_1, 320},
+                       Case{TensorType::kQ8_0, 320}, Case{TensorType::kBF16, 320},
+                       Case{TensorType::kBF16, 100}, Case{TensorType::kQ4_0, 4096}}) {
+    const HostMatrix m = MakeMatrix(c.type, 200, c.cols, 6);
+    DeviceBuffer dm(m.bytes);
+    const DeviceMatrix gguf_layout = OnDevice(m, dm);
+    const int64_t planar_bytes = PlanarBytes(gguf_layout);
+    DeviceBuffer dp(std::max<int64_t>(1, planar_bytes));
+    DeviceMatrix planar = gguf_layout;
+    if (planar_bytes > 0) {
+      auto p = RepackPlanar(gguf_layout, dp.get<void>(), nullptr);
+      ASSERT_TRUE(p.ok()) << p.status();
+      planar = *p;
+    }
+    if (planar_bytes > 0) {  // the repack keeps every value: dequantized bits equal
+      DeviceBuffer a(m.rows * m.cols * 2), b(m.rows * m.cols * 2);
+      ASSERT_TRUE(DequantizeToBf16(gguf_layout, 0, m.rows, a.get<uint16_t>(), nullptr).ok());
+      ASSERT_TRUE(DequantizeToBf16(planar, 0, m.rows, b.get<uint16_t>(), nullptr).ok());
+      EXPECT_EQ(a.ToHost<uint16_t>(), b.ToHost<uint16_t>()) << "planar repack, type " << int(c.type);
+    }
+    for (int64_t n : {1, 2, 3, 8, 9, 40, 70}) {
       const auto x = RandomFloats(n * m.cols, 7 + n);
       const int64_t ldy = m.rows + 5;
       const auto y0 = RandomFloats(n * ldy, 8);
@@ -100,16 +123,53 @@ TEST(CudaOpsTest, MatMulMatchesReferenceForEveryMatrixType) {
       ref::MatMul(m.view(), x.data(), n, prod.data());
       for (int64_t t = 0; t < n; ++t)
         for (int64_t r = 0; r < m.rows; ++r) want[t * ldy + r] += prod[t * m.rows + r];
-      DeviceBuffer dm(m.bytes), dx(x), dy(y0),
-          ws(std::max<int64_t>(1, MatMulWorkspaceBytes(n, m.cols)));
-      const GemmContext ctx{*blas, ws.get<void>(), MatMulWorkspaceBytes(n, m.cols)};
-      ASSERT_TRUE(MatMul(ctx, OnDevice(m, dm), dx.get(), n, dy.get(), ldy, true, nullptr).ok());
-      const bool gemv = n <= kGemvMaxTokens;
-      ExpectClose(dy.ToHost<float>(), want, gemv ? 1e-4f : 0.15f, gemv ? 1e-4f : 0.02f,
-                  gemv ? "gemv" : "bf16 gemm");
+      const int64_t ws_bytes = MatMulWorkspaceBytes(n, m.cols);
+      DeviceBuffer dx(x), dy(y0), dy_planar(y0), ws(std::max<int64_t>(1, ws_bytes));
+      const GemmContext ctx{*blas, ws.get<void>(), ws_bytes};
+      ASSERT_TRUE(MatMul(ctx, gguf_layout, dx.get(), n, dy.get(), ldy, true, nullptr).ok());
+      ASSERT_TRUE(MatMul(ctx, planar, dx.get(), n, dy_planar.get(), ldy, true, nullptr).ok());
+      const bool gemv = MatMulUsesGemv(ctx, c.type, n);
+      // bf16 activations: an error growing with sqrt(cols) (0.15 at 320).
+      const float gemm_atol = 0.15f * std::sqrt(float(m.cols) / 320.f);
+      const std::string what = std::string(gemv ? "gemv " : "bf16 gemm ") +
+                               std::to_string(int(c.type)) + " n=" + std::to_string(n);
+      const std::vector<float> got = dy.ToHost<float>();
+      ExpectClose(got, want, gemv ? 1e-4f : gemm_atol, gemv ? 1e-4f : 0.02f, what.c_str());
+      ExpectClose(dy_planar.ToHost<float>(), want, gemv ? 1e-4f : gemm_atol, gemv ? 1e-4f : 0.02f,
+                  ("planar " + what).c_str());
+      if (n > kGemvMaxTokens) {
+        DeviceBuffer dy_blas(y0);
+        ASSERT_TRUE(BlasMatMul(ctx, planar, dx.get(), n, dy_blas.get(), ldy, true, nullptr).ok());
+        ExpectClose(dy_blas.ToHost<float>(), want, gemm_atol, 0.02f, ("BlasMatMul " + what).c_str());
+      }
     }
   }
   DestroyBlasHandle(*blas);
+}
+
+// The Gemv's result for a token does not depend on how many tokens share the
+// call: bit-identical rows for n = 1 and n = 37 (the batch-invariant mode).
+TEST(CudaOpsTest, GemvIsBatchInvariant) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  for (TensorType type : {TensorType::kQ4_1, TensorType::kBF16, TensorType::kQ8_0}) {
+    const HostMatrix m = MakeMatrix(type, 130, 640, 9);
+    DeviceBuffer dm(m.bytes), dp(std::max<int64_t>(1, PlanarBytes(OnDevice(m, dm))));
+    const DeviceMatrix w = type == TensorType::kQ8_0
+                               ? *RepackPlanar(OnDevice(m, dm), dp.get<void>(), nullptr)
+                               : OnDevice(m, dm);
+    const int64_t n = 37;
+    const auto x = RandomFloats(n * m.cols, 10);
+    DeviceBuffer dx(x), dy_all(std::vector<float>(n * m.rows)), dy_one(std::vector<float>(m.rows));
+    ASSERT_TRUE(Gemv(w, dx.get(), n, dy_all.get(), m.rows, false, nullptr).ok());
+    const std::vector<float> all = dy_all.ToHost<float>();
+    for (int64_t t : {0, 8, 36}) {
+      ASSERT_TRUE(
+          Gemv(w, dx.get() + t * m.cols, 1, dy_one.get(), m.rows, false, nullptr).ok());
+      EXPECT_EQ(dy_one.ToHost<float>(),
+                std::vector<float>(all.begin() + t * m.rows, all.begin() + (t + 1) * m.rows))
+          << "token " << t;
+    }
+  }
 }
 
 TEST(CudaOpsTest, QkvRopeKvWriteMatchesReference) {

@@ -70,6 +70,7 @@ std::unique_ptr<Executor> MakeCuda(const LlamaModel* model, int64_t num_blocks,
   o.block_size = kBlockSize;
   o.batch_invariant = batch_invariant;
   auto ex = MakeExecutor(model, o);
+  if (!ex.ok()) std::fprintf(stderr, "MakeExecutor: %s\n", ex.status().ToString().c_str());
   TANDEM_CHECK(ex.ok());
   return std::move(*ex);
 }
