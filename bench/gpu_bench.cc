@@ -224,29 +224,29 @@ void MatrixBench(double gbs) {
       DevBuf ws(ws_bytes);
       const kc::GemmContext ctx{*blas, ws.p, ws_bytes};
       const double bytes = double(rows) * m.row_bytes;
-      const double t1 = TimeDevice(20, [&] {
-        BENCH_CHECK(kc::Gemv(m, x.get(), 1, y.get(), rows, false, nullptr));
-      });
+      const double t1 = TimeDevice(
+          20, [&] { BENCH_CHECK(kc::Gemv(m, x.get(), 1, y.get(), rows, false, nullptr)); });
       std::printf("  %-5s [%5lld x %5lld] Gemv n=1: %7.1f us, %5.0f GB/s (%.0f%% of copy)\n",
-                  std::string(gguf::GetTypeTraits(t)->name).c_str(), (long long)rows, (long long)cols, t1 * 1e6,
-                  bytes / t1 / 1e9, 100.0 * bytes / t1 / 1e9 / gbs);
+                  std::string(gguf::GetTypeTraits(t)->name).c_str(), (long long)rows,
+                  (long long)cols, t1 * 1e6, bytes / t1 / 1e9, 100.0 * bytes / t1 / 1e9 / gbs);
       if (cols != 4096) continue;
       std::printf("        tokens:");
       for (int64_t n : {8, 16, 32, 64, 128, 256}) std::printf(" %8lld", (long long)n);
       std::printf("\n        Gemv us:");
       for (int64_t n : {8, 16, 32, 64, 128, 256}) {
         std::printf(" %8.1f", 1e6 * TimeDevice(5, [&] {
-                      BENCH_CHECK(kc::Gemv(m, x.get(), n, y.get(), rows, false, nullptr));
-                    }));
+                                BENCH_CHECK(kc::Gemv(m, x.get(), n, y.get(), rows, false, nullptr));
+                              }));
       }
       std::printf("\n        GEMM us:");
       for (int64_t n : {8, 16, 32, 64, 128, 256}) {
-        std::printf(" %8.1f", 1e6 * TimeDevice(5, [&] {
-                      BENCH_CHECK(n <= kc::kGemvMaxTokens
-                                      ? kc::Gemv(m, x.get(), n, y.get(), rows, false, nullptr)
-                                      : kc::BlasMatMul(ctx, m, x.get(), n, y.get(), rows, false,
-                                                       nullptr));
-                    }));
+        std::printf(
+            " %8.1f",
+            1e6 * TimeDevice(5, [&] {
+              BENCH_CHECK(n <= kc::kGemvMaxTokens
+                              ? kc::Gemv(m, x.get(), n, y.get(), rows, false, nullptr)
+                              : kc::BlasMatMul(ctx, m, x.get(), n, y.get(), rows, false, nullptr));
+            }));
       }
       std::printf("\n");
     }
@@ -259,8 +259,8 @@ void MatrixBench(double gbs) {
 void AttentionBench(double gbs) {
   std::printf("paged decode attention (32 q heads, 8 KV heads, head dim 128, f32 KV)\n");
   const int64_t heads = 32, kv_heads = 8, hd = 128, bs = 16;
-  for (auto [B, ctx] : {std::pair<int64_t, int64_t>{1, 4096}, {16, 4096}, {64, 4096},
-                        {64, 1024}, {16, 16384}}) {
+  for (auto [B, ctx] :
+       {std::pair<int64_t, int64_t>{1, 4096}, {16, 4096}, {64, 4096}, {64, 1024}, {16, 16384}}) {
     const int64_t per_seq = ctx / bs, blocks = B * per_seq;
     const int64_t row = kv_heads * hd;
     DevBuf k(blocks * bs * row * 4), v(blocks * bs * row * 4), q(B * heads * hd * 4),
@@ -317,7 +317,8 @@ int Main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--kernels") == 0) {
       kernels_only = true;
     } else {
-      std::fprintf(stderr, "usage: gpu_bench [--model PATH] [--quick] [--no-synthetic] [--kernels]\n");
+      std::fprintf(stderr,
+                   "usage: gpu_bench [--model PATH] [--quick] [--no-synthetic] [--kernels]\n");
       return 2;
     }
   }

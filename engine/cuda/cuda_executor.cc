@@ -96,8 +96,8 @@ class CudaExecutor final : public Executor {
   struct Geometry {
     int64_t T = 0, S = 0, L = 0, max_blocks = 1, max_pos = 0;
     // Byte offsets in the metadata upload.
-    int64_t off_tokens = 0, off_pos = 0, off_seq = 0, off_logits = 0, off_tables = 0,
-            off_slots = 0, meta_bytes = 0;
+    int64_t off_tokens = 0, off_pos = 0, off_seq = 0, off_logits = 0, off_tables = 0, off_slots = 0,
+            meta_bytes = 0;
     int64_t attn_ws_floats = 0, acts_bytes = 0;
   };
   Geometry Layout(int64_t T, int64_t S, int64_t L, int64_t max_blocks, int64_t max_pos) const;
@@ -272,7 +272,7 @@ absl::Status CudaExecutor::RunLayer(int64_t layer, int64_t T,
 }
 
 CudaExecutor::Geometry CudaExecutor::Layout(int64_t T, int64_t S, int64_t L, int64_t max_blocks,
-                                             int64_t max_pos) const {
+                                            int64_t max_pos) const {
   const ModelConfig& c = config_;
   Geometry g;
   g.T = T, g.S = S, g.L = L, g.max_blocks = max_blocks, g.max_pos = max_pos;
@@ -285,9 +285,9 @@ CudaExecutor::Geometry CudaExecutor::Layout(int64_t T, int64_t S, int64_t L, int
   g.meta_bytes = g.off_slots + T * 8;
   g.attn_ws_floats = kc::PagedAttentionWorkspaceFloats(T, c.num_heads, c.head_dim, max_pos);
   const int64_t W = c.q_dim() + 2 * c.kv_dim();
-  for (int64_t floats : {T * c.hidden_size, T * c.hidden_size, T * W, T * c.q_dim(),
-                         T * 2 * c.ffn_size, T * c.ffn_size, L * c.hidden_size,
-                         L * c.vocab_size, g.attn_ws_floats}) {
+  for (int64_t floats :
+       {T * c.hidden_size, T * c.hidden_size, T * W, T * c.q_dim(), T * 2 * c.ffn_size,
+        T * c.ffn_size, L * c.hidden_size, L * c.vocab_size, g.attn_ws_floats}) {
     g.acts_bytes += Align(floats * 4);
   }
   return g;
@@ -326,16 +326,23 @@ void CudaExecutor::StageMeta(const ForwardBatch& b, const Geometry& g, char* hos
   }
 }
 
-absl::Status CudaExecutor::Enqueue(const Geometry& g, const char* host_meta, char* meta,
-                                   char* acts, float* host_logits) {
+absl::Status CudaExecutor::Enqueue(const Geometry& g, const char* host_meta, char* meta, char* acts,
+                                   float* host_logits) {
   const ModelConfig& c = config_;
   const int64_t T = g.T, L = g.L, H = c.hidden_size;
   TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(meta, host_meta, g.meta_bytes, stream_));
   d_slots_ = reinterpret_cast<const int64_t*>(meta + g.off_slots);
   const int64_t W = c.q_dim() + 2 * c.kv_dim();
   float* views[9];
-  const int64_t sizes[] = {T * H, T * H, T * W, T * c.q_dim(), T * 2 * c.ffn_size,
-                           T * c.ffn_size, L * H, L * c.vocab_size, g.attn_ws_floats};
+  const int64_t sizes[] = {T * H,
+                           T * H,
+                           T * W,
+                           T * c.q_dim(),
+                           T * 2 * c.ffn_size,
+                           T * c.ffn_size,
+                           L * H,
+                           L * c.vocab_size,
+                           g.attn_ws_floats};
   for (int i = 0; i < 9; ++i) {
     views[i] = reinterpret_cast<float*>(acts);
     acts += Align(sizes[i] * 4);
@@ -443,8 +450,8 @@ absl::StatusOr<bool> CudaExecutor::ForwardGraph(const ForwardBatch& b, float* lo
   TANDEM_ASSIGN_OR_RETURN(char* host, graph_host_.Get(graph_host_bytes_));
   TANDEM_ASSIGN_OR_RETURN(char* meta, graph_meta_.Get(0));
   TANDEM_ASSIGN_OR_RETURN(char* acts, graph_acts_.Get(0));
-  float* host_logits = reinterpret_cast<float*>(host + graph_host_bytes_ -
-                                                kMaxGraphTokens * config_.vocab_size * 4);
+  float* host_logits =
+      reinterpret_cast<float*>(host + graph_host_bytes_ - kMaxGraphTokens * config_.vocab_size * 4);
   StageMeta(b, g, host);
   void*& exec = graphs_[GraphKey{P, splits}];
   if (exec == nullptr) {

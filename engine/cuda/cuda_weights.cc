@@ -123,7 +123,8 @@ class Uploader {
     for (const auto* v : views) rows += v->rows;
     TANDEM_ASSIGN_OR_RETURN(DevicePtr staged, Staging(rows * row_bytes));
     for (const auto* v : views) {
-      TANDEM_RETURN_IF_ERROR(UploadTo(*v, dt, static_cast<char*>(staged.get()) + offset * row_bytes));
+      TANDEM_RETURN_IF_ERROR(
+          UploadTo(*v, dt, static_cast<char*>(staged.get()) + offset * row_bytes));
       offset += v->rows;
     }
     // (Not staged.get() in the call that moves staged: arguments are

@@ -131,12 +131,8 @@ struct RawBlock {
   uint32_t q[kWords];
   uint32_t s;
 };
-__host__ __device__ constexpr int PlanarQuantBytes(int type) {
-  return type == kTypeQ8_0 ? 32 : 16;
-}
-__host__ __device__ constexpr int PlanarScaleBytes(int type) {
-  return type == kTypeQ4_1 ? 4 : 2;
-}
+__host__ __device__ constexpr int PlanarQuantBytes(int type) { return type == kTypeQ8_0 ? 32 : 16; }
+__host__ __device__ constexpr int PlanarScaleBytes(int type) { return type == kTypeQ4_1 ? 4 : 2; }
 
 // Matrix view for the kernels: data in GGUF layout, or planar when scales.
 struct MatView {
@@ -145,8 +141,12 @@ struct MatView {
   int64_t rows, cols, row_bytes, nblk;
 };
 inline MatView ViewOf(const DeviceMatrix& m) {
-  return {static_cast<const uint8_t*>(m.data), static_cast<const uint8_t*>(m.scales), m.rows,
-          m.cols, m.row_bytes, (m.cols + kQK - 1) / kQK};
+  return {static_cast<const uint8_t*>(m.data),
+          static_cast<const uint8_t*>(m.scales),
+          m.rows,
+          m.cols,
+          m.row_bytes,
+          (m.cols + kQK - 1) / kQK};
 }
 
 template <int kType>
@@ -229,7 +229,8 @@ struct Raw8 {
 };
 
 template <int kType>
-__device__ __forceinline__ void LoadRaw8(const MatView& m, int64_t r, int64_t e0, Raw8<kType>& raw) {
+__device__ __forceinline__ void LoadRaw8(const MatView& m, int64_t r, int64_t e0,
+                                         Raw8<kType>& raw) {
   if constexpr (kType == kTypeBF16) {
     const uint4 v = *reinterpret_cast<const uint4*>(m.data + r * m.row_bytes + e0 * 2);
     raw.q[0] = v.x, raw.q[1] = v.y, raw.q[2] = v.z, raw.q[3] = v.w;

@@ -246,7 +246,8 @@ __global__ void RepackPlanarKernel(MatView src, uint8_t* quants, uint8_t* scales
   }
   uint4* q = reinterpret_cast<uint4*>(quants + i * kQb);
 #pragma unroll
-  for (int k = 0; k < kQb / 16; ++k) q[k] = make_uint4(out[4 * k], out[4 * k + 1], out[4 * k + 2], out[4 * k + 3]);
+  for (int k = 0; k < kQb / 16; ++k)
+    q[k] = make_uint4(out[4 * k], out[4 * k + 1], out[4 * k + 2], out[4 * k + 3]);
   if constexpr (PlanarScaleBytes(kType) == 4) {
     reinterpret_cast<uint32_t*>(scales)[i] = raw.s;
   } else {
@@ -321,8 +322,8 @@ absl::Status DequantizeToBf16(const DeviceMatrix& w, int64_t row0, int64_t num_r
   const bool ok = DispatchType(w.type, /*tables_too=*/false, [&](auto type_tag) {
     constexpr int kType = decltype(type_tag)::value;
     if (w.scales != nullptr) {
-      Dequant8Bf16Kernel<kType><<<Blocks(num_rows * (w.cols / 8), 256), 256, 0,
-                                  AsStream(stream)>>>(ViewOf(w), row0, num_rows, d_out);
+      Dequant8Bf16Kernel<kType><<<Blocks(num_rows * (w.cols / 8), 256), 256, 0, AsStream(stream)>>>(
+          ViewOf(w), row0, num_rows, d_out);
     } else {
       DequantBf16Kernel<kType><<<Blocks(num_rows * nblk, 256), 256, 0, AsStream(stream)>>>(
           ViewOf(w), row0, num_rows, d_out);
@@ -350,8 +351,8 @@ absl::StatusOr<DeviceMatrix> RepackPlanar(const DeviceMatrix& src, void* d_dst, 
   DispatchType(src.type, /*tables_too=*/false, [&](auto type_tag) {
     constexpr int kType = decltype(type_tag)::value;
     if constexpr (kType != kTypeBF16) {
-      RepackPlanarKernel<kType><<<Blocks(blocks, 256), 256, 0, AsStream(stream)>>>(
-          ViewOf(src), quants, scales);
+      RepackPlanarKernel<kType>
+          <<<Blocks(blocks, 256), 256, 0, AsStream(stream)>>>(ViewOf(src), quants, scales);
     }
   });
   if (absl::Status st = LaunchStatus("RepackPlanar"); !st.ok()) return st;

@@ -113,7 +113,8 @@ TEST(CudaOpsTest, MatMulMatchesReferenceForEveryMatrixType) {
       DeviceBuffer a(m.rows * m.cols * 2), b(m.rows * m.cols * 2);
       ASSERT_TRUE(DequantizeToBf16(gguf_layout, 0, m.rows, a.get<uint16_t>(), nullptr).ok());
       ASSERT_TRUE(DequantizeToBf16(planar, 0, m.rows, b.get<uint16_t>(), nullptr).ok());
-      EXPECT_EQ(a.ToHost<uint16_t>(), b.ToHost<uint16_t>()) << "planar repack, type " << int(c.type);
+      EXPECT_EQ(a.ToHost<uint16_t>(), b.ToHost<uint16_t>())
+          << "planar repack, type " << int(c.type);
     }
     for (int64_t n : {1, 2, 3, 8, 9, 40, 70}) {
       const auto x = RandomFloats(n * m.cols, 7 + n);
@@ -140,7 +141,8 @@ TEST(CudaOpsTest, MatMulMatchesReferenceForEveryMatrixType) {
       if (n > kGemvMaxTokens) {
         DeviceBuffer dy_blas(y0);
         ASSERT_TRUE(BlasMatMul(ctx, planar, dx.get(), n, dy_blas.get(), ldy, true, nullptr).ok());
-        ExpectClose(dy_blas.ToHost<float>(), want, gemm_atol, 0.02f, ("BlasMatMul " + what).c_str());
+        ExpectClose(dy_blas.ToHost<float>(), want, gemm_atol, 0.02f,
+                    ("BlasMatMul " + what).c_str());
       }
     }
   }
@@ -163,8 +165,7 @@ TEST(CudaOpsTest, GemvIsBatchInvariant) {
     ASSERT_TRUE(Gemv(w, dx.get(), n, dy_all.get(), m.rows, false, nullptr).ok());
     const std::vector<float> all = dy_all.ToHost<float>();
     for (int64_t t : {0, 8, 36}) {
-      ASSERT_TRUE(
-          Gemv(w, dx.get() + t * m.cols, 1, dy_one.get(), m.rows, false, nullptr).ok());
+      ASSERT_TRUE(Gemv(w, dx.get() + t * m.cols, 1, dy_one.get(), m.rows, false, nullptr).ok());
       EXPECT_EQ(dy_one.ToHost<float>(),
                 std::vector<float>(all.begin() + t * m.rows, all.begin() + (t + 1) * m.rows))
           << "token " << t;

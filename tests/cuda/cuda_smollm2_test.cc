@@ -57,8 +57,8 @@ std::unique_ptr<Model> LoadSmolLm2() {
   return m;
 }
 
-#define REQUIRE_MODEL(m)                                                                 \
-  if ((m) == nullptr) {                                                                  \
+#define REQUIRE_MODEL(m)                                                             \
+  if ((m) == nullptr) {                                                              \
     GTEST_SKIP() << "no CUDA device or no model at " << testing::DefaultModelPath(); \
   }
 

@@ -197,10 +197,17 @@ TEST_F(ClusterTest, ThirtyTwoConcurrentStreamsMatchColocatedAndGenerate) {
       f << "{\"prompt\": \"" << s.prompt << "\", \"seed\": " << s.seed << "}\n";
     }
   }
-  std::vector<std::string> gen_args = {TandemBinary(), "generate",      "--prompts-file",
-                                       prompts,        "--json",        "--temperature",
-                                       "0.8",          "--max-tokens",  std::to_string(kMaxTokens),
-                                       "--concurrency", "32"};
+  std::vector<std::string> gen_args = {TandemBinary(),
+                                       "generate",
+                                       "--prompts-file",
+                                       prompts,
+                                       "--json",
+                                       "--temperature",
+                                       "0.8",
+                                       "--max-tokens",
+                                       std::to_string(kMaxTokens),
+                                       "--concurrency",
+                                       "32"};
   for (const std::string& a : DeviceArgs()) gen_args.push_back(a);
   ProcessResult gen = RunProcess(gen_args);
   ASSERT_EQ(gen.exit_code, 0) << gen.err;
