@@ -149,8 +149,8 @@ void PrintResult(const GenerateFlags& flags, const GenerateSetup& setup, size_t 
   if (flags.json) {
     std::fputs(JsonLine(r).c_str(), stdout);
   } else if (setup.from_file) {
-    std::printf("--- prompt %zu (line %d) ---\n%s\n", index + 1, setup.specs[index].line,
-                r.text.c_str());
+    std::printf("--- prompt %zu (line %lld) ---\n%s\n", index + 1,
+                static_cast<long long>(setup.specs[index].line), r.text.c_str());
   } else {
     std::fputc('\n', stdout);
   }

@@ -243,7 +243,6 @@ grpc::Status NcclKvReceiver::PushKv(
                  "NcclPushKv: the first message must be `begin`");
   }
   const tandem::v1::NcclPushBegin begin = msg.begin();  // a copy: msg is read again below
-  const tandem::v1::KvTransferHeader& header = begin.header();
   // Everything up to the reservation is checked before any NCCL operation
   // is posted.
   absl::StatusOr<KvBlockLayout> layout = CheckPushBegin(begin);
