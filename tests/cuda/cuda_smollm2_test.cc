@@ -23,6 +23,7 @@
 #include "engine/llama_model.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "tests/util/golden_kl.h"
 #include "tests/util/json_reader.h"
 #include "tests/util/test_paths.h"
 
@@ -102,29 +103,7 @@ void Append(Seq& s, const std::vector<int32_t>& tokens, ForwardBatch* b) {
 
 int32_t Argmax(const float* x, int64_t n) { return int32_t(std::max_element(x, x + n) - x); }
 
-double LogSumExp(const float* x, int64_t n) {
-  const float mx = *std::max_element(x, x + n);
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(double(x[i]) - mx);
-  return mx + std::log(s);
-}
-
-// KL(reference || ours) coarse-grained to {the golden's top ids, the rest}
-// (llama_model_test.cc explains the bound).
-double GoldenKl(const Json& c, int64_t t, const float* q, int64_t vocab) {
-  const std::vector<int32_t> top = c["top_ids"][t].As<int32_t>();
-  const std::vector<double> top_logit = c["top_logits"][t].As<double>();
-  const double lp = c["logsumexp"][t].number, lq = LogSumExp(q, vocab);
-  double kl = 0, mass_p = 0, mass_q = 0;
-  for (size_t i = 0; i < top.size(); ++i) {
-    const double log_p = top_logit[i] - lp, log_q = q[top[i]] - lq;
-    kl += std::exp(log_p) * (log_p - log_q);
-    mass_p += std::exp(log_p);
-    mass_q += std::exp(log_q);
-  }
-  const double rp = std::max(1e-12, 1 - mass_p), rq = std::max(1e-12, 1 - mass_q);
-  return kl + rp * std::log(rp / rq);
-}
+using testing::GoldenKl;
 
 Json Goldens() {
   return Json::Parse(testing::ReadFileOrEmpty(testing::TestDataPath("logits_smollm2.json")));

@@ -3,13 +3,8 @@
 // invariants on writer-built models (incremental decode through a scrambled
 // paged cache, batch invariance, chunked prefill, validation errors).
 //
-// KL for SmolLM2: the goldens keep the reference's top-20 logits and its
-// full-vocab logsumexp per position. We compute the KL of the distributions
-// coarse-grained to {top-20 ids, "everything else"}:
-//   sum_i p_i log(p_i / q_i) + r_p log(r_p / r_q),
-// with p from the reference (logit - lse_ref), q from our full softmax, and
-// r the remaining mass. It is exact on the top-20 and a lower bound of the
-// full KL (the tail is where both models put < ~1% of the mass).
+// KL for SmolLM2: tests/util/golden_kl.h (the goldens keep the top-20
+// logits and the logsumexp per position).
 #include "engine/llama_model.h"
 
 #include <chrono>
@@ -24,6 +19,7 @@
 #include "common/status.h"
 #include "engine/single_sequence_runner.h"
 #include "gtest/gtest.h"
+#include "tests/util/golden_kl.h"
 #include "tests/util/json_reader.h"
 #include "tests/util/test_paths.h"
 #include "tests/util/tiny_llama.h"
@@ -392,18 +388,9 @@ void CheckSmolLm2Goldens(const GoldenBounds& bounds) {
     int argmax_checked = 0, argmax_ok = 0;
     for (int64_t t = 0; t < T; ++t) {
       const float* q = ours.data() + t * vocab;
-      const std::vector<int32_t> top = c["top_ids"][t].As<int32_t>();
       const std::vector<double> top_logit = c["top_logits"][t].As<double>();
-      const double lp = c["logsumexp"][t].number, lq = LogSumExp(q, vocab);
-      double kl = 0, mass_p = 0, mass_q = 0;
-      for (size_t i = 0; i < top.size(); ++i) {
-        const double log_p = top_logit[i] - lp, log_q = q[top[i]] - lq;
-        kl += std::exp(log_p) * (log_p - log_q);
-        mass_p += std::exp(log_p);
-        mass_q += std::exp(log_q);
-      }
-      const double rp = std::max(1e-12, 1 - mass_p), rq = std::max(1e-12, 1 - mass_q);
-      kl += rp * std::log(rp / rq);
+      const std::vector<int32_t> top = c["top_ids"][t].As<int32_t>();
+      const double kl = testing::GoldenKl(c, t, q, vocab);
       sum_kl += kl;
       max_kl = std::max(max_kl, kl);
       if (top_logit[0] - top_logit[1] > 1e-3) {
