@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/engine.h"
 
 namespace tandem::cli {
@@ -23,6 +24,16 @@ inline constexpr char kKvCacheMemoryHelp[] =
 // for a fraction. InvalidArgument (one line, "--kv-cache-memory: ...") on
 // junk, a zero or overflowing size, or a fraction outside (0, 1].
 absl::Status ApplyKvCacheMemory(const std::string& flag, engine::EngineConfig* config);
+
+// What `tandem serve` passes as --kv-cache-memory to each of its
+// `engines_on_device` workers: the flag as given, except a fraction with
+// --device cuda, which is split evenly (f / engines, in fixed point): serve starts
+// every worker on cuda:0, and each measures the free device memory when it
+// starts, so f apiece would ask for up to engines x f of it. (On the CPU a
+// fraction stays per engine, as before.) InvalidArgument as
+// ApplyKvCacheMemory.
+absl::StatusOr<std::string> WorkerKvCacheMemory(const std::string& flag, engine::Device device,
+                                                int64_t engines_on_device);
 
 }  // namespace tandem::cli
 

@@ -268,6 +268,13 @@ std::vector<std::string> WorkerArgv(const ServeFlags& f, const std::string& self
                                     const std::string& role, int grpc_port, int metrics_port,
                                     const std::string& router_address,
                                     const std::string& model_path) {
+  // Every worker runs on the same device (cuda:0 with --device cuda): a
+  // fraction of its free memory is split between them (kv_memory_flag.h).
+  engine::Device device = engine::Device::kCpu;
+  (void)engine::ParseDevice(f.device, &device);
+  const std::string kv_cache_memory =
+      WorkerKvCacheMemory(f.kv_cache_memory, device, f.prefill_workers + f.decode_workers)
+          .value_or(f.kv_cache_memory);
   std::vector<std::string> args = {self,
                                    role,
                                    "--host",
@@ -281,7 +288,7 @@ std::vector<std::string> WorkerArgv(const ServeFlags& f, const std::string& self
                                    "--model",
                                    model_path,
                                    "--kv-cache-memory",
-                                   f.kv_cache_memory,
+                                   kv_cache_memory,
                                    "--threads",
                                    std::to_string(f.threads),
                                    "--max-num-batched-tokens",
