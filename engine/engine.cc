@@ -4,8 +4,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status.h"
 #include "common/tokenizer/vocab.h"
+#include "engine/memory_size.h"
 #include "engine/spec/ngram_proposer.h"
 
 namespace tandem::engine {
@@ -44,6 +46,32 @@ namespace {
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
+// The KV budget: the fixed size, or the fraction of the memory free on the
+// engine's device with `model`'s weights counted out (then `note` says so,
+// for the start-up line).
+struct KvBudget {
+  int64_t bytes = 0;
+  std::string note;
+};
+
+absl::StatusOr<KvBudget> ResolveKvBudget(const EngineConfig& config, const LlamaModel* model) {
+  const double fraction = config.kv_cache_memory_fraction;
+  if (config.num_kv_blocks > 0 || fraction <= 0) return KvBudget{config.kv_cache_memory_bytes, ""};
+  ExecutorOptions options;
+  options.device = config.device;
+  const std::string device(DeviceName(config.device));
+  absl::StatusOr<int64_t> free_bytes = FreeMemoryForKv(model, options);
+  absl::StatusOr<int64_t> bytes =
+      free_bytes.ok() ? ShareOfFreeBytes(fraction, *free_bytes) : free_bytes.status();
+  if (!bytes.ok()) {
+    return absl::Status(bytes.status().code(),
+                        absl::StrCat("KV cache memory fraction ", fraction, " on ", device, ": ",
+                                     bytes.status().message()));
+  }
+  return KvBudget{*bytes, absl::StrFormat(", budget %g of %.2f GiB free on %s", fraction,
+                                          static_cast<double>(*free_bytes) / (1 << 30), device)};
+}
+
 }  // namespace
 
 KvDtype DefaultKvDtype(Device device) {
@@ -53,7 +81,10 @@ KvDtype DefaultKvDtype(Device device) {
 absl::Status EngineConfig::Validate() const {
   if (block_size < 1) return absl::InvalidArgumentError("block_size must be >= 1");
   if (num_kv_blocks < 0) return absl::InvalidArgumentError("num_kv_blocks must be >= 0");
-  if (num_kv_blocks == 0 && kv_cache_memory_bytes <= 0) {
+  if (!(kv_cache_memory_fraction >= 0 && kv_cache_memory_fraction <= 1)) {
+    return absl::InvalidArgumentError("kv_cache_memory_fraction must be in (0, 1] (or 0: unset)");
+  }
+  if (num_kv_blocks == 0 && kv_cache_memory_fraction == 0 && kv_cache_memory_bytes <= 0) {
     return absl::InvalidArgumentError("kv_cache_memory_bytes must be positive");
   }
   if (num_threads < 0) return absl::InvalidArgumentError("num_threads must be >= 0");
@@ -133,12 +164,14 @@ absl::Status Engine::Init() {
   KvCacheConfig kv_config;
   kv_config.block_size = config_.block_size;
   kv_config.num_blocks = config_.num_kv_blocks;
-  kv_config.memory_budget_bytes = config_.kv_cache_memory_bytes;
+  TANDEM_ASSIGN_OR_RETURN(const KvBudget budget, ResolveKvBudget(config_, model_));
+  kv_config.memory_budget_bytes = budget.bytes;
   kv_config.enable_prefix_caching = config_.enable_prefix_caching;
   TANDEM_ASSIGN_OR_RETURN(const int64_t num_blocks, NumBlocksFor(kv_config, kv_bytes_per_token_));
   if (num_blocks > INT32_MAX) return absl::InvalidArgumentError("too many KV blocks");
   kv_description_ = DescribeKvCapacity(kv_bytes_per_token_, num_blocks, config_.block_size,
-                                       config_.enable_prefix_caching, kv_dtype);
+                                       config_.enable_prefix_caching, kv_dtype) +
+                    budget.note;
   ExecutorOptions executor_options;
   executor_options.device = config_.device;
   executor_options.num_blocks = num_blocks;

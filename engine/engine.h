@@ -85,8 +85,14 @@ bool ParseSpecMethod(const std::string& s, SpecDecodeConfig::Method* method);
 struct EngineConfig {
   std::string model_path;  // GGUF file; used by Create(config) only
   // KV cache size: num_kv_blocks when > 0, else as many blocks as fit in
-  // kv_cache_memory_bytes at the KV dtype's bytes per token.
+  // the budget at the KV dtype's bytes per token. The budget is
+  // kv_cache_memory_fraction (in (0, 1]) of the memory free where the cache
+  // lives, measured at Create with the model's weights counted out
+  // (FreeMemoryForKv: MemAvailable on the CPU, free device memory less the
+  // weights' device bytes on CUDA) when that is > 0, else
+  // kv_cache_memory_bytes.
   int64_t kv_cache_memory_bytes = kDefaultKvCacheMemoryBytes;
+  double kv_cache_memory_fraction = 0;
   int64_t num_kv_blocks = 0;
   int32_t block_size = 16;
   // Element type of the KV cache (kernels/kv_dtype.h); unset: the device's

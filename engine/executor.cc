@@ -4,8 +4,10 @@
 #include "common/status.h"
 #include "engine/cpu_executor.h"
 #include "engine/llama_model.h"
+#include "engine/memory_size.h"
 #if defined(TANDEM_HAVE_CUDA_EXECUTOR)
 #include "engine/cuda/cuda_executor.h"
+#include "engine/cuda/cuda_memory.h"
 #endif
 
 namespace tandem::engine {
@@ -57,6 +59,17 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const LlamaModel* model,
   TANDEM_RETURN_IF_ERROR(CheckKvDtypeSupported(options.device, options.kv_dtype));
 #if defined(TANDEM_HAVE_CUDA_EXECUTOR)
   return cuda::MakeCudaExecutor(model, options);
+#else
+  return absl::FailedPreconditionError("--device cuda: this build has no CUDA support");
+#endif
+}
+
+absl::StatusOr<int64_t> FreeMemoryForKv(const LlamaModel* model, const ExecutorOptions& options) {
+  if (model == nullptr) return absl::InvalidArgumentError("null model");
+  if (options.device == Device::kCpu) return ReadAvailableMemoryBytes();
+  TANDEM_RETURN_IF_ERROR(CheckDeviceAvailable(options.device));
+#if defined(TANDEM_HAVE_CUDA_EXECUTOR)
+  return cuda::FreeMemoryForKv(*model, options.device_index);
 #else
   return absl::FailedPreconditionError("--device cuda: this build has no CUDA support");
 #endif

@@ -109,6 +109,15 @@ absl::Status CheckDeviceAvailable(Device device);
 // the CPU, f32 only on CUDA (FailedPrecondition naming --kv-cache-dtype).
 absl::Status CheckKvDtypeSupported(Device device, KvDtype dtype);
 
+// Bytes free for a KV cache on options.device with `model`'s weights there,
+// what a --kv-cache-memory fraction is a fraction of. kCpu: MemAvailable
+// (/proc/meminfo; the weights are loaded already). kCuda: the free bytes of
+// device options.device_index (cudaMemGetInfo, after the CUDA context is
+// made) less the bytes `model`'s weights will take there (uploaded after
+// this, with the KV cache). FailedPrecondition without a device,
+// ResourceExhausted when the weights alone do not fit.
+absl::StatusOr<int64_t> FreeMemoryForKv(const LlamaModel* model, const ExecutorOptions& options);
+
 // Validates a slot list against a cache shape (ReadKv / WriteKv helpers).
 absl::Status ValidateSlots(const KvCacheShape& shape, absl::Span<const int64_t> slots);
 // Validates block copies against a cache shape.

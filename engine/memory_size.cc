@@ -40,7 +40,7 @@ absl::Status Junk(absl::string_view text) {
 
 }  // namespace
 
-absl::StatusOr<int64_t> ParseMemorySize(absl::string_view text, int64_t available_bytes) {
+absl::StatusOr<MemoryBudget> ParseMemoryBudget(absl::string_view text) {
   absl::string_view s = absl::StripAsciiWhitespace(text);
   size_t split = 0;
   while (split < s.size() &&
@@ -60,11 +60,9 @@ absl::StatusOr<int64_t> ParseMemorySize(absl::string_view text, int64_t availabl
         return absl::InvalidArgumentError(
             absl::StrCat("memory fraction \"", text, "\" must be in (0, 1]"));
       }
-      if (available_bytes <= 0) return absl::InvalidArgumentError("available memory is unknown");
-      bytes = value * static_cast<double>(available_bytes);
-    } else {
-      bytes = value;
+      return MemoryBudget{0, value};
     }
+    bytes = value;
   } else {
     const Unit* found = nullptr;
     for (const Unit& u : kUnits) {
@@ -73,6 +71,33 @@ absl::StatusOr<int64_t> ParseMemorySize(absl::string_view text, int64_t availabl
     if (found == nullptr) return Junk(text);
     bytes = value * found->bytes;
   }
+  if (bytes < 1.0)
+    return absl::InvalidArgumentError(absl::StrCat("memory size \"", text, "\" is zero"));
+  if (bytes >= 9.2e18)
+    return absl::InvalidArgumentError(absl::StrCat("memory size \"", text, "\" overflows"));
+  return MemoryBudget{static_cast<int64_t>(bytes), 0};
+}
+
+absl::StatusOr<int64_t> ShareOfFreeBytes(double fraction, int64_t free_bytes) {
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory fraction ", fraction, " must be in (0, 1]"));
+  }
+  if (free_bytes <= 0) return absl::ResourceExhaustedError("no memory is free");
+  const double bytes = std::floor(fraction * static_cast<double>(free_bytes));
+  if (bytes < 1.0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("memory fraction ", fraction, " of ", free_bytes, " free bytes is zero"));
+  }
+  return static_cast<int64_t>(bytes);
+}
+
+absl::StatusOr<int64_t> ParseMemorySize(absl::string_view text, int64_t available_bytes) {
+  absl::StatusOr<MemoryBudget> budget = ParseMemoryBudget(text);
+  if (!budget.ok()) return budget.status();
+  if (!budget->is_fraction()) return budget->bytes;
+  if (available_bytes <= 0) return absl::InvalidArgumentError("available memory is unknown");
+  const double bytes = budget->fraction * static_cast<double>(available_bytes);
   if (bytes < 1.0)
     return absl::InvalidArgumentError(absl::StrCat("memory size \"", text, "\" is zero"));
   if (bytes >= 9.2e18)

@@ -17,6 +17,11 @@ For every rendered overlay:
   named ports exist on the selected pods;
 - HPAs target a rendered Deployment that sets no `replicas`, and ask only for
   custom metrics deploy/k8s/prometheus-adapter/config.yaml defines;
+- engine pods (prefill, decode): `--device=cuda` exactly when the container
+  has an nvidia.com/gpu limit; `--kv-cache-memory` (its $(VAR)s expanded) a
+  valid size, and on a GPU a fraction in (0, 1] of the free device memory
+  (a byte size fits one GPU model only), on the CPU a byte size (a fraction
+  there is of the node's MemAvailable, not of the pod's memory limit);
 - the init container fetches the package / file / SHA-256 of scripts/fetch_model.sh;
 - the PodMonitor selects the Tandem pods' `metrics` port.
 """
@@ -49,6 +54,60 @@ def selects(selector, labels):
     return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()) and all(
         (labels.get(e["key"]) in e.get("values", [])) == (e["operator"] == "In")
         for e in selector.get("matchExpressions", []))
+
+
+def flag_value(args, flag, default):
+    """The last value of --flag=V / --flag V in args, else default."""
+    value = default
+    for i, a in enumerate(args):
+        if a.startswith(f"--{flag}="):
+            value = a.split("=", 1)[1]
+        elif a == f"--{flag}" and i + 1 < len(args):
+            value = args[i + 1]
+    return value
+
+
+def kv_memory(text):
+    """('fraction', f) / ('bytes', None) / ('bad', why) as `tandem` parses
+    --kv-cache-memory (engine/memory_size.cc): a bare number with a '.' or
+    <= 1 is a fraction, which must be in (0, 1]."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", text)
+    if not m:
+        return "bad", f"not a size or fraction: {text!r}"
+    try:
+        value = float(m.group(1))
+    except ValueError:
+        return "bad", f"not a number: {text!r}"
+    unit = m.group(2).lower()
+    if not unit and ("." in m.group(1) or value <= 1):
+        return ("fraction", value) if 0 < value <= 1 else ("bad", f"fraction {text!r} not in (0, 1]")
+    if unit not in ("", "b", "k", "m", "g", "kib", "mib", "gib", "tib", "kb", "mb", "gb", "tb"):
+        return "bad", f"unknown unit in {text!r}"
+    return ("bytes", None) if value > 0 else ("bad", f"zero size {text!r}")
+
+
+def check_engine_device(name, c, env, err):
+    """--device and --kv-cache-memory of a prefill / decode container."""
+    args = c.get("args", [])
+    if not args or args[0] not in ("prefill", "decode"):
+        return
+    device = flag_value(args, "device", "cpu")
+    gpus = int(str(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0)))
+    if device == "cuda" and gpus < 1:
+        err(f"{name}: --device=cuda without an nvidia.com/gpu limit")
+    if gpus >= 1 and device != "cuda":
+        err(f"{name}: holds {gpus} nvidia.com/gpu but runs on --device={device} (want --device=cuda)")
+    raw = flag_value(args, "kv-cache-memory", "1GiB")
+    kv = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), raw)
+    kind, detail = kv_memory(kv)
+    if kind == "bad":
+        err(f"{name}: --kv-cache-memory={kv}: {detail}")
+    elif device == "cuda" and kind != "fraction":
+        err(f"{name}: --kv-cache-memory={kv} on a GPU: give a fraction of the free device memory "
+            f"(e.g. 0.9, docs/gpu.md), a byte size fits one GPU model only")
+    elif device != "cuda" and kind == "fraction":
+        err(f"{name}: --kv-cache-memory={kv} on the CPU is a fraction of the node's MemAvailable, "
+            f"not of the pod's memory limit: give a byte size")
 
 
 def help_flags(tandem, command, cache={}):
@@ -99,6 +158,10 @@ def check(path, objs, tandem, errors, notes):
                         err(f"{name}/{c['name']}: $({var}) in {a!r} is not defined")
         main = spec["containers"][0]
         args = main.get("args", [])
+        main_env = {e["name"]: e["value"] for e in main.get("env", []) if "value" in e}
+        for ef in main.get("envFrom", []):
+            main_env = {**configmaps.get(ef.get("configMapRef", {}).get("name"), {}), **main_env}
+        check_engine_device(name, main, main_env, err)
         for probe in ("livenessProbe", "readinessProbe"):
             if probe not in main:
                 err(f"{name}: serving container has no {probe}")

@@ -254,6 +254,12 @@ absl::Status FillConstant(float* d_x, int64_t n, float value, Stream stream);
 // float4 copy kernel over `bytes`, best of `iters` runs.
 absl::StatusOr<double> MeasureCopyBandwidthGBs(int64_t bytes, int iters);
 
+// ---- Device memory queries ---------------------------------------------------
+
+// Free and total bytes of device `index` (cudaMemGetInfo, with `index` made
+// the current device; the first call on a device creates its context).
+absl::Status DeviceMemoryInfo(int index, int64_t* free_bytes, int64_t* total_bytes);
+
 }  // namespace tandem::kernels::cuda
 
 #endif  // TANDEM_KERNELS_CUDA_CUDA_KERNELS_H_

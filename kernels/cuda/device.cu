@@ -32,6 +32,22 @@ std::string DeviceDescription(int index) {
 
 absl::Status SetDevice(int index) { return CudaStatus(cudaSetDevice(index), "cudaSetDevice"); }
 
+absl::Status DeviceMemoryInfo(int index, int64_t* free_bytes, int64_t* total_bytes) {
+  if (absl::Status s = SetDevice(index); !s.ok()) {
+    (void)cudaGetLastError();
+    return s;
+  }
+  size_t free_b = 0, total_b = 0;
+  const cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return CudaStatus(e, "cudaMemGetInfo");
+  }
+  *free_bytes = static_cast<int64_t>(free_b);
+  *total_bytes = static_cast<int64_t>(total_b);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<void*> Malloc(int64_t bytes) {
   if (bytes < 0) return absl::InvalidArgumentError("cuda Malloc: negative size");
   void* p = nullptr;

@@ -16,12 +16,12 @@
 #include "common/thread_pool.h"
 #include "common/tokenizer/chat_template.h"
 #include "engine/engine.h"
-#include "engine/memory_size.h"
 #include "services/cli/args.h"
 #include "services/cli/command_status.h"
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
 #include "services/cli/kv_dtype_flag.h"
+#include "services/cli/kv_memory_flag.h"
 #include "services/cli/model_loader.h"
 #include "services/cli/prompt_file.h"
 #include "services/cli/run_stats.h"
@@ -77,7 +77,7 @@ void AddFlags(ArgParser& p, GenerateFlags& f) {
   AddKvDtypeFlag(p, &f.kv_cache_dtype);
   AddSpecFlags(p, &f.spec);
   p.AddString("kv-cache-memory", &f.kv_cache_memory,
-              "KV cache budget: bytes (2GiB, 512MiB) or a fraction of free RAM (0.25)");
+              std::string("KV cache budget: ") + kKvCacheMemoryHelp);
   p.AddInt("max-num-seqs", &f.max_num_seqs, 1, 4096, "sequences in one batch at most");
   p.AddInt("max-num-batched-tokens", &f.max_num_batched_tokens, 1, 1 << 20,
            "tokens in one step at most (chunked prefill splits longer prompts)");
@@ -180,12 +180,11 @@ absl::StatusOr<GenerateSetup> CheckFlags(const ArgParser& parser, const Generate
   } else {
     setup.specs.push_back({flags.prompt, 0, defaults});
   }
-  auto kv_bytes = engine::ParseMemorySize(flags.kv_cache_memory);
-  if (!kv_bytes.ok()) {
-    return UsageStatus("--kv-cache-memory: " + std::string(kv_bytes.status().message()));
-  }
   auto device = ResolveDevice(flags.device);
   if (!device.ok()) return UsageStatus(device.status());
+  if (absl::Status s = ApplyKvCacheMemory(flags.kv_cache_memory, &setup.config); !s.ok()) {
+    return UsageStatus(s);
+  }
   auto kv_dtype = ResolveKvDtype(flags.kv_cache_dtype, *device);
   if (!kv_dtype.ok()) return UsageStatus(kv_dtype.status());
   auto spec = ResolveSpec(flags.spec);
@@ -194,7 +193,6 @@ absl::StatusOr<GenerateSetup> CheckFlags(const ArgParser& parser, const Generate
   config.device = *device;
   config.kv_cache_dtype = *kv_dtype;
   config.spec = *spec;
-  config.kv_cache_memory_bytes = *kv_bytes;
   config.scheduler.max_num_seqs = flags.max_num_seqs;
   config.scheduler.max_num_batched_tokens = flags.max_num_batched_tokens;
   if (flags.spec.method == "draft") {

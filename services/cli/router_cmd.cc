@@ -8,6 +8,7 @@
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
 #include "services/cli/kv_dtype_flag.h"
+#include "services/cli/kv_memory_flag.h"
 #include "services/cli/router_setup.h"
 #include "services/cli/security_flags.h"
 #include "spdlog/spdlog.h"
@@ -39,7 +40,8 @@ void AddRouterFlags(ArgParser& p, RouterFlags& f) {
   p.AddInt("drain-seconds", &f.drain_seconds, 0, 3600,
            "on SIGTERM: NOT_SERVING, refuse new calls, let calls in flight finish this long");
   p.AddBool("colocated", &f.colocated, "run one in-process engine for both phases (no workers)");
-  p.AddString("kv-cache-memory", &f.kv_cache_memory, "--colocated: KV cache budget (1GiB, 0.25)");
+  p.AddString("kv-cache-memory", &f.kv_cache_memory,
+              std::string("--colocated: KV cache budget: ") + kKvCacheMemoryHelp);
   p.AddInt("max-num-seqs", &f.max_num_seqs, 1, 4096, "--colocated: sequences per batch");
   p.AddInt("max-num-batched-tokens", &f.max_num_batched_tokens, 1, 1 << 20,
            "--colocated: tokens per step");

@@ -12,10 +12,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
-#include "engine/memory_size.h"
 #include "engine/model_config.h"
 #include "services/cli/device_flag.h"
 #include "services/cli/kv_dtype_flag.h"
+#include "services/cli/kv_memory_flag.h"
 #include "services/common/api_key.h"
 #include "spdlog/spdlog.h"
 
@@ -45,19 +45,14 @@ absl::Status StartLocalEngine(const RouterFlags& flags, const std::string& path,
   const int threads = flags.threads > 0
                           ? static_cast<int>(flags.threads)
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  engine::EngineConfig config;
+  TANDEM_RETURN_IF_ERROR(ApplyKvCacheMemory(flags.kv_cache_memory, &config));
   r.pool = std::make_unique<ThreadPool>(threads);
   TANDEM_ASSIGN_OR_RETURN(r.loaded, LoadModel(path, r.pool.get(), /*verbose=*/true));
-  auto kv_bytes = engine::ParseMemorySize(flags.kv_cache_memory);
-  if (!kv_bytes.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--kv-cache-memory: %s", kv_bytes.status().message()));
-  }
-  engine::EngineConfig config;
   TANDEM_ASSIGN_OR_RETURN(config.device, ResolveDevice(flags.device));
   TANDEM_ASSIGN_OR_RETURN(config.kv_cache_dtype,
                           ResolveKvDtype(flags.kv_cache_dtype, config.device));
   TANDEM_ASSIGN_OR_RETURN(config.spec, ResolveSpec(flags.spec));
-  config.kv_cache_memory_bytes = *kv_bytes;
   config.scheduler.max_num_seqs = flags.max_num_seqs;
   config.scheduler.max_num_batched_tokens = flags.max_num_batched_tokens;
   config.scheduler.max_waiting_requests = flags.max_waiting_requests;

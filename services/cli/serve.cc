@@ -25,6 +25,7 @@
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
 #include "services/cli/kv_dtype_flag.h"
+#include "services/cli/kv_memory_flag.h"
 #include "services/cli/router_setup.h"
 #include "services/cli/security_flags.h"
 #include "services/cli/spec_flags.h"
@@ -186,7 +187,8 @@ void AddServeFlags(ArgParser& p, ServeFlags& f) {
   p.AddString(
       "endpoints-file", &f.endpoints_file,
       "write [{role, pid, grpc_address, metrics_address[, http_address]}] as JSON once ready");
-  p.AddString("kv-cache-memory", &f.kv_cache_memory, "KV cache budget per engine (1GiB, 0.25)");
+  p.AddString("kv-cache-memory", &f.kv_cache_memory,
+              std::string("KV cache budget per engine: ") + kKvCacheMemoryHelp);
   p.AddInt("kv-lease-seconds", &f.kv_lease_seconds, 1, 3600,
            "decode workers free received KV not claimed within this time");
   p.AddInt("max-inflight", &f.max_inflight, 1, 100000, "router: Generate calls at once");
@@ -226,6 +228,8 @@ absl::Status CheckServeFlags(const ServeFlags& f) {
   TANDEM_RETURN_IF_ERROR(services::ValidateServerTls(f.tls));
   TANDEM_ASSIGN_OR_RETURN(auto device, ResolveDevice(f.device));
   TANDEM_RETURN_IF_ERROR(ResolveKvDtype(f.kv_cache_dtype, device).status());
+  engine::EngineConfig engine_config;
+  TANDEM_RETURN_IF_ERROR(ApplyKvCacheMemory(f.kv_cache_memory, &engine_config));
   TANDEM_RETURN_IF_ERROR(transfer::CheckKvTransportKind(f.kv_transport));
   TANDEM_RETURN_IF_ERROR(ResolveSpec(f.spec).status());
   if (!f.api_key_file.empty()) {
@@ -264,6 +268,13 @@ std::vector<std::string> WorkerArgv(const ServeFlags& f, const std::string& self
                                     const std::string& role, int grpc_port, int metrics_port,
                                     const std::string& router_address,
                                     const std::string& model_path) {
+  // Every worker runs on the same device (cuda:0 with --device cuda): a
+  // fraction of its free memory is split between them (kv_memory_flag.h).
+  engine::Device device = engine::Device::kCpu;
+  (void)engine::ParseDevice(f.device, &device);
+  const std::string kv_cache_memory =
+      WorkerKvCacheMemory(f.kv_cache_memory, device, f.prefill_workers + f.decode_workers)
+          .value_or(f.kv_cache_memory);
   std::vector<std::string> args = {self,
                                    role,
                                    "--host",
@@ -277,7 +288,7 @@ std::vector<std::string> WorkerArgv(const ServeFlags& f, const std::string& self
                                    "--model",
                                    model_path,
                                    "--kv-cache-memory",
-                                   f.kv_cache_memory,
+                                   kv_cache_memory,
                                    "--threads",
                                    std::to_string(f.threads),
                                    "--max-num-batched-tokens",

@@ -9,12 +9,12 @@
 #include <string_view>
 
 #include "absl/strings/str_format.h"
-#include "engine/memory_size.h"
 #include "services/cli/args.h"
 #include "services/cli/command_status.h"
 #include "services/cli/commands.h"
 #include "services/cli/device_flag.h"
 #include "services/cli/kv_dtype_flag.h"
+#include "services/cli/kv_memory_flag.h"
 #include "services/cli/router_setup.h"
 #include "services/cli/security_flags.h"
 #include "services/cli/spec_flags.h"
@@ -55,7 +55,8 @@ void AddWorkerFlags(ArgParser& p, WorkerFlags& f, std::string_view role) {
   p.AddString("advertise", &f.advertise, "address announced to the router (default host:port)");
   p.AddString("router", &f.router, "router address to register with (host:port)");
   p.AddString("model", &f.model, "GGUF model (default: the bundled SmolLM2)");
-  p.AddString("kv-cache-memory", &f.kv_cache_memory, "KV cache budget (1GiB, 512MiB, 0.25)");
+  p.AddString("kv-cache-memory", &f.kv_cache_memory,
+              std::string("KV cache budget: ") + kKvCacheMemoryHelp);
   p.AddInt("drain-seconds", &f.drain_seconds, 0, 3600,
            "on SIGTERM: stop taking work and let calls in flight finish for up to this long");
   p.AddInt("kv-lease-seconds", &f.kv_lease_seconds, 1, 3600,
@@ -91,18 +92,16 @@ absl::StatusOr<services::WorkerServerConfig> ConfigFromFlags(const WorkerFlags& 
   auto path = ResolveModelPath(f.model);
   if (!path.ok()) return UsageStatus(path.status());
   if (absl::Status s = CheckDraftVocab(f.spec, *path); !s.ok()) return UsageStatus(s);
-  auto kv_bytes = engine::ParseMemorySize(f.kv_cache_memory);
-  if (!kv_bytes.ok()) {
-    return UsageStatus("--kv-cache-memory: " + std::string(kv_bytes.status().message()));
-  }
   services::WorkerServerConfig config;
+  if (absl::Status s = ApplyKvCacheMemory(f.kv_cache_memory, &config.engine); !s.ok()) {
+    return UsageStatus(s);
+  }
   config.listen_address = absl::StrFormat("%s:%d", f.host, f.port);
   if (f.metrics_port >= 0) {
     config.metrics_address = absl::StrFormat("%s:%d", f.host, f.metrics_port);
   }
   config.advertise_address = f.advertise;
   config.model_path = *path;
-  config.engine.kv_cache_memory_bytes = *kv_bytes;
   config.engine.num_threads = static_cast<int>(f.threads);
   config.engine.device = *device;
   config.engine.kv_cache_dtype = *kv_dtype;

@@ -3,12 +3,15 @@
 // with SingleSequenceRunner on the real SmolLM2 model.
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 
 #include "absl/synchronization/mutex.h"
 #include "common/tokenizer/vocab.h"
+#include "engine/memory_size.h"
 #include "engine/sampler.h"
 #include "engine/single_sequence_runner.h"
 #include "tests/engine/engine_test_util.h"
@@ -25,6 +28,48 @@ class EngineTest : public ::testing::Test {
   static TinyModel* tiny_;
 };
 TinyModel* EngineTest::tiny_ = nullptr;
+
+// kv_cache_memory_fraction: the budget is that share of the memory free where
+// the cache lives, measured at Create (MemAvailable for the CPU executor);
+// out-of-range fractions are refused by Validate.
+TEST_F(EngineTest, KvCacheMemoryFractionOfFreeMemory) {
+  EngineConfig config;
+  config.kv_cache_memory_bytes = 0;  // unused with a fraction
+  config.kv_cache_memory_fraction = 0.001;
+  const int64_t before = *ReadAvailableMemoryBytes();
+  std::unique_ptr<Engine> engine = MakeEngine(config, model());
+  const int64_t after = *ReadAvailableMemoryBytes();
+  const int64_t block_bytes = engine->kv_bytes_per_token() * config.block_size;
+  const int64_t blocks = engine->Stats().num_blocks_total;
+  // MemAvailable moves a little on a busy machine: within its range then.
+  EXPECT_GE(blocks, static_cast<int64_t>(0.001 * std::min(before, after)) / block_bytes * 9 / 10);
+  EXPECT_LE(blocks, static_cast<int64_t>(0.001 * std::max(before, after)) / block_bytes * 11 / 10);
+  EXPECT_NE(engine->kv_cache_description().find(", budget 0.001 of "), std::string::npos)
+      << engine->kv_cache_description();
+  EXPECT_NE(engine->kv_cache_description().find(" GiB free on cpu"), std::string::npos);
+  for (double bad : {1.5, -0.25, std::nan("")}) {
+    config.kv_cache_memory_fraction = bad;
+    EXPECT_EQ(Engine::Create(config, model(), nullptr).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  // A fixed size still needs positive bytes when no fraction is set.
+  config.kv_cache_memory_fraction = 0;
+  EXPECT_FALSE(config.Validate().ok());
+}
+
+// On CUDA without a device the fraction cannot be measured: the device error.
+TEST_F(EngineTest, KvCacheMemoryFractionOnCudaWithoutDevice) {
+  if (CheckDeviceAvailable(Device::kCuda).ok()) GTEST_SKIP() << "a CUDA device is visible";
+  EngineConfig config;
+  config.device = Device::kCuda;
+  config.kv_cache_memory_fraction = 0.9;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(config, model(), nullptr);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition) << engine.status();
+  EXPECT_NE(engine.status().message().find("--device cuda: "), absl::string_view::npos)
+      << engine.status();
+}
 
 TEST_F(EngineTest, PrefixCacheHitComputesOnlyNewTokens) {
   const std::vector<int32_t> shared = RandomPrompt(64, 256, 1);

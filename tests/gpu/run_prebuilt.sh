@@ -107,7 +107,8 @@ GT=(--gtest_color=no --gtest_brief=0)
 
 if [[ "$PHASE" == kernels || "$PHASE" == all ]]; then
   if [[ -f "$CARRY/model-a/model.part-a" ]]; then cp "$CARRY/model-a/model.part-a" "$WORK/"; fi
-  for t in cuda_rmsnorm_test cuda_ops_test cuda_attention_test cuda_executor_test nccl_gpu_test; do
+  for t in cuda_rmsnorm_test cuda_ops_test cuda_attention_test cuda_executor_test cuda_kv_memory_test \
+      nccl_gpu_test; do
     run "$t" 150 "$B/tests/$t" "${GT[@]}"
   done
   run nccl_transport_test 150 "$B/tests/nccl_transport_test" "${GT[@]}"
@@ -149,7 +150,7 @@ if [[ "$PHASE" == model || "$PHASE" == all ]]; then
     "$B/tests/cluster_test" "${GT[@]}" --gtest_filter='-*ThirtyTwo*'
   run "cluster_test (cuda, batch invariant)" 300 env TANDEM_TEST_DEVICE=cuda \
     TANDEM_BATCH_INVARIANT=1 TANDEM_TEST_BINARY="$B/tandem" "$B/tests/cluster_test" \
-    "${GT[@]}" --gtest_filter='*ThirtyTwo*'
+    "${GT[@]}" --gtest_filter='*ThirtyTwo*:ClusterKvDtypeTest.*'
   # The user's path: `tandem generate` greedy on both devices. Printed, not
   # a failure when they differ: the CPU runs its fast kernels (int8
   # activations) and an f16 KV cache, the GPU f32 math; cuda_smollm2_test is
@@ -176,6 +177,10 @@ for c, g in zip(cpu, gpu):
     bad += n is not None
 print(f"{len(cpu) - bad} of {len(cpu)} identical for 48 tokens")
 PY
+  # --kv-cache-memory as a fraction of the free device memory.
+  run "tandem generate --device cuda --kv-cache-memory 0.5" 120 "$B/tandem" generate \
+    --device cuda --model "$MODEL" --kv-cache-memory 0.5 --prompt "Hello" --max-tokens 8
+  grep -q "GiB free on cuda" "$WORK/run.out" || FAILED+=("--kv-cache-memory 0.5: no budget line")
   run "gpu_bench (SmolLM2)" 300 "$B/bench/gpu_bench" --model "$MODEL" --no-synthetic
   run "gpu_bench (SmolLM2, no CUDA graphs)" 300 env TANDEM_CUDA_GRAPHS=0 "$B/bench/gpu_bench" \
     --model "$MODEL" --no-synthetic

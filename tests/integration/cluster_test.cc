@@ -6,10 +6,13 @@
 //  - a client that cancels mid-stream leaves zero KV blocks in use on every
 //    worker (their GetStats);
 //  - a deadline mid-generation ends with finish_reason DEADLINE and status OK.
+#include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "grpcpp/create_channel.h"
@@ -270,13 +273,32 @@ TEST_F(ClusterTest, DeadlineMidGenerationFinishesWithReasonDeadline) {
   ExpectNoKvInUse(*cluster_);
 }
 
-// `tandem serve --kv-cache-dtype int8` passes the dtype to its workers: both
-// advertise it in their KV compatibility, the handoff carries int8 bytes, and
-// the streams equal `tandem generate --kv-cache-dtype int8`.
+// The device the cluster's engines run on: $TANDEM_TEST_DEVICE (DeviceArgs),
+// else the CPU.
+std::string TestDevice() {
+  const std::vector<std::string> args = DeviceArgs();
+  return args.empty() ? "cpu" : args.back();
+}
+
+// A KV dtype to pass through `tandem serve`: int8 on the CPU (not its
+// default f16, so a worker that dropped the flag would show); f32 on CUDA,
+// the only dtype its executor holds.
+std::string PassThroughKvDtype(const std::string& device) {
+  return device == "cuda" ? "f32" : "int8";
+}
+
+// `tandem serve --kv-cache-dtype D` passes the dtype to its workers: both
+// advertise it in their KV compatibility, the handoff carries D bytes, and
+// the streams equal `tandem generate --kv-cache-dtype D` on the same device
+// (D: PassThroughKvDtype). On CUDA the token comparison needs
+// TANDEM_BATCH_INVARIANT=1 (a different batch mix changes the GEMM path's
+// rounding otherwise), as ThirtyTwoConcurrentStreams does there.
 TEST(ClusterKvDtypeTest, ServePassesTheKvDtypeToItsWorkers) {
+  const std::string device = TestDevice();
+  const std::string dtype = PassThroughKvDtype(device);
   ServeProcess cluster;
-  const std::string err = cluster.Start(
-      {"--prefill-workers", "1", "--decode-workers", "1", "--kv-cache-dtype", "int8"});
+  const std::string err =
+      cluster.Start({"--prefill-workers", "1", "--decode-workers", "1", "--kv-cache-dtype", dtype});
   ASSERT_EQ(err, "") << err;
   for (const Endpoint& e : cluster.endpoints()) {
     if (e.role == "router") continue;
@@ -288,11 +310,19 @@ TEST(ClusterKvDtypeTest, ServePassesTheKvDtypeToItsWorkers) {
             ? tandem::v1::PrefillWorker::NewStub(channel)->GetStats(&ctx, {}, &stats)
             : tandem::v1::DecodeWorker::NewStub(channel)->GetStats(&ctx, {}, &stats);
     ASSERT_TRUE(st.ok()) << e.role << ": " << st.error_message();
-    EXPECT_EQ(stats.compat().kv_dtype(), "int8") << e.role;
+    EXPECT_EQ(stats.compat().kv_dtype(), dtype) << e.role;
   }
   std::vector<Result> disagg = RunConcurrently(cluster.Address("router"));
   ExpectNoKvInUse(cluster);
   EXPECT_EQ(cluster.Stop(), 0) << cluster.Log();
+  for (int i = 0; i < kNumRequests; ++i) {
+    ASSERT_TRUE(disagg[i].status.ok()) << i << ": " << disagg[i].status.error_message();
+    EXPECT_FALSE(disagg[i].tokens.empty()) << i;
+  }
+  const char* invariant = std::getenv("TANDEM_BATCH_INVARIANT");
+  if (device == "cuda" && (invariant == nullptr || std::string(invariant) != "1")) {
+    GTEST_SKIP() << "cuda without TANDEM_BATCH_INVARIANT=1: tokens not compared with generate";
+  }
   const std::string prompts = cluster.dir() + "/prompts.jsonl";
   {
     std::ofstream f(prompts);
@@ -300,21 +330,51 @@ TEST(ClusterKvDtypeTest, ServePassesTheKvDtypeToItsWorkers) {
       f << "{\"prompt\": \"" << sp.prompt << "\", \"seed\": " << sp.seed << "}\n";
     }
   }
-  ProcessResult gen =
-      RunProcess({TandemBinary(), "generate", "--prompts-file", prompts, "--json", "--temperature",
-                  "0.8", "--max-tokens", std::to_string(kMaxTokens), "--concurrency", "32",
-                  "--kv-cache-dtype", "int8"});
+  std::vector<std::string> gen_args = {TandemBinary(), "generate", "--prompts-file", prompts};
+  for (const std::string& a :
+       {std::string("--json"), std::string("--temperature"), std::string("0.8"),
+        std::string("--max-tokens"), std::to_string(kMaxTokens), std::string("--concurrency"),
+        std::string("32"), std::string("--kv-cache-dtype"), dtype}) {
+    gen_args.push_back(a);
+  }
+  for (const std::string& a : DeviceArgs()) gen_args.push_back(a);
+  ProcessResult gen = RunProcess(gen_args);
   ASSERT_EQ(gen.exit_code, 0) << gen.err;
   std::stringstream lines(gen.out);
   int i = 0;
   for (std::string line; std::getline(lines, line);) {
     if (line.empty()) continue;
     ASSERT_LT(i, kNumRequests);
-    ASSERT_TRUE(disagg[i].status.ok()) << disagg[i].status.error_message();
     EXPECT_EQ(disagg[i].tokens, Json::Parse(line)["token_ids"].ints()) << "request " << i;
     ++i;
   }
   EXPECT_EQ(i, kNumRequests);
+}
+
+// A KV dtype the device's executor does not hold (on CUDA: anything but
+// f32), or no dtype at all, is refused by `tandem serve` before it starts a
+// worker: one line naming --kv-cache-dtype, exit 2.
+TEST(ClusterKvDtypeTest, ServeRefusesAKvDtypeTheDeviceLacks) {
+  const std::string device = TestDevice();
+  std::vector<std::pair<std::string, std::string>> cases = {
+      {"int3", "tandem serve: --kv-cache-dtype: unknown dtype 'int3' ("}};
+  if (device == "cuda") {
+    for (const char* d : {"int8", "f16", "bf16", "fp8"}) {
+      cases.push_back({d, std::string("tandem serve: --kv-cache-dtype ") + d +
+                              ": the CUDA executor holds an f32 KV cache only (use "
+                              "--kv-cache-dtype f32 with --device cuda)\n"});
+    }
+  }
+  for (const auto& [dtype, want] : cases) {
+    std::vector<std::string> argv = {TandemBinary(), "serve", "--port",           "0",
+                                     "--http-port",  "0",     "--kv-cache-dtype", dtype};
+    for (const std::string& a : DeviceArgs()) argv.push_back(a);
+    ProcessResult r = RunProcess(argv);
+    EXPECT_EQ(r.exit_code, 2) << dtype << ": " << r.err;
+    EXPECT_EQ(r.err.rfind(want, 0), 0u) << dtype << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << dtype << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << dtype;
+  }
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 // Drives the real `tandem` binary as a user would: exit codes, one-line
 // errors, --json output, and greedy tokens equal to the HF transformers golden.
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -68,12 +70,69 @@ TEST(GenerateCliTest, DeviceFlagErrorsExitTwoWithOneLine) {
     const std::string cmd = args[0];
     args.push_back("--device");
     args.push_back("cuda");
-    ProcessResult r = Tandem(args);
-    EXPECT_EQ(r.exit_code, 2) << cmd << ": " << r.err;
-    EXPECT_EQ(CountLines(r.err), 1) << cmd << ": " << r.err;
-    EXPECT_EQ(r.err.rfind("tandem " + cmd + ": --device cuda: ", 0), 0u) << r.err;
-    EXPECT_TRUE(r.out.empty()) << cmd;
+    // The missing device is the error even with a bad --kv-cache-memory too.
+    for (const char* kv : {"0.9", "1.5"}) {
+      std::vector<std::string> with_kv = args;
+      with_kv.push_back("--kv-cache-memory");
+      with_kv.push_back(kv);
+      ProcessResult r = Tandem(with_kv);
+      EXPECT_EQ(r.exit_code, 2) << cmd << ": " << r.err;
+      EXPECT_EQ(CountLines(r.err), 1) << cmd << ": " << r.err;
+      EXPECT_EQ(r.err.rfind("tandem " + cmd + ": --device cuda: ", 0), 0u) << r.err;
+      EXPECT_TRUE(r.out.empty()) << cmd;
+    }
   }
+}
+
+// --kv-cache-memory: junk, a zero size and a fraction outside (0, 1] are one
+// error line naming the flag and exit 2 from every command that builds an
+// engine (serve checks before it starts any worker).
+TEST(GenerateCliTest, KvCacheMemoryErrorsExitTwoWithOneLine) {
+  const std::vector<std::vector<std::string>> commands = {
+      {"generate", "--prompt", "hi"}, {"serve"}, {"prefill"}, {"decode"}, {"router", "--colocated"},
+  };
+  const std::vector<std::pair<std::string, std::string>> values = {
+      {"1.5", "memory fraction \"1.5\" must be in (0, 1]"},
+      {"0", "memory fraction \"0\" must be in (0, 1]"},
+      {"0.0", "memory fraction \"0.0\" must be in (0, 1]"},
+      {"0GiB", "memory size \"0GiB\" is zero"},
+      {"lots", "bad memory size \"lots\": want e.g. 2GiB, 512MiB, 1048576 or 0.5"},
+  };
+  for (const std::vector<std::string>& command : commands) {
+    for (const auto& [value, message] : values) {
+      std::vector<std::string> args = command;
+      args.push_back("--kv-cache-memory");
+      args.push_back(value);
+      ProcessResult r = Tandem(args);
+      EXPECT_EQ(r.exit_code, 2) << command[0] << " " << value << ": " << r.err;
+      EXPECT_EQ(r.err, "tandem " + command[0] + ": --kv-cache-memory: " + message + "\n");
+      EXPECT_TRUE(r.out.empty()) << command[0] << " " << value;
+    }
+  }
+}
+
+// A fraction is resolved when the engine is built, against the memory free
+// where the KV cache lives (the host here): the start-up line names it, and
+// the blocks are that share of it.
+TEST(GenerateCliTest, KvCacheMemoryFractionIsOfFreeMemory) {
+  ProcessResult r =
+      Tandem({"generate", "--prompt", "hi", "--max-tokens", "1", "--kv-cache-memory", "0.01"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const size_t at = r.err.find(", budget 0.01 of ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  double free_gib = 0;
+  ASSERT_EQ(std::sscanf(r.err.c_str() + at, ", budget 0.01 of %lf GiB free on cpu", &free_gib), 1)
+      << r.err;
+  EXPECT_GT(free_gib, 0.0);
+  // "<blocks> blocks x 16 tokens" at 23040 B/token (f16): 0.01 of the free
+  // bytes, rounded down to whole blocks.
+  const size_t line = r.err.rfind("KV cache: f16, 23040 B/token, ", at);
+  ASSERT_NE(line, std::string::npos) << r.err;
+  long long blocks = 0;
+  ASSERT_EQ(std::sscanf(r.err.c_str() + line, "KV cache: f16, 23040 B/token, %lld blocks", &blocks),
+            1);
+  const double want = 0.01 * free_gib * (1 << 30) / (23040.0 * 16);
+  EXPECT_NEAR(static_cast<double>(blocks), want, want * 0.01 + 1) << r.err;
 }
 
 TEST(GenerateCliTest, PromptPlusMaxTokensOverContextIsAUsageError) {
