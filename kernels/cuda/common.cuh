@@ -228,35 +228,21 @@ struct Raw8 {
   uint32_t s;
 };
 
-// Row r's bases for LoadRaw8 (computed once per row, not per load).
-struct Row8 {
-  const uint8_t* q;  // BF16: the row; planar: the row's first block's quants
-  const uint8_t* s;  // planar: the row's first block's scale
-};
 template <int kType>
-__device__ __forceinline__ Row8 RowOf(const MatView& m, int64_t r) {
+__device__ __forceinline__ void LoadRaw8(const MatView& m, int64_t r, int64_t e0,
+                                         Raw8<kType>& raw) {
   if constexpr (kType == kTypeBF16) {
-    return {m.data + r * m.row_bytes, nullptr};
-  } else {
-    return {m.data + r * m.nblk * PlanarQuantBytes(kType),
-            m.scales + r * m.nblk * PlanarScaleBytes(kType)};
-  }
-}
-
-template <int kType>
-__device__ __forceinline__ void LoadRaw8(const Row8& row, int e0, Raw8<kType>& raw) {
-  if constexpr (kType == kTypeBF16) {
-    const uint4 v = *reinterpret_cast<const uint4*>(row.q + e0 * 2);
+    const uint4 v = *reinterpret_cast<const uint4*>(m.data + r * m.row_bytes + e0 * 2);
     raw.q[0] = v.x, raw.q[1] = v.y, raw.q[2] = v.z, raw.q[3] = v.w;
   } else {
-    const int blk = e0 / kQK, off = e0 % kQK;
+    const int64_t blk = r * m.nblk + e0 / kQK;
     if constexpr (kType == kTypeQ8_0) {
-      const uint2 v = *reinterpret_cast<const uint2*>(row.q + blk * 32 + off);
+      const uint2 v = *reinterpret_cast<const uint2*>(m.data + blk * 32 + e0 % kQK);
       raw.q[0] = v.x, raw.q[1] = v.y;
-      raw.s = Ld16(row.s + blk * 2);
+      raw.s = Ld16(m.scales + blk * 2);
     } else {
-      raw.q[0] = Ld32(row.q + blk * 16 + off / 2);
-      raw.s = kType == kTypeQ4_1 ? Ld32(row.s + blk * 4) : Ld16(row.s + blk * 2);
+      raw.q[0] = Ld32(m.data + blk * 16 + (e0 % kQK) / 2);
+      raw.s = kType == kTypeQ4_1 ? Ld32(m.scales + blk * 4) : Ld16(m.scales + blk * 2);
     }
   }
 }
