@@ -205,7 +205,8 @@ void MatrixBench(double gbs) {
   BENCH_CHECK(blas.status());
   for (gguf::TensorType t : {gguf::TensorType::kBF16, gguf::TensorType::kQ4_0,
                              gguf::TensorType::kQ4_1, gguf::TensorType::kQ8_0}) {
-    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{28672, 4096}, {4096, 14336}}) {
+    for (const auto& shape : {std::pair<int64_t, int64_t>{28672, 4096}, {4096, 14336}}) {
+      const int64_t rows = shape.first, cols = shape.second;  // (lambdas capture these)
       kc::DeviceMatrix m{t, nullptr, rows, cols, int64_t(*gguf::RowBytes(t, cols))};
       DevBuf gguf_buf(rows * m.row_bytes);
       m.data = gguf_buf.p;
@@ -259,8 +260,9 @@ void MatrixBench(double gbs) {
 void AttentionBench(double gbs) {
   std::printf("paged decode attention (32 q heads, 8 KV heads, head dim 128, f32 KV)\n");
   const int64_t heads = 32, kv_heads = 8, hd = 128, bs = 16;
-  for (auto [B, ctx] :
+  for (const auto& shape :
        {std::pair<int64_t, int64_t>{1, 4096}, {16, 4096}, {64, 4096}, {64, 1024}, {16, 16384}}) {
+    const int64_t B = shape.first, ctx = shape.second;
     const int64_t per_seq = ctx / bs, blocks = B * per_seq;
     const int64_t row = kv_heads * hd;
     DevBuf k(blocks * bs * row * 4), v(blocks * bs * row * 4), q(B * heads * hd * 4),
