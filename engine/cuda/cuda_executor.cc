@@ -3,6 +3,7 @@
 #include "engine/cuda/cuda_executor.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,28 @@ namespace kc = kernels::cuda;
 
 // Decode steps of up to this many sequences run as CUDA graphs.
 constexpr int64_t kMaxGraphTokens = 64;
+
+bool EnvIs(const char* name, std::string_view value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && value == v;
+}
+
+// The activation buffers of a step of T tokens and L logits rows, in floats:
+// x, h, qkv, attention out, gate|up, SiLU out, logits rows, logits,
+// attention workspace.
+std::array<int64_t, 9> ActivationFloats(const ModelConfig& c, int64_t T, int64_t L,
+                                        int64_t attn_ws_floats) {
+  const int64_t H = c.hidden_size, W = c.q_dim() + 2 * c.kv_dim();
+  return {T * H,
+          T * H,
+          T * W,
+          T * c.q_dim(),
+          T * 2 * c.ffn_size,
+          T * c.ffn_size,
+          L * H,
+          L * c.vocab_size,
+          attn_ws_floats};
+}
 
 struct HostFree {
   void operator()(void* p) const { kc::FreeHost(p); }
@@ -108,6 +131,8 @@ class CudaExecutor final : public Executor {
   // into `host_logits` (L rows): what a graph captures.
   absl::Status Enqueue(const Geometry& g, const char* host_meta, char* meta, char* acts,
                        float* host_logits);
+  // A validated step: a graph replay when ForwardGraph takes it, else eager.
+  absl::Status Run(const ForwardBatch& b, float* logits);
   absl::Status ForwardEager(const ForwardBatch& b, float* logits);
   // Decode steps (one token per sequence) of up to kMaxGraphTokens tokens
   // whose matrix products all run on the Gemv: a CUDA graph per (padded
@@ -143,7 +168,6 @@ class CudaExecutor final : public Executor {
   std::map<GraphKey, void*> graphs_;
   HostStaging graph_host_;  // metadata, then logits
   Scratch graph_meta_, graph_acts_;
-  int64_t graph_host_bytes_ = 0;
   // Activation views into acts_ for the current Forward.
   float *x_ = nullptr, *h_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *gu_ = nullptr,
         *act_ = nullptr;
@@ -162,12 +186,8 @@ absl::StatusOr<std::unique_ptr<Executor>> CudaExecutor::Create(const ModelConfig
   TANDEM_RETURN_IF_ERROR(CheckKvDtypeSupported(Device::kCuda, options.kv_dtype));
   std::unique_ptr<CudaExecutor> ex(new CudaExecutor(config));
   ex->device_index_ = options.device_index;
-  const char* env = std::getenv("TANDEM_BATCH_INVARIANT");
-  ex->batch_invariant_ =
-      options.batch_invariant || (env != nullptr && std::string_view(env) == "1");
-  const char* graphs_env = std::getenv("TANDEM_CUDA_GRAPHS");
-  ex->use_graphs_ =
-      options.cuda_graphs && !(graphs_env != nullptr && std::string_view(graphs_env) == "0");
+  ex->batch_invariant_ = options.batch_invariant || EnvIs("TANDEM_BATCH_INVARIANT", "1");
+  ex->use_graphs_ = options.cuda_graphs && !EnvIs("TANDEM_CUDA_GRAPHS", "0");
   TANDEM_RETURN_IF_ERROR(kc::SetDevice(options.device_index));
   TANDEM_ASSIGN_OR_RETURN(ex->stream_, kc::StreamCreate());
   TANDEM_ASSIGN_OR_RETURN(ex->blas_, kc::CreateBlasHandle());
@@ -284,10 +304,7 @@ CudaExecutor::Geometry CudaExecutor::Layout(int64_t T, int64_t S, int64_t L, int
   g.off_slots = Align(g.off_tables + S * max_blocks * 4);
   g.meta_bytes = g.off_slots + T * 8;
   g.attn_ws_floats = kc::PagedAttentionWorkspaceFloats(T, c.num_heads, c.head_dim, max_pos);
-  const int64_t W = c.q_dim() + 2 * c.kv_dim();
-  for (int64_t floats :
-       {T * c.hidden_size, T * c.hidden_size, T * W, T * c.q_dim(), T * 2 * c.ffn_size,
-        T * c.ffn_size, L * c.hidden_size, L * c.vocab_size, g.attn_ws_floats}) {
+  for (int64_t floats : ActivationFloats(c, T, L, g.attn_ws_floats)) {
     g.acts_bytes += Align(floats * 4);
   }
   return g;
@@ -332,17 +349,8 @@ absl::Status CudaExecutor::Enqueue(const Geometry& g, const char* host_meta, cha
   const int64_t T = g.T, L = g.L, H = c.hidden_size;
   TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(meta, host_meta, g.meta_bytes, stream_));
   d_slots_ = reinterpret_cast<const int64_t*>(meta + g.off_slots);
-  const int64_t W = c.q_dim() + 2 * c.kv_dim();
   float* views[9];
-  const int64_t sizes[] = {T * H,
-                           T * H,
-                           T * W,
-                           T * c.q_dim(),
-                           T * 2 * c.ffn_size,
-                           T * c.ffn_size,
-                           L * H,
-                           L * c.vocab_size,
-                           g.attn_ws_floats};
+  const std::array<int64_t, 9> sizes = ActivationFloats(c, T, L, g.attn_ws_floats);
   for (int i = 0; i < 9; ++i) {
     views[i] = reinterpret_cast<float*>(acts);
     acts += Align(sizes[i] * 4);
@@ -382,6 +390,10 @@ absl::Status CudaExecutor::Forward(const ForwardBatch& b, float* logits) {
   if (b.num_tokens() == 0) return absl::OkStatus();
   if (b.num_tokens() > 65535)
     return absl::InvalidArgumentError("cuda executor: more than 65535 tokens in a step");
+  return Run(b, logits);
+}
+
+absl::Status CudaExecutor::Run(const ForwardBatch& b, float* logits) {
   if (use_graphs_) {
     TANDEM_ASSIGN_OR_RETURN(const bool done, ForwardGraph(b, logits));
     if (done) return absl::OkStatus();
@@ -415,17 +427,9 @@ absl::StatusOr<bool> CudaExecutor::ForwardGraph(const ForwardBatch& b, float* lo
   }
   int64_t P = 1;
   while (P < T) P *= 2;
+  // Graphs hold no cuBLAS call: every matrix product of the step on the Gemv.
   const kc::GemmContext probe{nullptr, nullptr, 0, batch_invariant_};
-  auto all_gemv = [&](const kc::DeviceMatrix& m) { return kc::MatMulUsesGemv(probe, m.type, P); };
-  if (!all_gemv(weights_.lm_head)) return false;
-  for (const DeviceLayer& l : weights_.layers) {
-    for (const auto* parts : {&l.qkv, &l.gate_up}) {
-      for (const MatrixPart& p : *parts) {
-        if (!all_gemv(p.m)) return false;
-      }
-    }
-    if (!all_gemv(l.wo) || !all_gemv(l.down)) return false;
-  }
+  if (!kc::MatMulUsesGemv(probe, P)) return false;
   // Context bucket: a power of two of attention splits, at least the batch's.
   int64_t max_pos = 0;
   for (int32_t p : b.positions) max_pos = std::max<int64_t>(max_pos, p);
@@ -439,19 +443,18 @@ absl::StatusOr<bool> CudaExecutor::ForwardGraph(const ForwardBatch& b, float* lo
   const Geometry g = Layout(P, P, P, blocks_for(splits), splits * kc::kAttentionSplit - 1);
 
   // Buffers for the largest graph, once: every graph keeps its addresses.
-  if (graph_host_bytes_ == 0) {
+  const int64_t logits_bytes = kMaxGraphTokens * config_.vocab_size * 4;
+  if (graph_host_.bytes() == 0) {
     const Geometry big = Layout(kMaxGraphTokens, kMaxGraphTokens, kMaxGraphTokens,
                                 blocks_for(max_splits), max_splits * kc::kAttentionSplit - 1);
-    graph_host_bytes_ = Align(big.meta_bytes) + big.L * config_.vocab_size * 4;
-    TANDEM_RETURN_IF_ERROR(graph_host_.Get(graph_host_bytes_).status());
+    TANDEM_RETURN_IF_ERROR(graph_host_.Get(Align(big.meta_bytes) + logits_bytes).status());
     TANDEM_RETURN_IF_ERROR(graph_meta_.Get(big.meta_bytes).status());
     TANDEM_RETURN_IF_ERROR(graph_acts_.Get(big.acts_bytes).status());
   }
-  TANDEM_ASSIGN_OR_RETURN(char* host, graph_host_.Get(graph_host_bytes_));
+  TANDEM_ASSIGN_OR_RETURN(char* host, graph_host_.Get(0));
   TANDEM_ASSIGN_OR_RETURN(char* meta, graph_meta_.Get(0));
   TANDEM_ASSIGN_OR_RETURN(char* acts, graph_acts_.Get(0));
-  float* host_logits =
-      reinterpret_cast<float*>(host + graph_host_bytes_ - kMaxGraphTokens * config_.vocab_size * 4);
+  float* host_logits = reinterpret_cast<float*>(host + graph_host_.bytes() - logits_bytes);
   StageMeta(b, g, host);
   void*& exec = graphs_[GraphKey{P, splits}];
   if (exec == nullptr) {
@@ -491,11 +494,7 @@ absl::Status CudaExecutor::Warmup() {
       b.logits_indices.push_back(static_cast<int32_t>(t));
     }
     logits.resize(T * config_.vocab_size);
-    bool done = false;
-    if (use_graphs_) {
-      TANDEM_ASSIGN_OR_RETURN(done, ForwardGraph(b, logits.data()));
-    }
-    if (!done) TANDEM_RETURN_IF_ERROR(ForwardEager(b, logits.data()));
+    TANDEM_RETURN_IF_ERROR(Run(b, logits.data()));
   }
   return absl::OkStatus();
 }

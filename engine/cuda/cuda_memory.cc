@@ -1,10 +1,10 @@
 #include "engine/cuda/cuda_memory.h"
 
-#include <initializer_list>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "engine/cuda/cuda_weights.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace tandem::engine::cuda {
@@ -30,23 +30,16 @@ int64_t MatrixBytes(TensorType type, int64_t rows, int64_t cols) {
   return planar > 0 ? planar : rows * m.row_bytes;
 }
 
-TensorType MatrixTypeOf(TensorType t) { return kc::IsMatrixType(t) ? t : TensorType::kBF16; }
-
-// Q|K|V or gate|up: one stacked matrix when every part has the same device
-// type and width (cuda_weights.cc's Stacked), else one matrix each.
-int64_t StackedBytes(std::initializer_list<const kernels::WeightView*> views) {
-  const kernels::WeightView* first = *views.begin();
-  const TensorType dt = MatrixTypeOf(first->type);
-  bool same = true;
-  int64_t rows = 0;
-  for (const auto* v : views) {
-    same = same && MatrixTypeOf(v->type) == dt && v->cols == first->cols;
-    rows += v->rows;
+// Q|K|V or gate|up as the upload stores them (StacksAsOne).
+int64_t StackedBytes(const std::vector<const kernels::WeightView*>& views) {
+  if (StacksAsOne(views)) {
+    int64_t rows = 0;
+    for (const auto* v : views) rows += v->rows;
+    return MatrixBytes(DeviceMatrixType(views[0]->type), rows, views[0]->cols);
   }
-  if (same) return MatrixBytes(dt, rows, first->cols);
   int64_t total = 0;
   for (const auto* v : views) {
-    const int64_t b = MatrixBytes(MatrixTypeOf(v->type), v->rows, v->cols);
+    const int64_t b = MatrixBytes(DeviceMatrixType(v->type), v->rows, v->cols);
     if (b < 0) return -1;
     total += b;
   }
@@ -63,18 +56,16 @@ double GiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
 
 int64_t DeviceWeightBytes(const LlamaModel& model) {
   const ModelWeights& mw = model.weights();
-  const TensorType embd_type =
-      kc::IsTableType(mw.token_embd.type) ? mw.token_embd.type : TensorType::kBF16;
   // The LM head is its own (planar) matrix, also when tied to the table.
   std::vector<int64_t> parts = {
-      TableBytes(mw.token_embd, embd_type),
-      MatrixBytes(MatrixTypeOf(mw.lm_head.type), mw.lm_head.rows, mw.lm_head.cols),
+      TableBytes(mw.token_embd, DeviceTableType(mw.token_embd.type)),
+      MatrixBytes(DeviceMatrixType(mw.lm_head.type), mw.lm_head.rows, mw.lm_head.cols),
       FloatBytes(mw.output_norm) + FloatBytes(mw.rope_freqs)};
   for (const LayerWeights& l : mw.layers) {
     parts.push_back(StackedBytes({&l.wq, &l.wk, &l.wv}));
     parts.push_back(StackedBytes({&l.w_gate, &l.w_up}));
-    parts.push_back(MatrixBytes(MatrixTypeOf(l.wo.type), l.wo.rows, l.wo.cols));
-    parts.push_back(MatrixBytes(MatrixTypeOf(l.w_down.type), l.w_down.rows, l.w_down.cols));
+    parts.push_back(MatrixBytes(DeviceMatrixType(l.wo.type), l.wo.rows, l.wo.cols));
+    parts.push_back(MatrixBytes(DeviceMatrixType(l.w_down.type), l.w_down.rows, l.w_down.cols));
     parts.push_back(FloatBytes(l.attn_norm) + FloatBytes(l.ffn_norm) + FloatBytes(l.bq) +
                     FloatBytes(l.bk) + FloatBytes(l.bv));
   }

@@ -19,7 +19,6 @@ std::string TypeName(TensorType t) {
 }
 
 // Quantized types the kernels read stay as they are; the rest become bf16.
-TensorType MatrixTypeOf(TensorType t) { return kc::IsMatrixType(t) ? t : TensorType::kBF16; }
 
 int64_t RowBytesOf(TensorType t, int64_t cols) {
   auto b = gguf::RowBytes(t, cols);
@@ -104,14 +103,11 @@ class Uploader {
   // matrix per part; offsets are the output columns of each part.
   absl::StatusOr<std::vector<MatrixPart>> Stacked(std::vector<const kernels::WeightView*> views) {
     std::vector<MatrixPart> parts;
-    const TensorType dt = MatrixTypeOf(views[0]->type);
-    bool same = true;
-    for (const auto* v : views)
-      same = same && MatrixTypeOf(v->type) == dt && v->cols == views[0]->cols;
+    const TensorType dt = DeviceMatrixType(views[0]->type);
     int64_t offset = 0;
-    if (!same) {
+    if (!StacksAsOne(views)) {
       for (const auto* v : views) {
-        TANDEM_ASSIGN_OR_RETURN(kc::DeviceMatrix m, Matrix(*v, MatrixTypeOf(v->type)));
+        TANDEM_ASSIGN_OR_RETURN(kc::DeviceMatrix m, Matrix(*v, DeviceMatrixType(v->type)));
         parts.push_back({m, offset});
         offset += v->rows;
       }
@@ -149,24 +145,41 @@ class Uploader {
 
 }  // namespace
 
+TensorType DeviceMatrixType(TensorType stored) {
+  return kc::IsMatrixType(stored) ? stored : TensorType::kBF16;
+}
+
+TensorType DeviceTableType(TensorType stored) {
+  return kc::IsTableType(stored) ? stored : TensorType::kBF16;
+}
+
+bool StacksAsOne(const std::vector<const kernels::WeightView*>& parts) {
+  for (const auto* v : parts) {
+    if (DeviceMatrixType(v->type) != DeviceMatrixType(parts[0]->type) ||
+        v->cols != parts[0]->cols) {
+      return false;
+    }
+  }
+  return true;
+}
+
 absl::StatusOr<DeviceWeights> UploadWeights(const LlamaModel& model, kc::Stream stream) {
   const ModelWeights& mw = model.weights();
   DeviceWeights w;
   Uploader up(&w, stream);
   const kernels::WeightView& embd = mw.token_embd;
-  const TensorType embd_type = kc::IsTableType(embd.type) ? embd.type : TensorType::kBF16;
-  TANDEM_ASSIGN_OR_RETURN(w.token_embd, up.Table(embd, embd_type));
+  TANDEM_ASSIGN_OR_RETURN(w.token_embd, up.Table(embd, DeviceTableType(embd.type)));
   // Its own copy also when tied: the table is read in GGUF layout, the LM
   // head's matrix product in the planar one.
-  TANDEM_ASSIGN_OR_RETURN(w.lm_head, up.Matrix(mw.lm_head, MatrixTypeOf(mw.lm_head.type)));
+  TANDEM_ASSIGN_OR_RETURN(w.lm_head, up.Matrix(mw.lm_head, DeviceMatrixType(mw.lm_head.type)));
   TANDEM_ASSIGN_OR_RETURN(w.output_norm, up.Vector(mw.output_norm));
   TANDEM_ASSIGN_OR_RETURN(w.rope_freqs, up.Vector(mw.rope_freqs));
   for (const LayerWeights& l : mw.layers) {
     DeviceLayer d;
     TANDEM_ASSIGN_OR_RETURN(d.qkv, up.Stacked({&l.wq, &l.wk, &l.wv}));
     TANDEM_ASSIGN_OR_RETURN(d.gate_up, up.Stacked({&l.w_gate, &l.w_up}));
-    TANDEM_ASSIGN_OR_RETURN(d.wo, up.Matrix(l.wo, MatrixTypeOf(l.wo.type)));
-    TANDEM_ASSIGN_OR_RETURN(d.down, up.Matrix(l.w_down, MatrixTypeOf(l.w_down.type)));
+    TANDEM_ASSIGN_OR_RETURN(d.wo, up.Matrix(l.wo, DeviceMatrixType(l.wo.type)));
+    TANDEM_ASSIGN_OR_RETURN(d.down, up.Matrix(l.w_down, DeviceMatrixType(l.w_down.type)));
     TANDEM_ASSIGN_OR_RETURN(d.attn_norm, up.Vector(l.attn_norm));
     TANDEM_ASSIGN_OR_RETURN(d.ffn_norm, up.Vector(l.ffn_norm));
     if (!l.bq.empty()) {

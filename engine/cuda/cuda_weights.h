@@ -56,6 +56,15 @@ struct DeviceWeights {
 };
 
 // Uploads `model`'s weights (synchronously, on `stream`).
+// The upload's type rules, shared with cuda_memory.cc's byte count: a
+// matrix keeps its type when the matrix products read it (Q4_0 / Q4_1 /
+// Q8_0 / BF16), else becomes bf16; a table (the embedding) also keeps F16 /
+// F32. Q|K|V and gate|up are stacked into one matrix when every part has the
+// same device type and width.
+gguf::TensorType DeviceMatrixType(gguf::TensorType stored);
+gguf::TensorType DeviceTableType(gguf::TensorType stored);
+bool StacksAsOne(const std::vector<const kernels::WeightView*>& parts);
+
 absl::StatusOr<DeviceWeights> UploadWeights(const LlamaModel& model, kernels::cuda::Stream stream);
 
 // Random weights of `config`'s shapes made on the device: matrices (and the

@@ -23,6 +23,8 @@ inline absl::Status CudaStatus(cudaError_t e, const char* what) {
 inline absl::Status LaunchStatus(const char* what) { return CudaStatus(cudaGetLastError(), what); }
 inline cudaStream_t AsStream(Stream s) { return static_cast<cudaStream_t>(s); }
 __host__ __device__ __forceinline__ int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
+// Device buffers carved at 256-byte boundaries.
+inline int64_t Align256(int64_t b) { return (b + 255) / 256 * 256; }
 inline unsigned Blocks(int64_t n, int64_t per) {
   return static_cast<unsigned>((n + per - 1) / per);
 }

@@ -161,8 +161,8 @@ struct GemmContext {
 // f32 accumulation (and beta = 1 when accumulating).
 absl::Status MatMul(const GemmContext& ctx, const DeviceMatrix& w, const float* d_x, int64_t n,
                     float* d_y, int64_t ldy, bool accumulate, Stream stream);
-// Whether MatMul runs `n` tokens of a `type` matrix on the Gemv.
-bool MatMulUsesGemv(const GemmContext& ctx, gguf::TensorType type, int64_t n);
+// Whether MatMul runs `n` tokens on the Gemv (any matrix type).
+bool MatMulUsesGemv(const GemmContext& ctx, int64_t n);
 // MatMul's tensor-core path for any n > kGemvMaxTokens (benchmarks, tests).
 absl::Status BlasMatMul(const GemmContext& ctx, const DeviceMatrix& w, const float* d_x, int64_t n,
                         float* d_y, int64_t ldy, bool accumulate, Stream stream);

@@ -12,8 +12,6 @@ namespace {
 // vocabulary would otherwise need a full bf16 copy).
 constexpr int64_t kWeightSliceBytes = int64_t(64) << 20;
 
-int64_t Align256(int64_t b) { return (b + 255) / 256 * 256; }
-
 absl::Status BlasStatus(cublasStatus_t st, const char* what) {
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   return absl::InternalError(std::string("cublas: ") + what + ": " + cublasGetStatusString(st));
@@ -26,13 +24,13 @@ int64_t MatMulWorkspaceBytes(int64_t n, int64_t max_cols) {
   return Align256(n * max_cols * 2) + std::max<int64_t>(kWeightSliceBytes, Align256(max_cols * 2));
 }
 
-bool MatMulUsesGemv(const GemmContext& ctx, gguf::TensorType /*type*/, int64_t n) {
+bool MatMulUsesGemv(const GemmContext& ctx, int64_t n) {
   return n <= kGemvMaxTokens || ctx.batch_invariant;
 }
 
 absl::Status MatMul(const GemmContext& ctx, const DeviceMatrix& w, const float* d_x, int64_t n,
                     float* d_y, int64_t ldy, bool accumulate, Stream stream) {
-  if (MatMulUsesGemv(ctx, w.type, n)) return Gemv(w, d_x, n, d_y, ldy, accumulate, stream);
+  if (MatMulUsesGemv(ctx, n)) return Gemv(w, d_x, n, d_y, ldy, accumulate, stream);
   return BlasMatMul(ctx, w, d_x, n, d_y, ldy, accumulate, stream);
 }
 

@@ -269,8 +269,6 @@ int PlanarTypeOf(gguf::TensorType t) {
   }
 }
 
-int64_t AlignUp256(int64_t b) { return (b + 255) / 256 * 256; }
-
 template <int kType, int kTokens>
 void LaunchGemv(const DeviceMatrix& w, const float* x, int64_t n, float* y, int64_t ldy,
                 bool accumulate, cudaStream_t s) {
@@ -338,7 +336,7 @@ int64_t PlanarBytes(const DeviceMatrix& w) {
   const int type = PlanarTypeOf(w.type);
   if (type < 0 || w.scales != nullptr) return 0;
   const int64_t blocks = w.rows * ((w.cols + kQK - 1) / kQK);
-  return AlignUp256(blocks * PlanarQuantBytes(type)) + AlignUp256(blocks * PlanarScaleBytes(type));
+  return Align256(blocks * PlanarQuantBytes(type)) + Align256(blocks * PlanarScaleBytes(type));
 }
 
 absl::StatusOr<DeviceMatrix> RepackPlanar(const DeviceMatrix& src, void* d_dst, Stream stream) {
@@ -348,7 +346,7 @@ absl::StatusOr<DeviceMatrix> RepackPlanar(const DeviceMatrix& src, void* d_dst, 
   if (src.cols % kQK != 0) return absl::InvalidArgumentError("cuda RepackPlanar: cols % 32 != 0");
   const int64_t blocks = src.rows * (src.cols / kQK);
   auto* quants = static_cast<uint8_t*>(d_dst);
-  uint8_t* scales = quants + AlignUp256(blocks * PlanarQuantBytes(type));
+  uint8_t* scales = quants + Align256(blocks * PlanarQuantBytes(type));
   DispatchType(src.type, /*tables_too=*/false, [&](auto type_tag) {
     constexpr int kType = decltype(type_tag)::value;
     if constexpr (kType != kTypeBF16) {
