@@ -127,6 +127,17 @@ void WorkerHost::SetDraining() {
   }
 }
 
+void WaitForRpcsToEnd(const std::atomic<int>& n, const std::string& role) {
+  absl::Time next_log = absl::Now() + absl::Seconds(10);
+  while (n.load() > 0) {
+    if (absl::Now() >= next_log) {
+      spdlog::warn("{} worker shutdown: waiting for {} call(s) to end", role, n.load());
+      next_log += absl::Seconds(10);
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+}
+
 void WorkerHost::Shutdown(absl::Duration grace) {
   {
     absl::MutexLock lock(&mu_);

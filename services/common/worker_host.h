@@ -35,6 +35,13 @@ class ActiveRpc {
   std::atomic<int>* n_;
 };
 
+// Blocks until *n is 0: the service's reactors, which outlive the gRPC
+// server's Shutdown (an engine callback or a KV push thread may hold the last
+// reference), have all ended, so the service and its transport can go. Call
+// after the server and the engine are shut down (their calls are cancelled,
+// so each remaining reference ends soon); logs every 10 s while it waits.
+void WaitForRpcsToEnd(const std::atomic<int>& n, const std::string& role);
+
 class WorkerHost {
  public:
   // service: not owned, outlives the host. role: "prefill" | "decode".

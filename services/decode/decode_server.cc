@@ -177,6 +177,9 @@ void DecodeServer::Shutdown() {
   if (service_ != nullptr) service_->set_draining(true);
   if (host_ != nullptr) host_->Shutdown();
   if (runtime_ != nullptr) runtime_->Shutdown();
+  // Decode and PushKv reactors may end after the server's Shutdown (the
+  // engine's last event): wait before the service goes.
+  if (service_ != nullptr) services::WaitForRpcsToEnd(service_->active_rpcs_counter(), "decode");
 }
 
 }  // namespace tandem::decode

@@ -75,6 +75,7 @@ class DecodeServiceImpl final
   transfer::KvLeaseTable& leases() { return leases_; }
   void set_draining(bool draining) { draining_.store(draining); }
   int active_rpcs() const { return active_rpcs_.load(); }
+  const std::atomic<int>& active_rpcs_counter() const { return active_rpcs_; }
 
  private:
   friend class DecodeReactor;

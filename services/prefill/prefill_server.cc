@@ -78,6 +78,9 @@ bool PrefillServer::Drain(absl::Duration timeout) {
 void PrefillServer::Shutdown() {
   if (host_ != nullptr) host_->Shutdown();
   if (runtime_ != nullptr) runtime_->Shutdown();
+  // A reactor may still be ending on a KV push thread (its last reference),
+  // and it uses the service and the transport: wait before they go.
+  if (service_ != nullptr) services::WaitForRpcsToEnd(service_->active_rpcs_counter(), "prefill");
 }
 
 }  // namespace tandem::prefill

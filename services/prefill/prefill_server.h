@@ -61,6 +61,7 @@ class PrefillServiceImpl final : public tandem::v1::PrefillWorker::WithCallbackM
 
   void set_draining(bool draining) { draining_.store(draining); }
   int active_rpcs() const { return active_rpcs_.load(); }
+  const std::atomic<int>& active_rpcs_counter() const { return active_rpcs_; }
 
  private:
   friend class PrefillReactor;
