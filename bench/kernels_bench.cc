@@ -11,6 +11,7 @@
 
 #include "common/thread_pool.h"
 #include "kernels/kernels.h"
+#include "kernels/kv_dtype.h"
 #include "kernels/qgemm.h"
 #include "kernels/quant.h"
 
@@ -126,6 +127,51 @@ void BM_PagedAttention(benchmark::State& state) {
   Counters(state, 2 * ctx * kvh * hd * 4, 2 * ctx * heads * hd);
 }
 
+// The last `n` tokens of a `ctx`-token sequence in one step, causal (each
+// attends to its own prefix), SmolLM2's attention shape: n = ctx is a
+// pp<n> prefill's attention, n = 5 at ctx 300 a speculative verification.
+// dtype: the KV cache's (KvDtype; 1 = f16, the CPU engine's default).
+void BM_PagedAttentionChunk(benchmark::State& state) {
+  const int64_t n = state.range(0), ctx = state.range(1), bs = 16, kvh = 3, heads = 9, hd = 64;
+  const KvDtype dtype = KvDtype(state.range(2));
+  const int64_t blocks = (ctx + bs - 1) / bs, slots = blocks * bs;
+  const std::vector<float> k = Random(slots * kvh * hd, 4), v = Random(k.size(), 5);
+  std::vector<char> kc(k.size() * KvElementBytes(dtype)), vc(kc.size());
+  std::vector<float> ks(slots * kvh), vs(slots * kvh);
+  KvCacheView cache;
+  cache.dtype = dtype;
+  cache.k = kc.data();
+  cache.v = vc.data();
+  cache.k_scale = ks.data();
+  cache.v_scale = vs.data();
+  std::vector<int64_t> all(slots);
+  for (int64_t i = 0; i < slots; ++i) all[i] = i;
+  const std::vector<float> q = Random(n * heads * hd, 6);
+  std::vector<float> out(q.size());
+  std::vector<int32_t> table(blocks), pos(n);
+  for (int64_t i = 0; i < blocks; ++i) table[i] = int32_t(blocks - 1 - i);  // scrambled
+  for (int64_t i = 0; i < n; ++i) pos[i] = int32_t(ctx - n + i);
+  const int32_t qs[2] = {0, int32_t(n)}, len = int32_t(ctx);
+  PagedAttentionArgs a;
+  a.layout = {blocks, bs, kvh, hd};
+  a.num_heads = heads;
+  a.scale = 0.125f;
+  a.num_seqs = 1;
+  a.query_start = qs;
+  a.positions = pos.data();
+  a.context_lens = &len;
+  a.block_tables = table.data();
+  a.max_blocks_per_seq = blocks;
+  WriteKv(a.layout, k.data(), v.data(), all.data(), slots, cache);
+  for (auto _ : state) {
+    PagedAttention(a, q.data(), cache, out.data(), Pool());
+    benchmark::DoNotOptimize(out.data());
+  }
+  // (query, key) pairs: sum over the n queries of their context lengths.
+  const int64_t pairs = n * (ctx - n) + n * (n + 1) / 2;
+  Counters(state, 2 * ctx * kvh * hd * KvElementBytes(dtype), 2 * pairs * heads * hd);
+}
+
 constexpr int64_t kQ41 = int64_t(TensorType::kQ4_1), kQ80 = int64_t(TensorType::kQ8_0),
                   kQ40 = int64_t(TensorType::kQ4_0);
 
@@ -154,6 +200,13 @@ BENCHMARK(BM_MatMulF32Path)
     ->UseRealTime();
 BENCHMARK(BM_QuantizeActs)->ArgNames({"cols", "n"})->Args({576, 1})->Args({1536, 512});
 BENCHMARK(BM_PagedAttention)->ArgNames({"ctx"})->Arg(128)->Arg(1024)->UseRealTime();
+BENCHMARK(BM_PagedAttentionChunk)
+    ->ArgNames({"n", "ctx", "dtype"})
+    ->Args({5, 300, int64_t(KvDtype::kF16)})
+    ->Args({512, 512, int64_t(KvDtype::kF16)})
+    ->Args({512, 512, int64_t(KvDtype::kF32)})
+    ->Args({512, 512, int64_t(KvDtype::kInt8)})
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace tandem::kernels

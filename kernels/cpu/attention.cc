@@ -1,9 +1,13 @@
 // Dispatched paged attention and KV write.
 //
-// Work items are (token, KV head) pairs split over the pool: one item
-// computes all query heads of the KV head's GQA group, reading each K and V
-// row once for the whole group (AVX-512, head_dim 64: queries and outputs
-// stay in registers; other shapes: one head at a time as before). Each
+// Work items are (tile, KV head) pairs split over the pool, a tile being up
+// to 8 consecutive tokens of one sequence (a prefill chunk, a speculative
+// verification): one item computes all query heads of the KV head's GQA
+// group for every token of its tile (AVX-512, head_dim 64: queries and
+// outputs stay in registers; other shapes: one (token, head) at a time). A
+// tile of several tokens converts its KV head's K/V rows to f32 once into
+// thread-local scratch, exactly the values the in-place loads give, and every
+// token reads them there; a tile of one reads the cache in place. Each
 // output is computed entirely by one thread: scores in position order
 // (DotF32 order), max, exp (Exp16) and a sum whose order depends only on the
 // context length, then V accumulated in position order. Nothing depends on
@@ -13,8 +17,9 @@
 // converted to f32 in registers (AVX-512 head_dim 64) or into one row of
 // scratch (other shapes) right where it is used; int8/fp8 scales multiply the
 // score of their key and the softmax weight of their value, so no
-// dequantized copy of the cache is ever made. f32 runs exactly the code it
-// ran before dtypes existed.
+// dequantized copy of the cache is ever made. The one exception is bounded:
+// a multi-token tile's working copy of its KV head's rows (at most
+// kMaxTileContext keys: 2 MiB per thread, kept for reuse). f32 runs exactly the code it ran before dtypes existed.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -191,17 +196,78 @@ inline __m512 TransposeSum16(const __m512* v) {
                        _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// All `group` heads of one KV head, head_dim 64, cache of dtype D. p:
-// [group, len] scratch.
+// K and V rows of keys 0, 1, ... of one KV head as AttendGroup64 reads them:
+// Load16<LD> of k(j) / v(j), times the scale ks(j) / vs(j) when kScaled.
+//   PagedRows: in place in the paged cache (dtype D, through the block
+//     table), the scales the cache's times kRawScale<D>;
+//   HeadRows: f32 copies in scratch, made by GatherHead, holding exactly the
+//     values Load16<D> gives, and the same scales.
+// Both give AttendGroup64 bit-identical inputs, so a query's output does not
+// depend on which one served it.
 template <KvDtype D>
-void AttendGroup64(const PagedAttentionArgs& a, const int32_t* table, int64_t len, const float* q,
-                   int group, int64_t kvh, const KvCacheView& cache, std::vector<float>& p,
-                   float* out) {
-  constexpr bool kScaled = KvHasScales(D);
-  constexpr int64_t kRowBytes = kFastHeadDim * KvElementBytes(D);
-  const PagedKvLayout& L = a.layout;
-  const char* k_cache = static_cast<const char*>(cache.k);
-  const char* v_cache = static_cast<const char*>(cache.v);
+struct PagedRows {
+  static constexpr KvDtype kLoad = D;
+  static constexpr int64_t kRowBytes = kFastHeadDim * KvElementBytes(D);
+  const PagedKvLayout* L;
+  const int32_t* table;
+  int64_t kvh;
+  const KvCacheView* cache;
+  int64_t Row(int64_t j) const {
+    const int64_t slot = int64_t(table[j / L->block_size]) * L->block_size + j % L->block_size;
+    return slot * L->num_kv_heads + kvh;
+  }
+  const char* k(int64_t j) const { return static_cast<const char*>(cache->k) + Row(j) * kRowBytes; }
+  const char* v(int64_t j) const { return static_cast<const char*>(cache->v) + Row(j) * kRowBytes; }
+  float ks(int64_t j) const { return cache->k_scale[Row(j)] * kRawScale<D>; }
+  float vs(int64_t j) const { return cache->v_scale[Row(j)] * kRawScale<D>; }
+};
+
+// One KV head's keys [0, len) converted once, shared by every query of a
+// tile (the rows of a prefill or of a speculative verification chunk).
+struct HeadRows {
+  static constexpr KvDtype kLoad = KvDtype::kF32;
+  std::vector<float> kf, vf, ksc, vsc;  // [len][64], [len]
+  const char* k(int64_t j) const {
+    return reinterpret_cast<const char*>(kf.data() + j * kFastHeadDim);
+  }
+  const char* v(int64_t j) const {
+    return reinterpret_cast<const char*>(vf.data() + j * kFastHeadDim);
+  }
+  float ks(int64_t j) const { return ksc[j]; }
+  float vs(int64_t j) const { return vsc[j]; }
+};
+
+template <KvDtype D>
+void GatherHead(const PagedRows<D>& src, int64_t len, HeadRows& dst) {
+  dst.kf.resize(len * kFastHeadDim);
+  dst.vf.resize(len * kFastHeadDim);
+  if constexpr (KvHasScales(D)) {
+    dst.ksc.resize(len);
+    dst.vsc.resize(len);
+  }
+  for (int64_t j = 0; j < len; ++j) {
+    const char* kr = src.k(j);
+    const char* vr = src.v(j);
+    float* kd = dst.kf.data() + j * kFastHeadDim;
+    float* vd = dst.vf.data() + j * kFastHeadDim;
+    for (int c = 0; c < 4; ++c) {
+      _mm512_storeu_ps(kd + 16 * c, Load16<D>(kr, c));
+      _mm512_storeu_ps(vd + 16 * c, Load16<D>(vr, c));
+    }
+    if constexpr (KvHasScales(D)) {
+      dst.ksc[j] = src.ks(j);
+      dst.vsc[j] = src.vs(j);
+    }
+  }
+}
+
+// All `group` heads of one KV head for one query, head_dim 64, over keys
+// [0, len) of `rows` (PagedRows or HeadRows; kScaled: int8 / fp8 scales).
+// p: [group, len] scratch.
+template <bool kScaled, typename Rows>
+void AttendGroup64(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
+                   std::vector<float>& p, float* out) {
+  constexpr KvDtype LD = Rows::kLoad;
   const int64_t stride = (len + 15) / 16 * 16;
   p.resize(group * stride);
   __m512 qv[kMaxGroup][4];
@@ -212,27 +278,25 @@ void AttendGroup64(const PagedAttentionArgs& a, const int32_t* table, int64_t le
   // transpose-reduce of the 16 partials gives the 16 dots in one register.
   // Every key's dot sums its lanes in the same fixed tree (TransposeSum16),
   // whichever slot of the 16 it has, so a score depends only on q and k.
-  const __m512 scale = _mm512_set1_ps(a.scale);
+  const __m512 scale = _mm512_set1_ps(score_scale);
   for (int64_t j0 = 0; j0 < len; j0 += 16) {
     const int64_t nk = std::min<int64_t>(16, len - j0);
     const char* kr[16];
     [[maybe_unused]] alignas(64) float ks[16];
     for (int64_t i = 0; i < 16; ++i) {
       const int64_t j = j0 + std::min(i, nk - 1);  // pad with the last key (masked off)
-      const int64_t slot = int64_t(table[j / L.block_size]) * L.block_size + j % L.block_size;
-      const int64_t r = slot * L.num_kv_heads + kvh;
-      kr[i] = k_cache + r * kRowBytes;
-      if constexpr (kScaled) ks[i] = cache.k_scale[r] * kRawScale<D>;
+      kr[i] = rows.k(j);
+      if constexpr (kScaled) ks[i] = rows.ks(j);
     }
     const __mmask16 m = nk == 16 ? __mmask16(0xffff) : cpu::TailMask(nk);
     for (int g = 0; g < group; ++g) {
       __m512 part[16];
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) {
-        __m512 e = _mm512_mul_ps(qv[g][0], Load16<D>(kr[i], 0));
-        __m512 o = _mm512_mul_ps(qv[g][1], Load16<D>(kr[i], 1));
-        e = _mm512_fmadd_ps(qv[g][2], Load16<D>(kr[i], 2), e);
-        o = _mm512_fmadd_ps(qv[g][3], Load16<D>(kr[i], 3), o);
+        __m512 e = _mm512_mul_ps(qv[g][0], Load16<LD>(kr[i], 0));
+        __m512 o = _mm512_mul_ps(qv[g][1], Load16<LD>(kr[i], 1));
+        e = _mm512_fmadd_ps(qv[g][2], Load16<LD>(kr[i], 2), e);
+        o = _mm512_fmadd_ps(qv[g][3], Load16<LD>(kr[i], 3), o);
         part[i] = _mm512_add_ps(e, o);
       }
       __m512 sc = _mm512_mul_ps(TransposeSum16(part), scale);
@@ -264,13 +328,11 @@ void AttendGroup64(const PagedAttentionArgs& a, const int32_t* table, int64_t le
     for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
   }
   for (int64_t j = 0; j < len; ++j) {
-    const int64_t slot = int64_t(table[j / L.block_size]) * L.block_size + j % L.block_size;
-    const int64_t r = slot * L.num_kv_heads + kvh;
-    const char* vr = v_cache + r * kRowBytes;
-    const __m512 v0 = Load16<D>(vr, 0), v1 = Load16<D>(vr, 1);
-    const __m512 v2 = Load16<D>(vr, 2), v3 = Load16<D>(vr, 3);
+    const char* vr = rows.v(j);
+    const __m512 v0 = Load16<LD>(vr, 0), v1 = Load16<LD>(vr, 1);
+    const __m512 v2 = Load16<LD>(vr, 2), v3 = Load16<LD>(vr, 3);
     [[maybe_unused]] float vs = 1.f;
-    if constexpr (kScaled) vs = cache.v_scale[r] * kRawScale<D>;
+    if constexpr (kScaled) vs = rows.vs(j);
     for (int g = 0; g < group; ++g) {
       float pw = p[g * stride + j] * inv[g];
       if constexpr (kScaled) pw *= vs;
@@ -285,23 +347,69 @@ void AttendGroup64(const PagedAttentionArgs& a, const int32_t* table, int64_t le
     for (int c = 0; c < 4; ++c) _mm512_storeu_ps(out + g * kFastHeadDim + 16 * c, acc[g][c]);
   }
 }
+
+// Queries in a tile: consecutive tokens of one sequence sharing one
+// conversion of their KV head's keys (at most kTileTokens). Tiles shrink
+// while there would be fewer than 4 items per thread (a 5-token
+// verification of one sequence on 2 threads), and below kMinTile tokens the
+// conversion does not pay: 1 (each query reads the cache in place).
+constexpr int64_t kTileTokens = 8;
+constexpr int64_t kMinTile = 4;
+constexpr int64_t kMaxTileContext = 4096;  // keys a tile converts, at most
+
+int64_t TileTokens(const PagedAttentionArgs& a, int threads) {
+  for (int64_t tile = kTileTokens; tile >= kMinTile; tile /= 2) {
+    int64_t items = 0;
+    for (int64_t s = 0; s < a.num_seqs; ++s) {
+      items += (a.query_start[s + 1] - a.query_start[s] + tile - 1) / tile;
+    }
+    if (items * a.layout.num_kv_heads >= 4 * int64_t(threads)) return tile;
+  }
+  return 1;
+}
+
+// One work item: tokens [t0, t1) of sequence `seq` (one tile), KV head kvh.
+// One token reads the cache in place; more convert the keys they need once
+// (the longest context of the tile) into thread-local scratch.
+template <KvDtype D>
+void AttendTile64(const PagedAttentionArgs& a, int64_t seq, int64_t t0, int64_t t1, int64_t kvh,
+                  const float* q, const KvCacheView& cache, float* out) {
+  constexpr bool kScaled = KvHasScales(D);
+  thread_local std::vector<float> p;
+  thread_local HeadRows scratch;
+  const int64_t group = a.num_heads / a.layout.num_kv_heads, hd = kFastHeadDim;
+  const PagedRows<D> paged{&a.layout, a.block_tables + seq * a.max_blocks_per_seq, kvh, &cache};
+  int64_t len = 0;
+  for (int64_t t = t0; t < t1; ++t) len = std::max<int64_t>(len, int64_t(a.positions[t]) + 1);
+  // One token, or a context too long to copy: every token in place.
+  const bool gather = t1 - t0 > 1 && len <= kMaxTileContext;
+  if (gather) GatherHead(paged, len, scratch);
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t off = (t * a.num_heads + kvh * group) * hd, n = int64_t(a.positions[t]) + 1;
+    if (gather) {
+      AttendGroup64<kScaled>(scratch, a.scale, n, q + off, int(group), p, out + off);
+    } else {
+      AttendGroup64<kScaled>(paged, a.scale, n, q + off, int(group), p, out + off);
+    }
+  }
+}
 #endif
 
 #if TANDEM_KERNELS_AVX512
-using GroupFn = void (*)(const PagedAttentionArgs&, const int32_t*, int64_t, const float*, int,
-                         int64_t, const KvCacheView&, std::vector<float>&, float*);
-GroupFn GroupFnFor(KvDtype d) {
+using TileFn = void (*)(const PagedAttentionArgs&, int64_t, int64_t, int64_t, int64_t,
+                        const float*, const KvCacheView&, float*);
+TileFn TileFnFor(KvDtype d) {
   switch (d) {
     case KvDtype::kF32:
-      return AttendGroup64<KvDtype::kF32>;
+      return AttendTile64<KvDtype::kF32>;
     case KvDtype::kF16:
-      return AttendGroup64<KvDtype::kF16>;
+      return AttendTile64<KvDtype::kF16>;
     case KvDtype::kBf16:
-      return AttendGroup64<KvDtype::kBf16>;
+      return AttendTile64<KvDtype::kBf16>;
     case KvDtype::kInt8:
-      return AttendGroup64<KvDtype::kInt8>;
+      return AttendTile64<KvDtype::kInt8>;
     case KvDtype::kFp8:
-      return AttendGroup64<KvDtype::kFp8>;
+      return AttendTile64<KvDtype::kFp8>;
   }
   return nullptr;
 }
@@ -321,15 +429,22 @@ void PagedAttention(const PagedAttentionArgs& a, const float* q, const KvCacheVi
   const int64_t group = a.num_heads / a.layout.num_kv_heads;
 #if TANDEM_KERNELS_AVX512
   if (hd == kFastHeadDim && group <= kMaxGroup) {
+    // Tiles of up to `tile` tokens of one sequence; items (tile, KV head).
     const int64_t kvh = a.layout.num_kv_heads;
-    const GroupFn fn = GroupFnFor(cache.dtype);
-    ThreadPool::Run(pool, num_tokens * kvh, [&](int64_t begin, int64_t end) {
-      std::vector<float> p;
+    const int64_t tile = TileTokens(a, pool == nullptr ? 1 : pool->num_threads());
+    std::vector<int32_t> tiles;  // first token of each tile, then num_tokens
+    for (int64_t s = 0; s < a.num_seqs; ++s) {
+      for (int64_t t = a.query_start[s]; t < a.query_start[s + 1]; t += tile) {
+        tiles.push_back(int32_t(t));
+      }
+    }
+    const int64_t num_tiles = int64_t(tiles.size());
+    tiles.push_back(int32_t(num_tokens));
+    const TileFn fn = TileFnFor(cache.dtype);
+    ThreadPool::Run(pool, num_tiles * kvh, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
-        const int64_t t = item / kvh, h = item % kvh;
-        const int32_t* table = a.block_tables + seq_of[t] * a.max_blocks_per_seq;
-        const int64_t off = (t * a.num_heads + h * group) * hd;
-        fn(a, table, int64_t(a.positions[t]) + 1, q + off, int(group), h, cache, p, out + off);
+        const int64_t i = item / kvh, h = item % kvh;
+        fn(a, seq_of[tiles[i]], tiles[i], tiles[i + 1], h, q, cache, out);
       }
     });
     return;

@@ -281,5 +281,65 @@ TEST(KvDtypeAttentionTest, F32ViewIsTheF32Path) {
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
 }
 
+// Prefill and verification chunks run as tiles of several tokens sharing one
+// conversion of their KV head's rows (kernels/cpu/attention.cc); a token's
+// output must not depend on that: every token of a batch of chunks (tiles of
+// 8, a ragged last tile, a chunk past kMaxTileContext keys that reads in
+// place, a single decode token) is bit-identical to the same token alone in
+// its batch, single-threaded, for every dtype; and 3 threads give the rows
+// 1 thread gives.
+TEST(KvDtypeAttentionTest, TokensInTilesEqualTokensAlone) {
+  const int64_t kvh = 2, group = 3, hd = 64, bs = 16, num_blocks = 270;
+  const PagedKvLayout L{num_blocks, bs, kvh, hd};
+  const int64_t slots = num_blocks * bs, width = kvh * hd, num_heads = kvh * group;
+  const std::vector<float> kf = RandomVec(slots * width, 41, -3.f, 3.f);
+  const std::vector<float> vf = RandomVec(slots * width, 42);
+  std::vector<int64_t> all(slots);
+  std::iota(all.begin(), all.end(), 0);
+  // Seq 0: 19 tokens at 40..58; seq 1: 6 tokens at 4100..4105 (more keys than
+  // a tile converts); seq 2: one token at 300; seq 3: 5 tokens at 0..4.
+  const std::vector<int32_t> query_start = {0, 19, 25, 26, 31};
+  std::vector<int32_t> positions;
+  for (int32_t p = 40; p < 59; ++p) positions.push_back(p);
+  for (int32_t p = 4100; p < 4106; ++p) positions.push_back(p);
+  positions.push_back(300);
+  for (int32_t p = 0; p < 5; ++p) positions.push_back(p);
+  const std::vector<int32_t> context_lens = {59, 4106, 301, 5};
+  const int64_t max_blocks = 257, T = 31, qw = num_heads * hd;
+  std::vector<int32_t> tables(4 * max_blocks);
+  std::mt19937 rng(43);
+  for (int32_t& b : tables) b = int32_t(rng() % num_blocks);  // shuffled, shared blocks
+  PagedAttentionArgs args{L, num_heads, 0.125f, 4, query_start.data(), positions.data(),
+                          context_lens.data(), tables.data(), max_blocks};
+  const std::vector<float> q = RandomVec(T * qw, 44);
+  ThreadPool pool(3);
+  for (KvDtype d : kAll) {
+    SCOPED_TRACE(KvDtypeName(d));
+    DtypeCache cache(d, L);
+    WriteKv(L, kf.data(), vf.data(), all.data(), slots, cache.view());
+    std::vector<float> batched(T * qw), inline_run(T * qw), want(T * qw);
+    PagedAttention(args, q.data(), cache.view(), batched.data(), &pool);
+    PagedAttention(args, q.data(), cache.view(), inline_run.data(), nullptr);
+    EXPECT_EQ(0, std::memcmp(batched.data(), inline_run.data(), batched.size() * sizeof(float)));
+    ref::PagedAttention(args, q.data(), cache.view(), want.data());
+    EXPECT_LT(RelErr(batched, want), 2e-5);
+    for (int64_t s = 0; s < 4; ++s) {
+      for (int64_t t = query_start[s]; t < query_start[s + 1]; ++t) {
+        const int32_t qs1[2] = {0, 1};
+        PagedAttentionArgs alone = args;
+        alone.num_seqs = 1;
+        alone.query_start = qs1;
+        alone.positions = positions.data() + t;
+        alone.context_lens = context_lens.data() + s;
+        alone.block_tables = tables.data() + s * max_blocks;
+        std::vector<float> one(qw);
+        PagedAttention(alone, q.data() + t * qw, cache.view(), one.data(), nullptr);
+        ASSERT_EQ(0, std::memcmp(one.data(), batched.data() + t * qw, qw * sizeof(float)))
+            << "token " << t << " of sequence " << s;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::kernels
