@@ -19,7 +19,8 @@
 // score of their key and the softmax weight of their value, so no
 // dequantized copy of the cache is ever made. The one exception is bounded:
 // a multi-token tile's working copy of its KV head's rows (at most
-// kMaxTileContext keys: 2 MiB per thread, kept for reuse). f32 runs exactly the code it ran before dtypes existed.
+// kMaxTileContext keys: 2 MiB per thread, kept for reuse). f32 runs exactly the code it ran before
+// dtypes existed.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -396,8 +397,8 @@ void AttendTile64(const PagedAttentionArgs& a, int64_t seq, int64_t t0, int64_t 
 #endif
 
 #if TANDEM_KERNELS_AVX512
-using TileFn = void (*)(const PagedAttentionArgs&, int64_t, int64_t, int64_t, int64_t,
-                        const float*, const KvCacheView&, float*);
+using TileFn = void (*)(const PagedAttentionArgs&, int64_t, int64_t, int64_t, int64_t, const float*,
+                        const KvCacheView&, float*);
 TileFn TileFnFor(KvDtype d) {
   switch (d) {
     case KvDtype::kF32:

@@ -309,8 +309,15 @@ TEST(KvDtypeAttentionTest, TokensInTilesEqualTokensAlone) {
   std::vector<int32_t> tables(4 * max_blocks);
   std::mt19937 rng(43);
   for (int32_t& b : tables) b = int32_t(rng() % num_blocks);  // shuffled, shared blocks
-  PagedAttentionArgs args{L, num_heads, 0.125f, 4, query_start.data(), positions.data(),
-                          context_lens.data(), tables.data(), max_blocks};
+  PagedAttentionArgs args{L,
+                          num_heads,
+                          0.125f,
+                          4,
+                          query_start.data(),
+                          positions.data(),
+                          context_lens.data(),
+                          tables.data(),
+                          max_blocks};
   const std::vector<float> q = RandomVec(T * qw, 44);
   ThreadPool pool(3);
   for (KvDtype d : kAll) {
