@@ -1,9 +1,12 @@
 #include "engine/cpu_executor.h"
 
+#include <algorithm>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "engine/kv_export.h"
 
 namespace tandem::engine {
 
@@ -52,6 +55,16 @@ absl::Status CpuExecutor::WriteKv(absl::Span<const int64_t> slots, const char* s
     src += bpt;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<KvDeviceBytes>> CpuExecutor::AllocKvDevice(int64_t bytes) {
+  if (bytes < 0) return absl::InvalidArgumentError("negative KV buffer size");
+  char* data = new (std::nothrow) char[std::max<int64_t>(bytes, 1)];
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrFormat("no host memory for %d KV bytes", bytes));
+  }
+  return std::make_shared<KvDeviceBytes>(data, bytes, "cpu",
+                                         [](void* p) { delete[] static_cast<char*>(p); });
 }
 
 }  // namespace tandem::engine

@@ -28,6 +28,16 @@ class CpuExecutor final : public Executor {
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
   absl::Status ReadKv(absl::Span<const int64_t> slots, char* dst) override;
   absl::Status WriteKv(absl::Span<const int64_t> slots, const char* src) override;
+  // The CPU's own memory is host memory: "cpu", new[] / delete[], and the
+  // device forms are ReadKv / WriteKv.
+  std::string kv_memory_domain() const override { return "cpu"; }
+  absl::StatusOr<std::shared_ptr<KvDeviceBytes>> AllocKvDevice(int64_t bytes) override;
+  absl::Status ReadKvDevice(absl::Span<const int64_t> slots, void* dst) override {
+    return ReadKv(slots, static_cast<char*>(dst));
+  }
+  absl::Status WriteKvDevice(absl::Span<const int64_t> slots, const void* src) override {
+    return WriteKv(slots, static_cast<const char*>(src));
+  }
 
   // The host cache (tests, references).
   KvCacheStorage& cache() { return *cache_; }

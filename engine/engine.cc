@@ -35,8 +35,9 @@ struct Engine::ActiveRequest {
   Usage usage;
   bool export_kv = false;
   bool stream_kv_export = false;
-  bool kv_exported = false;  // the request ends because its K/V was exported
-  int64_t kv_streamed = 0;   // stream_kv_export: tokens whose K/V went out as chunks
+  bool kv_export_on_device = false;  // stream_kv_export into executor memory
+  bool kv_exported = false;          // the request ends because its K/V was exported
+  int64_t kv_streamed = 0;           // stream_kv_export: tokens whose K/V went out as chunks
   std::shared_ptr<const KvExport> import_kv;  // until admitted
   std::shared_ptr<const KvExport> kv_export;  // set when exported
   absl::Status error;                         // with finish == kError
@@ -179,6 +180,7 @@ absl::Status Engine::Init() {
   executor_options.kv_dtype = kv_dtype;
   TANDEM_ASSIGN_OR_RETURN(executor_, MakeExecutor(model_, executor_options));
   executor_description_ = executor_->Describe();
+  kv_memory_domain_ = executor_->kv_memory_domain();
   kv_ = std::make_unique<KvCacheManager>(static_cast<int32_t>(num_blocks), config_.block_size,
                                          config_.enable_prefix_caching);
   SchedulerConfig scheduler_config = config_.scheduler;
@@ -310,6 +312,11 @@ absl::Status Engine::ValidateRequest(const EngineRequest& request) const {
         kv.head_dim != mc.head_dim) {
       return absl::InvalidArgumentError("import_kv: geometry does not match the model");
     }
+    if (kv.device != nullptr && kv.device->domain() != kv_memory_domain_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("import_kv: the payload is in ", kv.device->domain(),
+                       " memory, this engine's KV cache in ", kv_memory_domain_));
+    }
     if (kv.num_tokens() < 1 || kv.num_tokens() >= n) {
       return absl::InvalidArgumentError(
           absl::StrCat("import_kv: ", kv.num_tokens(), " tokens; must be in [1, ", n, ")"));
@@ -358,10 +365,11 @@ absl::StatusOr<RequestHandle> Engine::Submit(EngineRequest request) {
                                         std::move(request.params), request.extra_key);
   for (int32_t t : request.prefix_output_token_ids) seq->AppendToken(t);
   if (request.import_kv != nullptr) seq->set_num_imported_tokens(request.import_kv->num_tokens());
-  inbox_.push_back(Pending{std::move(seq), stream, absl::Now(), request.export_kv,
-                           request.export_kv && request.stream_kv_export,
-                           std::move(request.import_kv),
-                           static_cast<int64_t>(request.prefix_output_token_ids.size())});
+  inbox_.push_back(
+      Pending{std::move(seq), stream, absl::Now(), request.export_kv,
+              request.export_kv && request.stream_kv_export, std::move(request.import_kv),
+              static_cast<int64_t>(request.prefix_output_token_ids.size()),
+              request.export_kv && request.stream_kv_export && request.kv_export_on_device});
   ++num_waiting_;
   num_waiting_tokens_ += n;
   wake_.Signal();
@@ -454,6 +462,7 @@ void Engine::Admit(std::vector<Pending> submits) {
                                                        eos_token_ids_, room);
     active->export_kv = p.export_kv;
     active->stream_kv_export = p.stream_kv_export;
+    active->kv_export_on_device = p.kv_export_on_device;
     active->import_kv = std::move(p.import_kv);
     absl::Status st;
     // Replay delivered output through the detokenizer / stop checker, silently.
@@ -706,8 +715,13 @@ absl::Status Engine::StreamKv(ActiveRequest& a, SeqId seq_id, int64_t end) {
   KvChunkEvent chunk;
   chunk.begin = a.kv_streamed;
   chunk.end = end;
-  TANDEM_RETURN_IF_ERROR(
-      ReadKvRange(*executor_, *kv_, seq_id, chunk.begin, chunk.end, &chunk.bytes));
+  if (a.kv_export_on_device) {
+    TANDEM_ASSIGN_OR_RETURN(chunk.device,
+                            ReadKvRangeToDevice(*executor_, *kv_, seq_id, chunk.begin, chunk.end));
+  } else {
+    TANDEM_RETURN_IF_ERROR(
+        ReadKvRange(*executor_, *kv_, seq_id, chunk.begin, chunk.end, &chunk.bytes));
+  }
   a.kv_streamed = end;
   a.stream->Push(std::move(chunk));
   return absl::OkStatus();

@@ -185,6 +185,9 @@ class Engine {
   int64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }
   // The executor's one-line description ("cpu: 2 threads, ...").
   const std::string& executor_description() const { return executor_description_; }
+  // Executor::kv_memory_domain() ("cpu", "cuda:0"): where a request's
+  // kv_export_on_device chunks live and what an import's device payload must be in.
+  const std::string& kv_memory_domain() const { return kv_memory_domain_; }
   // --spec-method draft: "draft model: <path>, ..." (empty otherwise).
   const std::string& draft_description() const { return draft_description_; }
   const LlamaModel& model() const { return *model_; }
@@ -202,6 +205,7 @@ class Engine {
     bool stream_kv_export = false;
     std::shared_ptr<const KvExport> import_kv;
     int64_t num_prefix_output_tokens = 0;
+    bool kv_export_on_device = false;
   };
 
   Engine(const EngineConfig& config, const LlamaModel* model,
@@ -252,6 +256,7 @@ class Engine {
   int64_t kv_bytes_per_token_ = 0;
   std::string kv_description_;
   std::string executor_description_;
+  std::string kv_memory_domain_;
 
   // Engine thread only (and the caller after Shutdown).
   std::unique_ptr<Executor> executor_;

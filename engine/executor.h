@@ -11,7 +11,9 @@
 //     on the host (sampling stays in engine/sampler.cc for every backend);
 //   - ReadKv / WriteKv: K/V of a list of slots in the interchange layout of
 //     engine/kv_export.h, the cache's native bytes (the prefill -> decode
-//     handoff, migration).
+//     handoff, migration); ReadKvDevice / WriteKvDevice the same in the
+//     executor's own memory domain (device memory on CUDA: the NCCL handoff
+//     without host staging).
 // No CUDA type appears here or in any engine header: the CUDA executor is
 // reached through MakeExecutor and lives in engine/cuda/ (built only when
 // nvcc is found).
@@ -34,6 +36,7 @@
 
 namespace tandem::engine {
 
+class KvDeviceBytes;
 class LlamaModel;
 
 enum class Device { kCpu, kCuda };
@@ -70,6 +73,19 @@ class Executor {
   // InvalidArgument on a slot out of range.
   virtual absl::Status ReadKv(absl::Span<const int64_t> slots, char* dst) = 0;
   virtual absl::Status WriteKv(absl::Span<const int64_t> slots, const char* src) = 0;
+
+  // The memory ReadKvDevice / WriteKvDevice work on: "cpu" (host memory) or
+  // "cuda:N" (device N's). Memory of this domain from elsewhere in the
+  // process (an NCCL transport's buffer, NcclOps::memory_domain()) works too.
+  virtual std::string kv_memory_domain() const = 0;
+  // `bytes` of kv_memory_domain() memory, freed with the last reference.
+  // ResourceExhausted when it cannot be had.
+  virtual absl::StatusOr<std::shared_ptr<KvDeviceBytes>> AllocKvDevice(int64_t bytes) = 0;
+  // ReadKv / WriteKv with dst / src in kv_memory_domain() memory: on CUDA a
+  // gather / scatter kernel and no host copy (the GPU-resident KV handoff).
+  // Complete when they return.
+  virtual absl::Status ReadKvDevice(absl::Span<const int64_t> slots, void* dst) = 0;
+  virtual absl::Status WriteKvDevice(absl::Span<const int64_t> slots, const void* src) = 0;
 };
 
 struct ExecutorOptions {

@@ -23,8 +23,11 @@ absl::Status KvExport::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("bytes_per_token ", bytes_per_token,
                                                    " does not match the geometry in any KV dtype"));
   }
-  if (static_cast<int64_t>(bytes.size()) != num_tokens() * bytes_per_token) {
-    return absl::InvalidArgumentError(absl::StrCat("kv bytes ", bytes.size(), " != num_tokens ",
+  if (device != nullptr && !bytes.empty()) {
+    return absl::InvalidArgumentError("kv payload both in host bytes and in device memory");
+  }
+  if (payload_bytes() != num_tokens() * bytes_per_token) {
+    return absl::InvalidArgumentError(absl::StrCat("kv bytes ", payload_bytes(), " != num_tokens ",
                                                    num_tokens(), " x bytes_per_token ",
                                                    bytes_per_token));
   }
@@ -62,6 +65,17 @@ absl::Status ReadKvRange(Executor& executor, const KvCacheManager& kv, SeqId seq
   return executor.ReadKv(SlotsOf(kv, seq, begin, end), bytes->data());
 }
 
+absl::StatusOr<std::shared_ptr<const KvDeviceBytes>> ReadKvRangeToDevice(Executor& executor,
+                                                                         const KvCacheManager& kv,
+                                                                         SeqId seq, int64_t begin,
+                                                                         int64_t end) {
+  TANDEM_ASSIGN_OR_RETURN(
+      std::shared_ptr<KvDeviceBytes> out,
+      executor.AllocKvDevice((end - begin) * executor.kv_shape().bytes_per_token()));
+  TANDEM_RETURN_IF_ERROR(executor.ReadKvDevice(SlotsOf(kv, seq, begin, end), out->data()));
+  return std::shared_ptr<const KvDeviceBytes>(std::move(out));
+}
+
 absl::Status ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvCacheManager& kv,
                       SeqId seq, Executor& executor) {
   const KvCacheShape& shape = executor.kv_shape();
@@ -74,12 +88,22 @@ absl::Status ImportKv(const KvExport& src, int64_t begin, int64_t end, const KvC
         absl::StrCat("imported KV has ", src.bytes_per_token, " bytes per token, the ",
                      kernels::KvDtypeName(shape.dtype), " KV cache ", shape.bytes_per_token()));
   }
-  if (static_cast<int64_t>(src.bytes.size()) < end * src.bytes_per_token) {
+  if (src.payload_bytes() < end * src.bytes_per_token) {
     return absl::InvalidArgumentError("imported KV bytes shorter than its tokens");
   }
   if (!(0 <= begin && begin <= end && end <= src.num_tokens())) {
     return absl::InvalidArgumentError(absl::StrCat("imported KV range [", begin, ", ", end,
                                                    ") outside its ", src.num_tokens(), " tokens"));
+  }
+  if (src.device != nullptr) {
+    if (src.device->domain() != executor.kv_memory_domain()) {
+      return absl::FailedPreconditionError(absl::StrCat("imported KV is in ", src.device->domain(),
+                                                        " memory, the KV cache in ",
+                                                        executor.kv_memory_domain()));
+    }
+    return executor.WriteKvDevice(
+        SlotsOf(kv, seq, begin, end),
+        static_cast<const char*>(src.device->data()) + begin * src.bytes_per_token);
   }
   return executor.WriteKv(SlotsOf(kv, seq, begin, end),
                           src.bytes.data() + begin * src.bytes_per_token);

@@ -23,6 +23,8 @@
 #define TANDEM_ENGINE_KV_EXPORT_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,33 @@
 
 namespace tandem::engine {
 
+// K/V bytes in an executor's KV memory domain (Executor::kv_memory_domain():
+// host memory for the CPU executor, a CUDA device's memory for the CUDA
+// one), in the layout above: what the NCCL handoff sends and receives with
+// no host staging. Owns the memory; `free` releases it when the last
+// reference goes (the executor's allocator, or the transport's).
+class KvDeviceBytes {
+ public:
+  using FreeFn = std::function<void(void*)>;
+  KvDeviceBytes(void* data, int64_t size, std::string domain, FreeFn free)
+      : data_(data), size_(size), domain_(std::move(domain)), free_(std::move(free)) {}
+  ~KvDeviceBytes() {
+    if (free_ && data_ != nullptr) free_(data_);
+  }
+  KvDeviceBytes(const KvDeviceBytes&) = delete;
+  KvDeviceBytes& operator=(const KvDeviceBytes&) = delete;
+
+  void* data() const { return data_; }
+  int64_t size() const { return size_; }
+  const std::string& domain() const { return domain_; }  // e.g. "cpu", "cuda:0"
+
+ private:
+  void* data_;
+  int64_t size_;
+  std::string domain_;
+  FreeFn free_;
+};
+
 struct KvExport {
   std::vector<int32_t> token_ids;  // [num_tokens] the tokens the K/V belong to
   int64_t num_layers = 0;
@@ -41,8 +70,14 @@ struct KvExport {
   int64_t head_dim = 0;
   int64_t bytes_per_token = 0;  // BytesPerToken(geometry, the cache's dtype)
   std::string bytes;            // [num_tokens * bytes_per_token], layout above
+  // Instead of `bytes` (then empty): the same payload in an executor's KV
+  // memory domain (the NCCL handoff between two CUDA workers).
+  std::shared_ptr<const KvDeviceBytes> device;
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+  int64_t payload_bytes() const {
+    return device != nullptr ? device->size() : static_cast<int64_t>(bytes.size());
+  }
   // bytes_per_token for the geometry and KV dtype.
   static int64_t BytesPerToken(int64_t num_layers, int64_t num_kv_heads, int64_t head_dim,
                                KvDtype dtype = KvDtype::kF32) {
@@ -68,7 +103,16 @@ absl::StatusOr<KvExport> ExportKv(Executor& executor, const KvCacheManager& kv, 
 absl::Status ReadKvRange(Executor& executor, const KvCacheManager& kv, SeqId seq, int64_t begin,
                          int64_t end, std::string* bytes);
 
-// Writes positions [begin, end) of `src` into the slots of `seq`.
+// The same range into new memory of executor.kv_memory_domain() (no host
+// copy on CUDA): AllocKvDevice, then ReadKvDevice.
+absl::StatusOr<std::shared_ptr<const KvDeviceBytes>> ReadKvRangeToDevice(Executor& executor,
+                                                                         const KvCacheManager& kv,
+                                                                         SeqId seq, int64_t begin,
+                                                                         int64_t end);
+
+// Writes positions [begin, end) of `src` into the slots of `seq`. A payload
+// in `src.device` is written with WriteKvDevice (FailedPrecondition when its
+// domain is not the executor's).
 // InvalidArgument when src's geometry or bytes_per_token (its KV dtype)
 // differs from the executor's cache or [begin, end) is not within src. REQUIRES: the block table of
 // seq covers end tokens.

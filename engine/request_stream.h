@@ -80,10 +80,16 @@ struct FinishEvent {
 // after that TokenEvent, before the FinishEvent. When the first token ends
 // the request (EOS, stop, max_tokens 1), on cancel and on error the chunks
 // stop early: the receiver must drop what it got.
+// With EngineRequest::kv_export_on_device the chunk is in `device` (the
+// executor's KV memory domain) and `bytes` is empty.
 struct KvChunkEvent {
   int64_t begin = 0;
   int64_t end = 0;
   std::string bytes;
+  std::shared_ptr<const KvDeviceBytes> device;
+  int64_t size() const {
+    return device != nullptr ? device->size() : static_cast<int64_t>(bytes.size());
+  }
 };
 
 using EngineEvent = std::variant<TokenEvent, KvChunkEvent, FinishEvent>;
@@ -104,6 +110,10 @@ struct EngineRequest {
   // With export_kv: the K/V goes out as KvChunkEvents while the prompt is
   // computed instead of as FinishEvent::kv_export (which stays null).
   bool stream_kv_export = false;
+  // With stream_kv_export: each chunk is copied into new memory of the
+  // executor's KV memory domain (KvChunkEvent::device: device memory on CUDA,
+  // for the NCCL handoff without host staging) instead of host bytes.
+  bool kv_export_on_device = false;
   // K/V of the leading tokens of prompt + prefix_output_token_ids (its
   // token_ids must equal them; fewer than all of them, so at least one token
   // is computed here to produce logits). The engine writes it into freshly

@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "engine/cuda/cuda_synthetic.h"
 #include "engine/cuda/cuda_weights.h"
+#include "engine/kv_export.h"
 #include "engine/llama_model.h"
 
 namespace tandem::engine::cuda {
@@ -97,6 +98,10 @@ class CudaExecutor final : public Executor {
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
   absl::Status ReadKv(absl::Span<const int64_t> slots, char* dst) override;
   absl::Status WriteKv(absl::Span<const int64_t> slots, const char* src) override;
+  std::string kv_memory_domain() const override { return absl::StrCat("cuda:", device_index_); }
+  absl::StatusOr<std::shared_ptr<KvDeviceBytes>> AllocKvDevice(int64_t bytes) override;
+  absl::Status ReadKvDevice(absl::Span<const int64_t> slots, void* dst) override;
+  absl::Status WriteKvDevice(absl::Span<const int64_t> slots, const void* src) override;
 
  private:
   explicit CudaExecutor(const ModelConfig& config) : config_(config) {}
@@ -108,7 +113,8 @@ class CudaExecutor final : public Executor {
     int64_t* slots = nullptr;
     float* buf = nullptr;
   };
-  absl::StatusOr<SlotIo> UploadSlots(absl::Span<const int64_t> slots);
+  // with_buffer false: the data is elsewhere on the device (buf stays null).
+  absl::StatusOr<SlotIo> UploadSlots(absl::Span<const int64_t> slots, bool with_buffer = true);
   absl::Status RunLayer(int64_t layer, int64_t T, const kc::DeviceAttentionArgs& attn_base);
   absl::Status MatMul(const kc::DeviceMatrix& w, const float* x, int64_t n, float* y, int64_t ldy,
                       bool accumulate);
@@ -499,7 +505,8 @@ absl::Status CudaExecutor::Warmup() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<CudaExecutor::SlotIo> CudaExecutor::UploadSlots(absl::Span<const int64_t> slots) {
+absl::StatusOr<CudaExecutor::SlotIo> CudaExecutor::UploadSlots(absl::Span<const int64_t> slots,
+                                                               bool with_buffer) {
   TANDEM_RETURN_IF_ERROR(ValidateSlots(shape_, slots));
   const int64_t n = static_cast<int64_t>(slots.size());
   SlotIo io;
@@ -508,10 +515,10 @@ absl::StatusOr<CudaExecutor::SlotIo> CudaExecutor::UploadSlots(absl::Span<const 
   if (n == 0) return io;
   TANDEM_ASSIGN_OR_RETURN(char* host, staging_.Get(n * 8));
   std::copy(slots.begin(), slots.end(), reinterpret_cast<int64_t*>(host));
-  TANDEM_ASSIGN_OR_RETURN(char* d, kv_io_.Get(Align(n * 8) + io.data_bytes));
+  TANDEM_ASSIGN_OR_RETURN(char* d, kv_io_.Get(Align(n * 8) + (with_buffer ? io.data_bytes : 0)));
   TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(d, host, n * 8, stream_));
   io.slots = reinterpret_cast<int64_t*>(d);
-  io.buf = reinterpret_cast<float*>(d + Align(n * 8));
+  if (with_buffer) io.buf = reinterpret_cast<float*>(d + Align(n * 8));
   return io;
 }
 
@@ -528,6 +535,31 @@ absl::Status CudaExecutor::WriteKv(absl::Span<const int64_t> slots, const char* 
   if (io.n == 0) return absl::OkStatus();
   TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(io.buf, src, io.data_bytes, stream_));
   TANDEM_RETURN_IF_ERROR(kc::ScatterSlots(kv_, io.slots, io.n, io.buf, stream_));
+  return kc::StreamSync(stream_);
+}
+
+absl::StatusOr<std::shared_ptr<KvDeviceBytes>> CudaExecutor::AllocKvDevice(int64_t bytes) {
+  if (bytes < 0) return absl::InvalidArgumentError("negative KV buffer size");
+  TANDEM_RETURN_IF_ERROR(kc::SetDevice(device_index_));
+  TANDEM_ASSIGN_OR_RETURN(void* d, kc::Malloc(std::max<int64_t>(bytes, 1)));
+  return std::make_shared<KvDeviceBytes>(d, bytes, kv_memory_domain(),
+                                         [](void* p) { kc::Free(p); });
+}
+
+// The interchange bytes stay on the device: the gather / scatter kernels of
+// ReadKv / WriteKv on the caller's buffer, no host copy.
+absl::Status CudaExecutor::ReadKvDevice(absl::Span<const int64_t> slots, void* dst) {
+  TANDEM_ASSIGN_OR_RETURN(const SlotIo io, UploadSlots(slots, /*with_buffer=*/false));
+  if (io.n == 0) return absl::OkStatus();
+  TANDEM_RETURN_IF_ERROR(kc::GatherSlots(kv_, io.slots, io.n, static_cast<float*>(dst), stream_));
+  return kc::StreamSync(stream_);
+}
+
+absl::Status CudaExecutor::WriteKvDevice(absl::Span<const int64_t> slots, const void* src) {
+  TANDEM_ASSIGN_OR_RETURN(const SlotIo io, UploadSlots(slots, /*with_buffer=*/false));
+  if (io.n == 0) return absl::OkStatus();
+  TANDEM_RETURN_IF_ERROR(
+      kc::ScatterSlots(kv_, io.slots, io.n, static_cast<const float*>(src), stream_));
   return kc::StreamSync(stream_);
 }
 

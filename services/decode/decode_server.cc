@@ -129,6 +129,7 @@ void DecodeServiceImpl::EnableNccl(std::shared_ptr<transfer::NcclOps> ops) {
     return FreeKvBytes(runtime_->engine(), runtime_->compat().block_size());
   };
   rc.draining = [this] { return draining_.load(); };
+  rc.kv_memory_domain = engine.kv_memory_domain();
   rc.on_received = [this](int64_t bytes, double seconds) {
     runtime_->metrics().kv_transfer_bytes->Inc(static_cast<double>(bytes));
     runtime_->metrics().kv_transfer_time->Observe(seconds);

@@ -75,6 +75,10 @@ PrefillReactor* PrefillReactor::Start(PrefillServiceImpl* service,
   req.extra_key = request.params().cache_key();
   req.export_kv = true;
   req.stream_kv_export = r->push_;
+  // GPU-resident handoff: the transport sends from memory the executor
+  // writes (NCCL between CUDA workers), so the chunks stay there.
+  const std::string domain = service->transport_->device_memory_domain();
+  req.kv_export_on_device = r->push_ && !domain.empty() && domain == engine.kv_memory_domain();
   req.prefix_output_token_ids.assign(request.prefix_output_token_ids().begin(),
                                      request.prefix_output_token_ids().end());
   // The handoff covers prompt + replayed outputs (the engine validates them).
@@ -115,7 +119,7 @@ void PrefillReactor::OnEngineEvent(const engine::EngineEvent& event) {
   {
     absl::MutexLock lock(&mu_);
     if (const auto* chunk = std::get_if<engine::KvChunkEvent>(&event)) {
-      if (!first_sent_.has_value()) overlapped_bytes_ += static_cast<int64_t>(chunk->bytes.size());
+      if (!first_sent_.has_value()) overlapped_bytes_ += chunk->size();
       if (!cancelled_ && !push_failed_ && !finished_) {
         if (!pipe_started_) {
           pipe_started_ = true;
@@ -123,7 +127,11 @@ void PrefillReactor::OnEngineEvent(const engine::EngineEvent& event) {
         }
         // The event is the engine's temporary (RequestStream::Push hands it
         // over and drops it): take the bytes instead of copying megabytes.
-        pipe_->Push(std::move(const_cast<engine::KvChunkEvent*>(chunk)->bytes));
+        if (chunk->device != nullptr) {
+          pipe_->PushDevice(chunk->device);
+        } else {
+          pipe_->Push(std::move(const_cast<engine::KvChunkEvent*>(chunk)->bytes));
+        }
       }
     } else if (const auto* tok = std::get_if<engine::TokenEvent>(&event)) {
       // TTFT: the token leaves now, whatever the push is doing.

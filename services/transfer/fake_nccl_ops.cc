@@ -116,7 +116,8 @@ absl::Status Run(const FakeOp& op, absl::Time deadline) {
 
 }  // namespace
 
-FakeNcclOps::FakeNcclOps(std::shared_ptr<FakeNcclFabric> fabric) : fabric_(std::move(fabric)) {}
+FakeNcclOps::FakeNcclOps(std::shared_ptr<FakeNcclFabric> fabric, std::string memory_domain)
+    : fabric_(std::move(fabric)), memory_domain_(std::move(memory_domain)) {}
 
 FakeNcclOps::~FakeNcclOps() {
   absl::MutexLock lock(&mu_);

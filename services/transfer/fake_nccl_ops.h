@@ -55,7 +55,10 @@ struct FakeNcclFaults {
 
 class FakeNcclOps final : public NcclOps {
  public:
-  explicit FakeNcclOps(std::shared_ptr<FakeNcclFabric> fabric);
+  // memory_domain: what memory_domain() says. Its "device" memory is host
+  // memory whatever it says: "cpu" (the default) lets the CPU executors use
+  // it directly, anything else makes the transport stage through the host.
+  explicit FakeNcclOps(std::shared_ptr<FakeNcclFabric> fabric, std::string memory_domain = "cpu");
   ~FakeNcclOps() override;
 
   FakeNcclFaults& faults() { return faults_; }
@@ -67,6 +70,7 @@ class FakeNcclOps final : public NcclOps {
   int64_t live_device_bytes() const { return live_device_bytes_.load(); }
 
   std::string name() const override { return "fake"; }
+  std::string memory_domain() const override { return memory_domain_; }
   absl::StatusOr<NcclUniqueId> GetUniqueId() override;
   absl::StatusOr<Comm> CommInitRank(const NcclUniqueId& id, int nranks, int rank,
                                     absl::Time deadline,
@@ -88,6 +92,7 @@ class FakeNcclOps final : public NcclOps {
 
  private:
   std::shared_ptr<FakeNcclFabric> fabric_;
+  const std::string memory_domain_;
   FakeNcclFaults faults_;
   std::atomic<int> num_inits_{0};
   std::atomic<int> num_aborts_{0};

@@ -56,7 +56,8 @@ class KvLeaseTable {
   absl::Status Reserve(const std::string& handle, int64_t bytes, int64_t capacity_bytes);
   // Turns a reservation into a lease expiring at now + lease(); false (and
   // the reservation dropped) when the handle was released meanwhile.
-  // REQUIRES: Reserve(handle) succeeded and kv->bytes.size() == the reserved bytes.
+  // REQUIRES: Reserve(handle) succeeded and kv->payload_bytes() == the reserved
+  // bytes (host bytes, or device memory: KvExport::device).
   bool Commit(const std::string& handle, std::shared_ptr<const engine::KvExport> kv,
               absl::Time now = absl::Now());
   // Drops a reservation (failed push). No-op when unknown.

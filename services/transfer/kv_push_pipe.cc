@@ -66,18 +66,30 @@ void KvPushPipe::WaitAsyncDone() {
   s.mu.Await(absl::Condition(&s.callback_returned));
 }
 
-void KvPushPipe::Push(std::string bytes) {
+void KvPushPipe::Push(std::string bytes) { Enqueue(Piece{std::move(bytes), nullptr}); }
+
+void KvPushPipe::PushDevice(std::shared_ptr<const engine::KvDeviceBytes> piece) {
+  Enqueue(Piece{std::string(), std::move(piece)});
+}
+
+void KvPushPipe::Enqueue(Piece piece) {
   if (failed()) return;
   if (!opened_) {
     opened_ = true;
     if (!OpenAsync()) thread_ = std::thread([this] { Run(); });
   }
   if (async_ != nullptr) {
-    async_->Write(std::move(bytes));
+    // The asynchronous streams (host transport) carry host bytes only.
+    if (piece.device != nullptr) {
+      async_state_->failed.store(true);
+      async_->Cancel();
+      return;
+    }
+    async_->Write(std::move(piece.bytes));
     return;
   }
   absl::MutexLock lock(&mu_);
-  pieces_.push_back(std::move(bytes));
+  pieces_.push_back(std::move(piece));
 }
 
 absl::StatusOr<KvSendResult> KvPushPipe::Finish() {
@@ -163,7 +175,7 @@ void KvPushPipe::Run() {
     if (cancelled_) (*stream)->Cancel();
   }
   while (true) {
-    std::string piece;
+    Piece piece;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
@@ -175,7 +187,9 @@ void KvPushPipe::Run() {
       piece = std::move(pieces_.front());
       pieces_.pop_front();
     }
-    if (absl::Status st = (*stream)->Write(piece); !st.ok()) {
+    absl::Status st = piece.device != nullptr ? (*stream)->WriteDevice(std::move(piece.device))
+                                              : (*stream)->Write(piece.bytes);
+    if (!st.ok()) {
       done(st);
       return;
     }

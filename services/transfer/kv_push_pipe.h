@@ -58,6 +58,10 @@ class KvPushPipe {
 
   // The next piece. Opens the handoff at the first call.
   void Push(std::string bytes);
+  // The next piece in device memory of the transport's
+  // device_memory_domain() (KvSendStream::WriteDevice); a transport without
+  // one (the host transport's asynchronous stream) fails the handoff.
+  void PushDevice(std::shared_ptr<const engine::KvDeviceBytes> piece);
   // Every piece was pushed: waits until the receiver accepted them all (or
   // the handoff failed) and returns the result. Call at most once.
   absl::StatusOr<KvSendResult> Finish();
@@ -99,7 +103,12 @@ class KvPushPipe {
   bool finished_ = false;  // producer thread only
 
   absl::Mutex mu_;
-  std::deque<std::string> pieces_ ABSL_GUARDED_BY(mu_);
+  struct Piece {
+    std::string bytes;
+    std::shared_ptr<const engine::KvDeviceBytes> device;  // instead of bytes
+  };
+  void Enqueue(Piece piece);
+  std::deque<Piece> pieces_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;  // no more pieces
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   KvSendStream* stream_ ABSL_GUARDED_BY(mu_) = nullptr;  // for Cancel

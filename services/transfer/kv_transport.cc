@@ -12,7 +12,8 @@ absl::StatusOr<KvSendResult> KvTransport::Send(const KvTransferTarget& target,
   KvSendPlan plan{kv.token_ids, kv.bytes_per_token};
   TANDEM_ASSIGN_OR_RETURN(std::unique_ptr<KvSendStream> stream,
                           Open(target, compat, plan, deadline));
-  TANDEM_RETURN_IF_ERROR(stream->Write(kv.bytes));
+  TANDEM_RETURN_IF_ERROR(kv.device != nullptr ? stream->WriteDevice(kv.device)
+                                              : stream->Write(kv.bytes));
   return stream->Finish();
 }
 

@@ -69,6 +69,12 @@ class KvSendStream {
   // flow control bounds the bytes in flight). An error ends the handoff
   // (e.g. the receiver refused the header, or the peer went away).
   virtual absl::Status Write(std::string_view bytes) = 0;
+  // The next piece in device memory (engine::KvChunkEvent::device), for a
+  // transport whose device_memory_domain() is the piece's: sent from there
+  // (kept alive until sent). A handoff is all host pieces or all device ones.
+  virtual absl::Status WriteDevice(std::shared_ptr<const engine::KvDeviceBytes> /*piece*/) {
+    return absl::UnimplementedError("this KV transport takes host bytes only");
+  }
   // REQUIRES: plan.total_bytes() written. Returns when the receiver holds
   // all of it under its lease.
   virtual absl::StatusOr<KvSendResult> Finish() = 0;
@@ -112,6 +118,11 @@ class KvTransport {
       KvAsyncSendStream::DoneCallback /*on_done*/) {
     return nullptr;
   }
+  // The memory domain (engine::Executor::kv_memory_domain()) whose pieces
+  // KvSendStream::WriteDevice takes; empty: host bytes only (the host
+  // transport). A prefill worker whose executor is in this domain exports
+  // its chunks there (EngineRequest::kv_export_on_device).
+  virtual std::string device_memory_domain() const { return ""; }
   // The whole of `kv` in one piece (Open, Write, Finish); returns when the
   // receiver has accepted all of it.
   virtual absl::StatusOr<KvSendResult> Send(const KvTransferTarget& target,

@@ -116,6 +116,78 @@ absl::Status PostRecvKvBlocks(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream 
   return EnqueueDownload(ops, layout, staging, stream);
 }
 
+std::vector<TokenSegment> SplitTokenSegments(
+    const std::vector<std::pair<const char*, int64_t>>& pieces, int64_t bytes_per_token,
+    int64_t max_segment_bytes) {
+  const int64_t max_tokens = std::max<int64_t>(1, max_segment_bytes / bytes_per_token);
+  std::vector<TokenSegment> out;
+  int64_t offset = 0;
+  for (const auto& [data, bytes] : pieces) {
+    for (int64_t t = 0, n = bytes / bytes_per_token; t < n; t += max_tokens) {
+      TokenSegment s;
+      s.tokens = std::min(max_tokens, n - t);
+      s.bytes = s.tokens * bytes_per_token;
+      s.data = data + t * bytes_per_token;
+      s.offset = offset;
+      offset += s.bytes;
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<TokenSegment>> CheckTokenSegments(absl::Span<const int64_t> tokens,
+                                                             int64_t num_tokens,
+                                                             int64_t bytes_per_token) {
+  if (tokens.empty() || static_cast<int64_t>(tokens.size()) > kMaxTokenSegments) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token_segments: ", tokens.size(), " segments, not 1 .. ", kMaxTokenSegments));
+  }
+  std::vector<TokenSegment> out;
+  int64_t sum = 0;
+  for (int64_t n : tokens) {
+    if (n < 1 || n > num_tokens - sum || n * bytes_per_token > kMaxSegmentBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token_segments: a segment of ", n, " tokens (", num_tokens - sum,
+                       " left, at most ", kMaxSegmentBytes, " bytes each)"));
+    }
+    TokenSegment s;
+    s.tokens = n;
+    s.bytes = n * bytes_per_token;
+    s.offset = sum * bytes_per_token;
+    sum += n;
+    out.push_back(s);
+  }
+  if (sum != num_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token_segments sum to ", sum, " tokens, the header has ", num_tokens));
+  }
+  return out;
+}
+
+absl::Status SendTokenSegments(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stream, int peer,
+                               const std::vector<TokenSegment>& segments, absl::Time deadline,
+                               const NcclInterrupt& interrupt) {
+  TANDEM_RETURN_IF_ERROR(Grouped(ops, comm, deadline, [&]() -> absl::Status {
+    for (const TokenSegment& s : segments) {
+      TANDEM_RETURN_IF_ERROR(ops.Send(comm, s.data, s.bytes, peer, stream));
+    }
+    return absl::OkStatus();
+  }));
+  return WaitStreamInterruptible(ops, comm, stream, deadline, interrupt);
+}
+
+absl::Status PostRecvTokenSegments(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stream,
+                                   int peer, char* base, const std::vector<TokenSegment>& segments,
+                                   absl::Time deadline) {
+  return Grouped(ops, comm, deadline, [&]() -> absl::Status {
+    for (const TokenSegment& s : segments) {
+      TANDEM_RETURN_IF_ERROR(ops.Recv(comm, base + s.offset, s.bytes, peer, stream));
+    }
+    return absl::OkStatus();
+  });
+}
+
 absl::StatusOr<std::string> LoopbackKvBlocks(NcclOps& ops, NcclOps::Comm comm,
                                              NcclOps::Stream stream, int self,
                                              const KvBlockLayout& layout,

@@ -17,11 +17,13 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "services/transfer/kv_block_packing.h"
 #include "services/transfer/nccl_ops.h"
 
@@ -86,6 +88,40 @@ absl::Status SendKvBlocks(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stre
 absl::Status PostRecvKvBlocks(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stream, int peer,
                               const KvBlockLayout& layout, int64_t blocks_per_segment,
                               NcclStaging& staging, absl::Time deadline);
+
+// The GPU-resident form (NcclPushBegin.token_segments, docs/nccl.md): the
+// token-major payload sent from where the executor gathered it, no staging.
+// A segment: `bytes` bytes of whole tokens at `data` (sender) or at `offset`
+// into the receiver's buffer.
+struct TokenSegment {
+  const char* data = nullptr;
+  int64_t offset = 0;
+  int64_t bytes = 0;
+  int64_t tokens = 0;
+};
+inline constexpr int64_t kMaxTokenSegments = 1 << 16;
+// The pieces (each whole tokens of bytes_per_token, in order) as segments of
+// at most max_segment_bytes (at least one token each): a piece larger than
+// that is split. offset runs over the concatenation.
+std::vector<TokenSegment> SplitTokenSegments(
+    const std::vector<std::pair<const char*, int64_t>>& pieces, int64_t bytes_per_token,
+    int64_t max_segment_bytes);
+// The receiver's check of a begin's token_segments: InvalidArgument unless
+// there are 1 .. kMaxTokenSegments of them, each >= 1 token and at most
+// kMaxSegmentBytes, summing to num_tokens. Returns them with offsets.
+absl::StatusOr<std::vector<TokenSegment>> CheckTokenSegments(absl::Span<const int64_t> tokens,
+                                                             int64_t num_tokens,
+                                                             int64_t bytes_per_token);
+// Sender: one grouped ncclSend per segment from segment.data, then the wait
+// (interruptible, as SendKvBlocks).
+absl::Status SendTokenSegments(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stream, int peer,
+                               const std::vector<TokenSegment>& segments, absl::Time deadline,
+                               const NcclInterrupt& interrupt = {});
+// Receiver: one grouped ncclRecv per segment into base + segment.offset
+// (device memory of the ops); the caller waits with WaitStream.
+absl::Status PostRecvTokenSegments(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stream,
+                                   int peer, char* base, const std::vector<TokenSegment>& segments,
+                                   absl::Time deadline);
 
 // One rank sending to itself: pack, upload, ONE group with the sends and the
 // receives to rank `self`, download, unpack. Returns the received payload.

@@ -157,7 +157,8 @@ absl::Status NcclKvTransport::Connect(Pair& pair, const KvTransferTarget& target
 
 namespace {
 
-// Collects the pieces of one handoff; Finish sends them in one transfer.
+// Collects the pieces of one handoff (host bytes, or device pieces kept
+// alive where they are); Finish sends them in one transfer.
 class BufferedKvSendStream final : public KvSendStream {
  public:
   BufferedKvSendStream(NcclKvTransport* transport, KvTransferTarget target,
@@ -167,6 +168,7 @@ class BufferedKvSendStream final : public KvSendStream {
       : transport_(transport),
         target_(std::move(target)),
         compat_(std::move(compat)),
+        plan_(plan),
         deadline_(deadline) {
     kv_.token_ids = plan.token_ids;
     kv_.bytes_per_token = plan.bytes_per_token;
@@ -174,29 +176,58 @@ class BufferedKvSendStream final : public KvSendStream {
     kv_.num_kv_heads = num_kv_heads;
     kv_.head_dim = head_dim;
     total_ = plan.total_bytes();
-    kv_.bytes.reserve(total_);
   }
   absl::Status Write(std::string_view bytes) override {
-    if (static_cast<int64_t>(kv_.bytes.size() + bytes.size()) > total_) {
-      return absl::InvalidArgumentError("NCCL KV transfer: more bytes than declared");
+    if (!device_.empty()) {
+      return absl::InvalidArgumentError("NCCL KV transfer: host bytes after device pieces");
     }
+    TANDEM_RETURN_IF_ERROR(Count(static_cast<int64_t>(bytes.size())));
+    if (kv_.bytes.empty()) kv_.bytes.reserve(total_);
     kv_.bytes.append(bytes);
     return absl::OkStatus();
   }
+  absl::Status WriteDevice(std::shared_ptr<const engine::KvDeviceBytes> piece) override {
+    if (piece == nullptr || piece->domain() != transport_->device_memory_domain()) {
+      return absl::InvalidArgumentError(absl::StrCat("NCCL KV transfer: a device piece not in ",
+                                                     transport_->device_memory_domain()));
+    }
+    if (!kv_.bytes.empty()) {
+      return absl::InvalidArgumentError("NCCL KV transfer: device pieces after host bytes");
+    }
+    if (piece->size() % plan_.bytes_per_token != 0) {
+      return absl::InvalidArgumentError("NCCL KV transfer: a device piece of partial tokens");
+    }
+    TANDEM_RETURN_IF_ERROR(Count(piece->size()));
+    device_.push_back(std::move(piece));
+    return absl::OkStatus();
+  }
   absl::StatusOr<KvSendResult> Finish() override {
-    if (static_cast<int64_t>(kv_.bytes.size()) != total_) {
+    if (written_ != total_) {
       return absl::InvalidArgumentError("NCCL KV transfer: fewer bytes than declared");
     }
+    if (!device_.empty())
+      return transport_->SendDevice(target_, compat_, plan_, device_, deadline_);
     return transport_->Send(target_, compat_, kv_, deadline_);
   }
 
  private:
+  absl::Status Count(int64_t bytes) {
+    if (written_ + bytes > total_) {
+      return absl::InvalidArgumentError("NCCL KV transfer: more bytes than declared");
+    }
+    written_ += bytes;
+    return absl::OkStatus();
+  }
+
   NcclKvTransport* const transport_;
   const KvTransferTarget target_;
   const tandem::v1::KvCompatibility compat_;
+  const KvSendPlan plan_;
   const absl::Time deadline_;
   engine::KvExport kv_;
+  std::vector<std::shared_ptr<const engine::KvDeviceBytes>> device_;
   int64_t total_ = 0;
+  int64_t written_ = 0;
 };
 
 }  // namespace
@@ -213,6 +244,46 @@ absl::StatusOr<KvSendResult> NcclKvTransport::Send(const KvTransferTarget& targe
                                                    const tandem::v1::KvCompatibility& compat,
                                                    const engine::KvExport& kv,
                                                    absl::Time deadline) {
+  if (kv.device != nullptr) {
+    return SendDevice(target, compat, KvSendPlan{kv.token_ids, kv.bytes_per_token}, {kv.device},
+                      deadline);
+  }
+  Payload payload;
+  payload.plan = KvSendPlan{kv.token_ids, kv.bytes_per_token};
+  if (static_cast<int64_t>(kv.bytes.size()) != payload.plan.total_bytes()) {
+    return absl::InvalidArgumentError(
+        "NCCL KV transfer: KV export size != tokens x bytes_per_token");
+  }
+  payload.host = kv.bytes.data();
+  return Transfer(target, compat, payload, deadline);
+}
+
+absl::StatusOr<KvSendResult> NcclKvTransport::SendDevice(
+    const KvTransferTarget& target, const tandem::v1::KvCompatibility& compat,
+    const KvSendPlan& plan, const std::vector<std::shared_ptr<const engine::KvDeviceBytes>>& pieces,
+    absl::Time deadline) {
+  Payload payload;
+  payload.plan = plan;
+  payload.device = pieces;
+  int64_t bytes = 0;
+  for (const auto& p : pieces) {
+    if (p == nullptr || p->domain() != ops_->memory_domain()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("NCCL KV transfer: a device piece not in ", ops_->memory_domain()));
+    }
+    bytes += p->size();
+  }
+  if (bytes != plan.total_bytes() || plan.bytes_per_token < 1 || bytes % plan.bytes_per_token) {
+    return absl::InvalidArgumentError(
+        "NCCL KV transfer: device pieces' size != tokens x bytes_per_token");
+  }
+  return Transfer(target, compat, payload, deadline);
+}
+
+absl::StatusOr<KvSendResult> NcclKvTransport::Transfer(const KvTransferTarget& target,
+                                                       const tandem::v1::KvCompatibility& compat,
+                                                       const Payload& payload,
+                                                       absl::Time deadline) {
   const absl::Time start = absl::Now();
   std::shared_ptr<Pair> pair = PairFor(target.address);
   absl::MutexLock lock(&pair->mu);
@@ -225,7 +296,8 @@ absl::StatusOr<KvSendResult> NcclKvTransport::Send(const KvTransferTarget& targe
       TANDEM_RETURN_IF_ERROR(Connect(*pair, target, compat, deadline));
     }
     bool stale = false;
-    absl::StatusOr<KvSendResult> result = SendOnce(*pair, target, compat, kv, deadline, &stale);
+    absl::StatusOr<KvSendResult> result =
+        SendOnce(*pair, target, compat, payload, deadline, &stale);
     if (stale && attempt == 0) {
       Drop(*pair);
       continue;
@@ -235,19 +307,33 @@ absl::StatusOr<KvSendResult> NcclKvTransport::Send(const KvTransferTarget& targe
   }
 }
 
+absl::Status NcclKvTransport::SendPayload(Pair& pair, const KvTransferTarget& target,
+                                          const Payload& payload, const KvBlockLayout& layout,
+                                          int32_t blocks_per_segment, absl::Time deadline) {
+  const absl::Time nccl_deadline = std::min(deadline, absl::Now() + options_.transfer_timeout);
+  const NcclInterrupt interrupt = [&] { return CancelledBy(target); };
+  if (payload.device.empty()) {
+    return SendKvBlocks(*ops_, pair.comm, pair.stream, kReceiverRank, layout, blocks_per_segment,
+                        payload.host, pair.staging, nccl_deadline, interrupt);
+  }
+  std::vector<std::pair<const char*, int64_t>> pieces;
+  for (const auto& p : payload.device)
+    pieces.emplace_back(static_cast<const char*>(p->data()), p->size());
+  return SendTokenSegments(
+      *ops_, pair.comm, pair.stream, kReceiverRank,
+      SplitTokenSegments(pieces, payload.plan.bytes_per_token, options_.max_segment_bytes),
+      nccl_deadline, interrupt);
+}
+
 absl::StatusOr<KvSendResult> NcclKvTransport::SendOnce(Pair& pair, const KvTransferTarget& target,
                                                        const tandem::v1::KvCompatibility& compat,
-                                                       const engine::KvExport& kv,
-                                                       absl::Time deadline, bool* stale) {
+                                                       const Payload& payload, absl::Time deadline,
+                                                       bool* stale) {
   const std::string& address = target.address;
+  const KvSendPlan& plan = payload.plan;
   absl::StatusOr<KvBlockLayout> layout = MakeKvBlockLayout(
-      kv.num_tokens(), kv.bytes_per_token, compat.block_size(), compat.num_layers());
+      plan.token_ids.size(), plan.bytes_per_token, compat.block_size(), compat.num_layers());
   if (!layout.ok()) return WithPeer(address, "KV export", layout.status());
-  if (static_cast<int64_t>(kv.bytes.size()) != layout->payload_bytes()) {
-    return absl::InvalidArgumentError(
-        "NCCL KV transfer: KV export size != tokens x bytes_per_token");
-  }
-  const int32_t blocks_per_segment = BlocksPerSegment(*layout, options_.max_segment_bytes);
 
   const std::unique_ptr<grpc::ClientContext> owned = MakeTransferContext(target, deadline);
   grpc::ClientContext& context = *owned;
@@ -258,9 +344,17 @@ absl::StatusOr<KvSendResult> NcclKvTransport::SendOnce(Pair& pair, const KvTrans
   tandem::v1::NcclPushBegin* begin = request.mutable_begin();
   begin->set_peer_id(options_.peer_id);
   begin->set_comm_generation(pair.generation);
-  *begin->mutable_header() =
-      HostKvTransport::MakeHeader(target, compat, KvSendPlan{kv.token_ids, kv.bytes_per_token});
-  begin->set_blocks_per_segment(blocks_per_segment);
+  *begin->mutable_header() = HostKvTransport::MakeHeader(target, compat, plan);
+  if (payload.device.empty()) {
+    begin->set_blocks_per_segment(BlocksPerSegment(*layout, options_.max_segment_bytes));
+  } else {
+    std::vector<std::pair<const char*, int64_t>> pieces;
+    for (const auto& p : payload.device) pieces.emplace_back(nullptr, p->size());
+    for (const TokenSegment& seg :
+         SplitTokenSegments(pieces, plan.bytes_per_token, options_.max_segment_bytes)) {
+      begin->add_token_segments(seg.tokens);
+    }
+  }
   tandem::v1::NcclPushKvResponse response;
   // 1. The receiver accepts the header (or rejects it: then nothing was posted).
   const bool read = stream->Write(request) && stream->Read(&response);
@@ -280,10 +374,8 @@ absl::StatusOr<KvSendResult> NcclKvTransport::SendOnce(Pair& pair, const KvTrans
     return WithPeer(address, "receiver", services::FromGrpcStatus(st));
   }
   // 2. Payload.
-  const absl::Time nccl_deadline = std::min(deadline, absl::Now() + options_.transfer_timeout);
-  absl::Status sent = SendKvBlocks(*ops_, pair.comm, pair.stream, kReceiverRank, *layout,
-                                   blocks_per_segment, kv.bytes.data(), pair.staging, nccl_deadline,
-                                   [&] { return CancelledBy(target); });
+  absl::Status sent =
+      SendPayload(pair, target, payload, *layout, request.begin().blocks_per_segment(), deadline);
   if (!sent.ok()) {
     Drop(pair);           // ncclCommAbort here ...
     context.TryCancel();  // ... and the receiver aborts its side and the reservation
@@ -304,7 +396,7 @@ absl::StatusOr<KvSendResult> NcclKvTransport::SendOnce(Pair& pair, const KvTrans
   KvSendResult result;
   result.num_bytes = response.done().bytes_received();
   result.lease_seconds = response.done().lease_seconds();
-  if (result.num_bytes != static_cast<int64_t>(kv.bytes.size())) {
+  if (result.num_bytes != plan.total_bytes()) {
     return absl::DataLossError(
         absl::StrCat("NCCL KV transfer to ", address, ": receiver counted a different size"));
   }

@@ -40,11 +40,13 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "services/common/tls.h"
+#include "services/transfer/kv_block_packing.h"
 #include "services/transfer/kv_transport.h"
 #include "services/transfer/nccl_ops.h"
 #include "tandem/v1/worker.grpc.pb.h"
@@ -77,6 +79,16 @@ class NcclKvTransport final : public KvTransport {
                                     const tandem::v1::KvCompatibility& compat,
                                     const engine::KvExport& kv, absl::Time deadline) override;
 
+  // The GPU-resident handoff: pieces in ops' memory_domain() go with
+  // WriteDevice, token-major, one ncclSend per piece, no host staging.
+  std::string device_memory_domain() const override { return ops_->memory_domain(); }
+  // The same as Send for device pieces (token_ids / bytes_per_token as in a
+  // KvExport; the pieces concatenated are its payload).
+  absl::StatusOr<KvSendResult> SendDevice(
+      const KvTransferTarget& target, const tandem::v1::KvCompatibility& compat,
+      const KvSendPlan& plan,
+      const std::vector<std::shared_ptr<const engine::KvDeviceBytes>>& pieces, absl::Time deadline);
+
   const std::string& peer_id() const { return options_.peer_id; }
   int num_connects() const { return num_connects_.load(); }  // communicators made
   bool HasComm(const std::string& address);                  // a live pair to address
@@ -87,10 +99,23 @@ class NcclKvTransport final : public KvTransport {
   absl::Status Connect(Pair& pair, const KvTransferTarget& target,
                        const tandem::v1::KvCompatibility& compat, absl::Time deadline);
   void Drop(Pair& pair);
+  // One transfer's payload: host bytes (block-packed through the pair's
+  // staging buffers) or device pieces (token-major, sent where they are).
+  struct Payload {
+    KvSendPlan plan;
+    const char* host = nullptr;
+    std::vector<std::shared_ptr<const engine::KvDeviceBytes>> device;
+  };
+  absl::StatusOr<KvSendResult> Transfer(const KvTransferTarget& target,
+                                        const tandem::v1::KvCompatibility& compat,
+                                        const Payload& payload, absl::Time deadline);
   absl::StatusOr<KvSendResult> SendOnce(Pair& pair, const KvTransferTarget& target,
                                         const tandem::v1::KvCompatibility& compat,
-                                        const engine::KvExport& kv, absl::Time deadline,
-                                        bool* stale);
+                                        const Payload& payload, absl::Time deadline, bool* stale);
+  // SendOnce's step 2: the payload over NCCL (begin already accepted).
+  absl::Status SendPayload(Pair& pair, const KvTransferTarget& target, const Payload& payload,
+                           const KvBlockLayout& layout, int32_t blocks_per_segment,
+                           absl::Time deadline);
 
   const std::shared_ptr<NcclOps> ops_;
   NcclTransportOptions options_;

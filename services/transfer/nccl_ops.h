@@ -42,6 +42,11 @@ class NcclOps {
 
   // "cuda" or "fake" (logs, errors).
   virtual std::string name() const = 0;
+  // Where DeviceAlloc's memory lives, in engine::Executor::kv_memory_domain()
+  // terms ("cuda:N"; the fake: "cpu" unless told otherwise). When it is the
+  // workers' executor's, the KV goes from the prefill cache to the decode
+  // cache through device memory only (docs/nccl.md, "GPU-resident handoff").
+  virtual std::string memory_domain() const = 0;
 
   // ncclGetUniqueId (rank 0 only).
   virtual absl::StatusOr<NcclUniqueId> GetUniqueId() = 0;

@@ -148,7 +148,7 @@ grpc::Status NcclKvReceiver::Connect(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-absl::StatusOr<KvBlockLayout> NcclKvReceiver::CheckPushBegin(
+absl::StatusOr<NcclKvReceiver::RecvPlan> NcclKvReceiver::CheckPushBegin(
     const tandem::v1::NcclPushBegin& begin) const {
   const tandem::v1::KvTransferHeader& header = begin.header();
   absl::Status st = ValidateKvHeader(header, config_.compat, config_.bytes_per_token,
@@ -157,19 +157,72 @@ absl::StatusOr<KvBlockLayout> NcclKvReceiver::CheckPushBegin(
   if (config_.draining && config_.draining()) {
     return absl::UnavailableError("draining");
   }
-  absl::StatusOr<KvBlockLayout> layout =
-      MakeKvBlockLayout(header.num_tokens(), header.bytes_per_token(), config_.compat.block_size(),
-                        config_.compat.num_layers());
-  if (!layout.ok()) return layout.status();
-  st = CheckBlocksPerSegment(*layout, begin.blocks_per_segment());
-  if (!st.ok()) return st;
-  return layout;
+  RecvPlan plan;
+  TANDEM_ASSIGN_OR_RETURN(
+      plan.layout, MakeKvBlockLayout(header.num_tokens(), header.bytes_per_token(),
+                                     config_.compat.block_size(), config_.compat.num_layers()));
+  if (begin.token_segments().empty()) {
+    TANDEM_RETURN_IF_ERROR(CheckBlocksPerSegment(plan.layout, begin.blocks_per_segment()));
+    return plan;
+  }
+  if (begin.blocks_per_segment() != 0) {
+    return absl::InvalidArgumentError("blocks_per_segment must be 0 with token_segments");
+  }
+  TANDEM_ASSIGN_OR_RETURN(
+      plan.token_segments,
+      CheckTokenSegments(begin.token_segments(), header.num_tokens(), header.bytes_per_token()));
+  return plan;
+}
+
+absl::Status NcclKvReceiver::PostReceives(const tandem::v1::NcclPushBegin& begin,
+                                          const RecvPlan& plan, Pair& pair, absl::Time deadline,
+                                          std::shared_ptr<engine::KvDeviceBytes>* device) {
+  if (plan.token_segments.empty()) {
+    return PostRecvKvBlocks(*ops_, pair.comm, pair.stream, kSenderRank, plan.layout,
+                            begin.blocks_per_segment(), pair.staging, deadline);
+  }
+  const int64_t bytes = plan.layout.payload_bytes();
+  char* base = nullptr;
+  if (config_.kv_memory_domain == ops_->memory_domain()) {
+    // Straight into memory the decode executor reads: the lease holds it.
+    TANDEM_ASSIGN_OR_RETURN(void* mem, ops_->DeviceAlloc(bytes));
+    std::shared_ptr<NcclOps> ops = ops_;
+    *device = std::make_shared<engine::KvDeviceBytes>(mem, bytes, ops_->memory_domain(),
+                                                      [ops](void* p) { ops->DeviceFree(p); });
+    base = static_cast<char*>(mem);
+  } else {
+    TANDEM_RETURN_IF_ERROR(pair.staging.Reserve(bytes));
+    base = static_cast<char*>(pair.staging.device());
+  }
+  return PostRecvTokenSegments(*ops_, pair.comm, pair.stream, kSenderRank, base,
+                               plan.token_segments, deadline);
+}
+
+absl::Status NcclKvReceiver::TakePayload(const RecvPlan& plan, Pair& pair, absl::Time deadline,
+                                         std::shared_ptr<engine::KvDeviceBytes> device,
+                                         engine::KvExport* kv) {
+  const int64_t bytes = plan.layout.payload_bytes();  // == total_bytes (validated)
+  if (device != nullptr) {
+    kv->device = std::move(device);
+    return absl::OkStatus();
+  }
+  kv->bytes.resize(static_cast<size_t>(bytes));
+  if (plan.token_segments.empty()) {  // downloaded with the receives
+    UnpackKvBlocks(plan.layout, pair.staging.host(), kv->bytes.data());
+    return absl::OkStatus();
+  }
+  // Token-major in the staging buffer: download as it is.
+  TANDEM_RETURN_IF_ERROR(
+      ops_->CopyToHost(pair.staging.host(), pair.staging.device(), bytes, pair.stream));
+  TANDEM_RETURN_IF_ERROR(ops_->WaitStream(pair.comm, pair.stream, deadline));
+  std::copy_n(pair.staging.host(), bytes, kv->bytes.data());
+  return absl::OkStatus();
 }
 
 grpc::Status NcclKvReceiver::ReceiveLocked(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<tandem::v1::NcclPushKvResponse, tandem::v1::NcclPushKvRequest>* stream,
-    const tandem::v1::NcclPushBegin& begin, const KvBlockLayout& layout, const std::string& peer,
+    const tandem::v1::NcclPushBegin& begin, const RecvPlan& plan, const std::string& peer,
     const std::shared_ptr<Pair>& pair) {
   const tandem::v1::KvTransferHeader& header = begin.header();
   tandem::v1::NcclPushKvRequest msg;
@@ -186,8 +239,9 @@ grpc::Status NcclKvReceiver::ReceiveLocked(
     leases_->Abort(handle);
     return Error(code, absl::StrCat("NcclPushKv from '", peer, "': ", what));
   };
-  st = PostRecvKvBlocks(*ops_, pair->comm, pair->stream, kSenderRank, layout,
-                        begin.blocks_per_segment(), pair->staging, deadline);
+  // Declared before `fail`'s aborts can return: freed only after them.
+  std::shared_ptr<engine::KvDeviceBytes> device;
+  st = PostReceives(begin, plan, *pair, deadline, &device);
   if (!st.ok()) {
     return fail(absl::IsResourceExhausted(st) ? grpc::StatusCode::RESOURCE_EXHAUSTED
                                               : grpc::StatusCode::UNAVAILABLE,
@@ -220,9 +274,11 @@ grpc::Status NcclKvReceiver::ReceiveLocked(
   kv->num_kv_heads = config_.compat.num_kv_heads();
   kv->head_dim = config_.compat.head_dim();
   kv->bytes_per_token = header.bytes_per_token();
-  kv->bytes.resize(static_cast<size_t>(layout.payload_bytes()));  // == total_bytes (validated)
-  UnpackKvBlocks(layout, pair->staging.host(), kv->bytes.data());
-  const int64_t received = static_cast<int64_t>(kv->bytes.size());
+  st = TakePayload(plan, *pair, deadline, std::move(device), kv.get());
+  if (!st.ok()) {
+    return fail(grpc::StatusCode::UNAVAILABLE, absl::StrCat("download: ", st.message()));
+  }
+  const int64_t received = kv->payload_bytes();
   leases_->Commit(handle, std::move(kv));
   if (config_.on_received) {
     config_.on_received(received, absl::ToDoubleSeconds(absl::Now() - start));
@@ -245,8 +301,8 @@ grpc::Status NcclKvReceiver::PushKv(
   const tandem::v1::NcclPushBegin begin = msg.begin();  // a copy: msg is read again below
   // Everything up to the reservation is checked before any NCCL operation
   // is posted.
-  absl::StatusOr<KvBlockLayout> layout = CheckPushBegin(begin);
-  if (!layout.ok()) return services::ToGrpcStatus(layout.status());
+  absl::StatusOr<RecvPlan> plan = CheckPushBegin(begin);
+  if (!plan.ok()) return services::ToGrpcStatus(plan.status());
   const std::string peer = begin.peer_id();
   std::shared_ptr<Pair> pair;
   {
@@ -267,7 +323,7 @@ grpc::Status NcclKvReceiver::PushKv(
   if (pair->comm == nullptr || pair->superseded.load()) {
     return Error(grpc::StatusCode::ABORTED, "NcclPushKv: the communicator was aborted");
   }
-  return ReceiveLocked(context, stream, begin, *layout, peer, pair);
+  return ReceiveLocked(context, stream, begin, *plan, peer, pair);
 }
 
 }  // namespace tandem::transfer

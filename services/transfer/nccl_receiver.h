@@ -38,6 +38,7 @@
 #include "grpcpp/support/sync_stream.h"
 #include "services/transfer/kv_block_packing.h"
 #include "services/transfer/kv_lease_table.h"
+#include "services/transfer/nccl_kv_path.h"
 #include "services/transfer/nccl_ops.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -50,6 +51,12 @@ struct NcclReceiverConfig {
   int64_t vocab_size = 0;
   std::function<int64_t()> free_bytes;  // free KV capacity for Reserve
   std::function<bool()> draining;       // may be empty
+  // The decode executor's engine::Executor::kv_memory_domain(). A
+  // token-segment push (the GPU-resident form) is received straight into new
+  // memory of the ops when it is ops->memory_domain() (the lease holds it,
+  // KvExport::device, and Decode scatters it into the cache on the device);
+  // otherwise through the staging buffers into host bytes.
+  std::string kv_memory_domain;
   // Called after each committed handoff (metrics); may be empty.
   std::function<void(int64_t bytes, double seconds)> on_received;
   absl::Duration connect_timeout = absl::Seconds(60);
@@ -79,12 +86,27 @@ class NcclKvReceiver {
   // layout) before any NCCL operation; then, with the pair's transfer lock
   // held, reserve -> post ncclRecv -> `ready` -> wait -> `sent` -> commit,
   // every failure releasing both sides.
-  absl::StatusOr<KvBlockLayout> CheckPushBegin(const tandem::v1::NcclPushBegin& begin) const;
+  // What a checked `begin` asks for: the block-packed form (layout,
+  // blocks_per_segment) or the token-major one (token_segments not empty).
+  struct RecvPlan {
+    KvBlockLayout layout;
+    std::vector<TokenSegment> token_segments;
+  };
+  absl::StatusOr<RecvPlan> CheckPushBegin(const tandem::v1::NcclPushBegin& begin) const;
   grpc::Status ReceiveLocked(grpc::ServerContext* context,
                              grpc::ServerReaderWriter<tandem::v1::NcclPushKvResponse,
                                                       tandem::v1::NcclPushKvRequest>* stream,
-                             const tandem::v1::NcclPushBegin& begin, const KvBlockLayout& layout,
+                             const tandem::v1::NcclPushBegin& begin, const RecvPlan& plan,
                              const std::string& peer, const std::shared_ptr<Pair>& pair);
+  // Posts the receives of `plan` on the pair's stream. Token segments go into
+  // *device (new ops memory) when kept on the device, else into the staging
+  // buffer; block-packed pushes into the staging buffer, with the download.
+  absl::Status PostReceives(const tandem::v1::NcclPushBegin& begin, const RecvPlan& plan,
+                            Pair& pair, absl::Time deadline,
+                            std::shared_ptr<engine::KvDeviceBytes>* device);
+  // After the payload landed: *kv's payload from *device or the staging buffer.
+  absl::Status TakePayload(const RecvPlan& plan, Pair& pair, absl::Time deadline,
+                           std::shared_ptr<engine::KvDeviceBytes> device, engine::KvExport* kv);
 
   const std::shared_ptr<NcclOps> ops_;
   const NcclReceiverConfig config_;

@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "engine/cpu_executor.h"
 #include "engine/executor.h"
+#include "engine/kv_export.h"
 #include "engine/llama_model.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -274,6 +275,34 @@ TEST(CudaExecutorKvTest, ReadWriteCopyBlocksAndBadInput) {
   wrong.slot_mapping[0] = 3;
   EXPECT_EQ(gpu->Forward(wrong, l.data()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(gpu->Describe().empty());
+}
+
+// The device forms (the GPU-resident KV handoff): ReadKvDevice into an
+// AllocKvDevice buffer and WriteKvDevice of it into other slots move exactly
+// the bytes ReadKv / WriteKv move through the host; the buffer is in the
+// executor's domain "cuda:N"; bad slots are errors.
+TEST(CudaExecutorKvTest, DeviceReadWriteEqualTheHostForms) {
+  REQUIRE_DEVICE();
+  const Tiny tiny = LoadReference(Shape(), 24);
+  auto gpu = Make(tiny.model.get(), Device::kCuda, 16, 16);
+  EXPECT_EQ(gpu->kv_memory_domain(), "cuda:0");
+  const int64_t per = gpu->kv_shape().interchange_bytes_per_token() / 4;
+  std::vector<float> data(5 * per);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = float(i % 1013) * 0.5f - 7.f;
+  const std::vector<int64_t> from = {3, 200, 17, 18, 64}, to = {255, 0, 99, 100, 16};
+  ASSERT_TRUE(gpu->WriteKv(from, reinterpret_cast<const char*>(data.data())).ok());
+  auto buf = gpu->AllocKvDevice(5 * per * 4);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  EXPECT_EQ((*buf)->domain(), "cuda:0");
+  EXPECT_EQ((*buf)->size(), 5 * per * 4);
+  ASSERT_TRUE(gpu->ReadKvDevice(from, (*buf)->data()).ok());
+  ASSERT_TRUE(gpu->WriteKvDevice(to, (*buf)->data()).ok());
+  std::vector<float> back(5 * per);
+  ASSERT_TRUE(gpu->ReadKv(to, reinterpret_cast<char*>(back.data())).ok());
+  EXPECT_EQ(back, data);
+  const std::vector<int64_t> bad = {256};
+  EXPECT_EQ(gpu->ReadKvDevice(bad, (*buf)->data()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu->WriteKvDevice(bad, (*buf)->data()).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Decode steps replayed from CUDA graphs (batch sizes padded up to 1, 2, 4,

@@ -2,6 +2,7 @@
 // engine A (export_kv), import it into engine B (import_kv +
 // prefix_output_token_ids {first token}) and compare with one engine doing
 // everything: tokens and logprobs must be bit-identical.
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -383,6 +384,87 @@ TEST_F(PdHandoffTest, StreamedExportMatchesOnePieceAndLeadsWithTheToken) {
   EXPECT_EQ(order, expected);
   ExpectAllFree(*engine);
   ExpectAllFree(*whole_engine);
+}
+
+// kv_export_on_device: the chunks come in the executor's own memory domain
+// (host memory on the CPU executor; CUDA device memory on the CUDA one),
+// byte for byte the host export; a KvExport holding such a payload imports
+// (WriteKvDevice) with the same tokens as host bytes, and one from another
+// domain is refused with nothing leaked.
+TEST_F(PdHandoffTest, DeviceDomainExportAndImportEqualTheHostOnes) {
+  EngineConfig config = TinyEngineConfig(64);
+  config.scheduler.max_num_batched_tokens = 16;  // 41 tokens: 3 steps
+  const std::vector<int32_t> prompt = RandomPrompt(41, 256, 9);
+  EngineRequest r = MakeRequest(prompt, 8);
+  r.export_kv = true;
+  auto whole_engine = MakeEngine(config, model());
+  const CollectedOutput whole = Collect(**whole_engine->Submit(r));
+  ASSERT_NE(whole.finish->kv_export, nullptr);
+  const KvExport& host = *whole.finish->kv_export;
+
+  auto engine = MakeEngine(config, model());
+  EXPECT_EQ(engine->kv_memory_domain(), "cpu");
+  r.stream_kv_export = true;
+  r.kv_export_on_device = true;
+  auto h = engine->Submit(r);
+  ASSERT_TRUE(h.ok());
+  std::string bytes;
+  int chunks = 0;
+  while (true) {
+    std::optional<EngineEvent> ev = (*h)->Next(absl::Seconds(60));
+    ASSERT_TRUE(ev.has_value());
+    if (auto* c = std::get_if<KvChunkEvent>(&*ev)) {
+      EXPECT_TRUE(c->bytes.empty());
+      ASSERT_NE(c->device, nullptr);
+      EXPECT_EQ(c->device->domain(), "cpu");
+      EXPECT_EQ(c->size(), (c->end - c->begin) * engine->kv_bytes_per_token());
+      bytes.append(static_cast<const char*>(c->device->data()), c->device->size());
+      ++chunks;
+    } else if (std::holds_alternative<FinishEvent>(*ev)) {
+      break;
+    }
+  }
+  EXPECT_EQ(chunks, 3);
+  EXPECT_TRUE(bytes == host.bytes);
+
+  // The same payload as a device-domain import continues like the host one.
+  auto payload = std::make_shared<KvExport>(host);
+  payload->bytes.clear();
+  char* mem = new char[host.bytes.size()];
+  std::memcpy(mem, host.bytes.data(), host.bytes.size());
+  payload->device =
+      std::make_shared<KvDeviceBytes>(mem, static_cast<int64_t>(host.bytes.size()), "cpu",
+                                      [](void* p) { delete[] static_cast<char*>(p); });
+  ASSERT_TRUE(payload->Validate().ok()) << payload->Validate();
+  EngineRequest d = MakeRequest(prompt, 8);
+  d.prefix_output_token_ids = whole.token_ids;
+  d.import_kv = std::make_shared<KvExport>(host);
+  auto decode_host = MakeEngine(config, model());
+  const CollectedOutput want = Collect(**decode_host->Submit(d));
+  d.import_kv = payload;
+  auto decode_device = MakeEngine(config, model());
+  const CollectedOutput got = Collect(**decode_device->Submit(d));
+  ASSERT_TRUE(got.finish.has_value());
+  EXPECT_EQ(got.finish->reason, want.finish->reason);
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  EXPECT_EQ(got.token_ids.size(), 7u);
+
+  // A payload of another memory domain is refused at Submit.
+  auto foreign = std::make_shared<KvExport>(*payload);
+  foreign->device = std::make_shared<KvDeviceBytes>(
+      payload->device->data(), payload->device->size(), "cuda:3", KvDeviceBytes::FreeFn());
+  d.import_kv = foreign;
+  const auto refused = decode_device->Submit(d);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("cuda:3"), std::string::npos) << refused.status();
+  // Host and device payloads at once are not a valid export.
+  KvExport both = *payload;
+  both.bytes = host.bytes;
+  EXPECT_EQ(both.Validate().code(), absl::StatusCode::kInvalidArgument);
+  ExpectAllFree(*engine);
+  ExpectAllFree(*whole_engine);
+  ExpectAllFree(*decode_host);
+  ExpectAllFree(*decode_device);
 }
 
 // When the first token ends the request, no final chunk follows it.

@@ -119,6 +119,62 @@ TEST(NcclGpuTest, OneRankLoopbackThroughTheTransportPath) {
   ops->CommAbort(*comm);
 }
 
+// The GPU-resident form's data path on a real device: a token-major payload
+// in device memory, split into token segments (a piece larger than a
+// segment is split), sent and received by one rank to itself in one group
+// straight between device buffers, then compared on the host.
+TEST(NcclGpuTest, OneRankLoopbackOfTokenSegments) {
+  REQUIRE_DEVICE(ops, 0);
+  absl::StatusOr<NcclUniqueId> id = ops->GetUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<NcclOps::Comm> comm = ops->CommInitRank(*id, 1, 0, In(absl::Seconds(60)), {});
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  absl::StatusOr<NcclOps::Stream> stream = ops->StreamCreate();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const int64_t bpt = 30 * 2 * 192 * 4;  // SmolLM2-135M, f32
+  for (const std::vector<int64_t>& piece_tokens :
+       std::vector<std::vector<int64_t>>{{1}, {16, 16, 5}, {300}, {64, 2000}}) {
+    int64_t tokens = 0;
+    for (int64_t n : piece_tokens) tokens += n;
+    const std::string payload = RandomBytes(tokens * bpt, static_cast<uint32_t>(tokens));
+    NcclStaging host(ops.get());
+    ASSERT_TRUE(host.Reserve(tokens * bpt).ok());
+    absl::StatusOr<void*> src = ops->DeviceAlloc(tokens * bpt);
+    absl::StatusOr<void*> dst = ops->DeviceAlloc(tokens * bpt);
+    ASSERT_TRUE(src.ok() && dst.ok());
+    std::memcpy(host.host(), payload.data(), payload.size());
+    ASSERT_TRUE(ops->CopyToDevice(*src, host.host(), tokens * bpt, *stream).ok());
+    std::vector<std::pair<const char*, int64_t>> pieces;
+    int64_t off = 0;
+    for (int64_t n : piece_tokens) {
+      pieces.emplace_back(static_cast<const char*>(*src) + off, n * bpt);
+      off += n * bpt;
+    }
+    // Segments of at most 40 tokens: the 300- and 2000-token pieces split.
+    const std::vector<TokenSegment> segs = SplitTokenSegments(pieces, bpt, 40 * bpt);
+    std::vector<int64_t> counts;
+    for (const TokenSegment& t : segs) counts.push_back(t.tokens);
+    absl::StatusOr<std::vector<TokenSegment>> recv = CheckTokenSegments(counts, tokens, bpt);
+    ASSERT_TRUE(recv.ok()) << recv.status();
+    ASSERT_TRUE(ops->GroupStart().ok());
+    for (size_t i = 0; i < segs.size(); ++i) {
+      ASSERT_TRUE(ops->Send(*comm, segs[i].data, segs[i].bytes, 0, *stream).ok());
+      ASSERT_TRUE(ops->Recv(*comm, static_cast<char*>(*dst) + (*recv)[i].offset, (*recv)[i].bytes,
+                            0, *stream)
+                      .ok());
+    }
+    ASSERT_TRUE(ops->GroupEnd(*comm, In(absl::Seconds(60))).ok());
+    std::memset(host.host(), 0, tokens * bpt);
+    ASSERT_TRUE(ops->CopyToHost(host.host(), *dst, tokens * bpt, *stream).ok());
+    ASSERT_TRUE(ops->WaitStream(*comm, *stream, In(absl::Seconds(60))).ok());
+    EXPECT_EQ(std::memcmp(host.host(), payload.data(), payload.size()), 0) << tokens << " tokens";
+    ops->DeviceFree(*src);
+    ops->DeviceFree(*dst);
+  }
+  ops->StreamDestroy(*stream);
+  ops->CommAbort(*comm);
+}
+
 // The peer never joins: init is bounded and the half-made communicator
 // aborted (no hang).
 TEST(NcclGpuTest, InitWithoutThePeerTimesOut) {
@@ -212,6 +268,7 @@ class NcclOnlyDecode final : public v1::DecodeWorker::Service {
     rc.max_tokens = 1 << 16;
     rc.vocab_size = kVocab;
     rc.free_bytes = [] { return int64_t{16} << 30; };
+    rc.kv_memory_domain = ops->memory_domain();  // GPU-resident pushes stay on the device
     receiver_ = std::make_unique<NcclKvReceiver>(std::move(ops), std::move(rc), &leases_);
   }
   grpc::Status NcclConnect(grpc::ServerContext* c, const v1::NcclConnectRequest* r,
@@ -261,6 +318,40 @@ TEST(NcclGpuTest, TwoGpusEndToEnd) {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_TRUE((*got)->bytes == kv.bytes);
     EXPECT_EQ((*got)->token_ids, kv.token_ids);
+    // The GPU-resident form: the same payload from GPU 0's memory lands in
+    // GPU 1's, held there by the lease.
+    absl::StatusOr<void*> d = send_ops->DeviceAlloc(kv.bytes.size());
+    ASSERT_TRUE(d.ok()) << d.status();
+    NcclStaging up(send_ops.get());
+    ASSERT_TRUE(up.Reserve(kv.bytes.size()).ok());
+    std::memcpy(up.host(), kv.bytes.data(), kv.bytes.size());
+    absl::StatusOr<NcclOps::Stream> st = send_ops->StreamCreate();
+    ASSERT_TRUE(st.ok());
+    ASSERT_TRUE(send_ops->CopyToDevice(*d, up.host(), kv.bytes.size(), *st).ok());
+    ASSERT_TRUE(send_ops->WaitStream(nullptr, *st, In(absl::Seconds(30))).ok());
+    send_ops->StreamDestroy(*st);
+    engine::KvExport dev = kv;
+    dev.bytes.clear();
+    std::shared_ptr<NcclOps> keep = send_ops;
+    dev.device = std::make_shared<engine::KvDeviceBytes>(*d, static_cast<int64_t>(kv.bytes.size()),
+                                                         send_ops->memory_domain(),
+                                                         [keep](void* p) { keep->DeviceFree(p); });
+    const std::string dh = handle + "d";
+    r = transport.Send({address, dh, dh}, Compat(), dev, In(absl::Seconds(120)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    got = service.leases().Claim(dh);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_NE((*got)->device, nullptr);
+    EXPECT_EQ((*got)->device->domain(), "cuda:1");
+    NcclStaging down(recv_ops.get());
+    ASSERT_TRUE(down.Reserve(kv.bytes.size()).ok());
+    absl::StatusOr<NcclOps::Stream> rs = recv_ops->StreamCreate();
+    ASSERT_TRUE(rs.ok());
+    ASSERT_TRUE(
+        recv_ops->CopyToHost(down.host(), (*got)->device->data(), kv.bytes.size(), *rs).ok());
+    ASSERT_TRUE(recv_ops->WaitStream(nullptr, *rs, In(absl::Seconds(30))).ok());
+    recv_ops->StreamDestroy(*rs);
+    EXPECT_EQ(std::memcmp(down.host(), kv.bytes.data(), kv.bytes.size()), 0);
   }
   EXPECT_EQ(transport.num_connects(), 1);
   server->Shutdown(std::chrono::system_clock::now());

@@ -609,7 +609,23 @@ TEST_F(NcclReceiverProtocolTest, RefusesBadMessagesBeforeAnyNcclOperation) {
   r = Begin(20);
   r.mutable_begin()->mutable_header()->set_bytes_per_token(Bpt() * 2);
   EXPECT_EQ(Push(r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // The token-major (GPU-resident) form: segments of whole tokens summing to
+  // the header's, blocks_per_segment 0.
+  for (const std::vector<int64_t>& bad :
+       std::vector<std::vector<int64_t>>{{19}, {10, 11}, {0, 20}, {-1, 21}, {20, 0}}) {
+    r = Begin(20);
+    r.mutable_begin()->set_blocks_per_segment(0);
+    for (int64_t n : bad) r.mutable_begin()->add_token_segments(n);
+    EXPECT_EQ(Push(r).error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.size();
+  }
+  r = Begin(20);
+  r.mutable_begin()->add_token_segments(20);  // and blocks_per_segment 1
+  EXPECT_EQ(Push(r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   r = Begin(20);  // valid, but no communicator with "nobody"
+  EXPECT_EQ(Push(r).error_code(), grpc::StatusCode::ABORTED);
+  r.mutable_begin()->set_blocks_per_segment(0);
+  r.mutable_begin()->add_token_segments(7);
+  r.mutable_begin()->add_token_segments(13);
   EXPECT_EQ(Push(r).error_code(), grpc::StatusCode::ABORTED);
 
   v1::NcclConnectRequest c;
@@ -685,10 +701,13 @@ class NcclWorkersTest : public ::testing::Test {
     std::unique_ptr<prefill::PrefillServer> p;
     std::unique_ptr<v1::PrefillWorker::Stub> ps;
   };
-  void StartWorkers(Workers* w) {
+  // The ops' memory domains: "cpu" (the CPU executors') makes that side
+  // GPU-resident (no staging), anything else stages through the host.
+  void StartWorkers(Workers* w, const std::string& prefill_domain = "cpu",
+                    const std::string& decode_domain = "cpu") {
     auto fabric = std::make_shared<FakeNcclFabric>();
-    w->pops = std::make_shared<FakeNcclOps>(fabric);
-    w->dops = std::make_shared<FakeNcclOps>(fabric);
+    w->pops = std::make_shared<FakeNcclOps>(fabric, prefill_domain);
+    w->dops = std::make_shared<FakeNcclOps>(fabric, decode_domain);
     auto p = prefill::PrefillServer::Start(Config(w->pops));
     ASSERT_TRUE(p.ok()) << p.status();
     w->p = *std::move(p);
@@ -707,13 +726,36 @@ class NcclWorkersTest : public ::testing::Test {
     pr.set_kv_handle(handle);
     return pr;
   }
+  void RunHandoffs(const std::string& prefill_domain, const std::string& decode_domain);
   static engine::TinyModel* tiny_;
 };
 engine::TinyModel* NcclWorkersTest::tiny_ = nullptr;
 
+// Every combination of the two sides' paths gives the colocated tokens:
+//   cpu -> cpu: the GPU-resident form end to end: the prefill side sends the
+//     engine's chunks where they are (no staging: its ops never allocate),
+//     the decode side receives into new ops memory that the lease holds
+//     until Decode writes it into the cache (then it is freed);
+//   staged -> cpu: block-packed through the prefill side's staging buffers,
+//     the decode side unpacks into host bytes;
+//   cpu -> staged: token segments from the prefill chunks, downloaded
+//     token-major through the decode side's staging buffers.
 TEST_F(NcclWorkersTest, PrefillToDecodeOverNcclMatchesColocated) {
+  struct Case {
+    std::string prefill_domain, decode_domain;
+  };
+  for (const Case& c :
+       {Case{"cpu", "cpu"}, Case{"fake-device", "cpu"}, Case{"cpu", "fake-device"}}) {
+    SCOPED_TRACE(c.prefill_domain + " -> " + c.decode_domain);
+    ASSERT_NO_FATAL_FAILURE(RunHandoffs(c.prefill_domain, c.decode_domain));
+  }
+}
+
+void NcclWorkersTest::RunHandoffs(const std::string& prefill_domain,
+                                  const std::string& decode_domain) {
+  const bool resident = prefill_domain == "cpu" && decode_domain == "cpu";
   Workers w;
-  ASSERT_NO_FATAL_FAILURE(StartWorkers(&w));
+  ASSERT_NO_FATAL_FAILURE(StartWorkers(&w, prefill_domain, decode_domain));
   auto ds = v1::DecodeWorker::NewStub(MakeWorkerChannel(w.d->address()));
   for (int i = 0; i < 3; ++i) {
     engine::EngineRequest r =
@@ -726,6 +768,11 @@ TEST_F(NcclWorkersTest, PrefillToDecodeOverNcclMatchesColocated) {
     grpc::Status st = testing::CallPrefill(*w.ps, &pctx, pr, &presp);
     ASSERT_TRUE(st.ok()) << st.error_message();
     ASSERT_GT(presp.kv_bytes(), 0);
+    // Held by the lease in new ops memory on the resident path (a
+    // block-packed push lands in the kept staging buffers, also counted).
+    if (resident) {
+      EXPECT_EQ(w.dops->live_device_bytes(), presp.kv_bytes());
+    }
     std::vector<int32_t> tokens = {presp.first_token_id()};
     v1::DecodeRequest dr;
     dr.set_request_id(handle);
@@ -746,6 +793,11 @@ TEST_F(NcclWorkersTest, PrefillToDecodeOverNcclMatchesColocated) {
   EXPECT_EQ(w.pops->num_inits(), 1);
   EXPECT_GT(w.pops->num_sends(), 0);
   EXPECT_EQ(w.d->service().leases().Stats().num_leases, 0);
+  // No staging buffer on a resident side; the leases' memory went back.
+  EXPECT_EQ(w.pops->live_device_bytes() == 0, prefill_domain == "cpu");
+  if (resident) {
+    EXPECT_EQ(w.dops->live_device_bytes(), 0);
+  }
 }
 
 // The router cancels a Prefill call while its KV is in flight over NCCL
@@ -788,6 +840,9 @@ TEST_F(NcclWorkersTest, CancellingPrefillAbortsTheNcclTransfer) {
         << "decode side still holds a communicator";
     EXPECT_TRUE(
         WaitFor([&] { return leases.Stats().num_leases == 0 && leases.Stats().num_bytes == 0; }));
+    // The GPU-resident receive buffer went with the reservation.
+    EXPECT_TRUE(WaitFor([&] { return w.dops->live_device_bytes() == 0; }))
+        << w.dops->live_device_bytes() << " bytes of receive buffer left";
     c.fault->store(false);
   }
   EXPECT_EQ(w.pops->num_inits(), 1);  // the hung init never made one

@@ -65,6 +65,7 @@ class CudaNcclOps final : public NcclOps {
   explicit CudaNcclOps(int device) : device_(device) {}
 
   std::string name() const override { return absl::StrCat("cuda:", device_); }
+  std::string memory_domain() const override { return absl::StrCat("cuda:", device_); }
 
   absl::StatusOr<NcclUniqueId> GetUniqueId() override {
     ncclUniqueId id;
