@@ -101,75 +101,77 @@ void BM_QuantizeActs(benchmark::State& state) {
   Counters(state, n * cols * 4, 0);
 }
 
+// SmolLM2's attention shape (9 query / 3 KV heads of 64, blocks of 16): the
+// last `n` tokens of one `ctx`-token sequence in one step, each attending to
+// its own prefix; the block table in order or scrambled. Not copyable: args
+// points into it.
+struct OneSequence {
+  static constexpr int64_t kBlock = 16, kKvHeads = 3, kHeads = 9, kDim = 64;
+  OneSequence(int64_t n, int64_t ctx, bool scrambled)
+      : blocks((ctx + kBlock - 1) / kBlock), table(blocks), pos(n), len(int32_t(ctx)) {
+    for (int64_t i = 0; i < blocks; ++i) table[i] = int32_t(scrambled ? blocks - 1 - i : i);
+    for (int64_t i = 0; i < n; ++i) pos[i] = int32_t(ctx - n + i);
+    qs[1] = int32_t(n);
+    args.layout = {blocks, kBlock, kKvHeads, kDim};
+    args.num_heads = kHeads;
+    args.scale = 0.125f;
+    args.num_seqs = 1;
+    args.query_start = qs;
+    args.positions = pos.data();
+    args.context_lens = &len;
+    args.block_tables = table.data();
+    args.max_blocks_per_seq = blocks;
+  }
+  OneSequence(const OneSequence&) = delete;
+  OneSequence& operator=(const OneSequence&) = delete;
+  int64_t slots() const { return blocks * kBlock; }
+
+  int64_t blocks;
+  std::vector<int32_t> table, pos;
+  int32_t qs[2] = {0, 0};
+  int32_t len;
+  PagedAttentionArgs args;
+};
+
 void BM_PagedAttention(benchmark::State& state) {
-  const int64_t ctx = state.range(0), bs = 16, kvh = 3, heads = 9, hd = 64;
-  const int64_t blocks = (ctx + bs - 1) / bs;
-  const std::vector<float> k = Random(blocks * bs * kvh * hd, 4), v = Random(k.size(), 5);
-  const std::vector<float> q = Random(heads * hd, 6);
-  std::vector<float> out(heads * hd);
-  std::vector<int32_t> table(blocks);
-  for (int64_t i = 0; i < blocks; ++i) table[i] = int32_t(i);
-  const int32_t qs[2] = {0, 1}, pos = int32_t(ctx - 1), len = int32_t(ctx);
-  PagedAttentionArgs a;
-  a.layout = {blocks, bs, kvh, hd};
-  a.num_heads = heads;
-  a.scale = 0.125f;
-  a.num_seqs = 1;
-  a.query_start = qs;
-  a.positions = &pos;
-  a.context_lens = &len;
-  a.block_tables = table.data();
-  a.max_blocks_per_seq = blocks;
+  const int64_t ctx = state.range(0);
+  const OneSequence s(1, ctx, /*scrambled=*/false);
+  const int64_t width = OneSequence::kKvHeads * OneSequence::kDim;
+  const std::vector<float> k = Random(s.slots() * width, 4), v = Random(k.size(), 5);
+  const std::vector<float> q = Random(OneSequence::kHeads * OneSequence::kDim, 6);
+  std::vector<float> out(q.size());
   for (auto _ : state) {
-    PagedAttention(a, q.data(), k.data(), v.data(), out.data(), Pool());
+    PagedAttention(s.args, q.data(), k.data(), v.data(), out.data(), Pool());
     benchmark::DoNotOptimize(out.data());
   }
-  Counters(state, 2 * ctx * kvh * hd * 4, 2 * ctx * heads * hd);
+  Counters(state, 2 * ctx * width * 4, 2 * ctx * int64_t(q.size()));
 }
 
-// The last `n` tokens of a `ctx`-token sequence in one step, causal (each
-// attends to its own prefix), SmolLM2's attention shape: n = ctx is a
-// pp<n> prefill's attention, n = 5 at ctx 300 a speculative verification.
-// dtype: the KV cache's (KvDtype; 1 = f16, the CPU engine's default).
+// OneSequence's n tokens at ctx over a KV cache of `dtype` (KvDtype; 1 =
+// f16, the CPU engine's default): n = ctx is a pp<n> prefill's attention,
+// n = 5 at ctx 300 a speculative verification.
 void BM_PagedAttentionChunk(benchmark::State& state) {
-  const int64_t n = state.range(0), ctx = state.range(1), bs = 16, kvh = 3, heads = 9, hd = 64;
+  const int64_t n = state.range(0), ctx = state.range(1);
   const KvDtype dtype = KvDtype(state.range(2));
-  const int64_t blocks = (ctx + bs - 1) / bs, slots = blocks * bs;
-  const std::vector<float> k = Random(slots * kvh * hd, 4), v = Random(k.size(), 5);
+  const OneSequence s(n, ctx, /*scrambled=*/true);
+  const int64_t width = OneSequence::kKvHeads * OneSequence::kDim, slots = s.slots();
+  const std::vector<float> k = Random(slots * width, 4), v = Random(k.size(), 5);
   std::vector<char> kc(k.size() * KvElementBytes(dtype)), vc(kc.size());
-  std::vector<float> ks(slots * kvh), vs(slots * kvh);
-  KvCacheView cache;
-  cache.dtype = dtype;
-  cache.k = kc.data();
-  cache.v = vc.data();
-  cache.k_scale = ks.data();
-  cache.v_scale = vs.data();
+  std::vector<float> ks(slots * OneSequence::kKvHeads), vs(ks.size());
+  const KvCacheView cache{dtype, kc.data(), vc.data(), ks.data(), vs.data()};
   std::vector<int64_t> all(slots);
   for (int64_t i = 0; i < slots; ++i) all[i] = i;
-  const std::vector<float> q = Random(n * heads * hd, 6);
+  WriteKv(s.args.layout, k.data(), v.data(), all.data(), slots, cache);
+  const std::vector<float> q = Random(n * OneSequence::kHeads * OneSequence::kDim, 6);
   std::vector<float> out(q.size());
-  std::vector<int32_t> table(blocks), pos(n);
-  for (int64_t i = 0; i < blocks; ++i) table[i] = int32_t(blocks - 1 - i);  // scrambled
-  for (int64_t i = 0; i < n; ++i) pos[i] = int32_t(ctx - n + i);
-  const int32_t qs[2] = {0, int32_t(n)}, len = int32_t(ctx);
-  PagedAttentionArgs a;
-  a.layout = {blocks, bs, kvh, hd};
-  a.num_heads = heads;
-  a.scale = 0.125f;
-  a.num_seqs = 1;
-  a.query_start = qs;
-  a.positions = pos.data();
-  a.context_lens = &len;
-  a.block_tables = table.data();
-  a.max_blocks_per_seq = blocks;
-  WriteKv(a.layout, k.data(), v.data(), all.data(), slots, cache);
   for (auto _ : state) {
-    PagedAttention(a, q.data(), cache, out.data(), Pool());
+    PagedAttention(s.args, q.data(), cache, out.data(), Pool());
     benchmark::DoNotOptimize(out.data());
   }
   // (query, key) pairs: sum over the n queries of their context lengths.
   const int64_t pairs = n * (ctx - n) + n * (n + 1) / 2;
-  Counters(state, 2 * ctx * kvh * hd * KvElementBytes(dtype), 2 * pairs * heads * hd);
+  Counters(state, 2 * ctx * width * KvElementBytes(dtype),
+           2 * pairs * OneSequence::kHeads * OneSequence::kDim);
 }
 
 constexpr int64_t kQ41 = int64_t(TensorType::kQ4_1), kQ80 = int64_t(TensorType::kQ8_0),

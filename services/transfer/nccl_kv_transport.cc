@@ -194,7 +194,7 @@ class BufferedKvSendStream final : public KvSendStream {
     if (!kv_.bytes.empty()) {
       return absl::InvalidArgumentError("NCCL KV transfer: device pieces after host bytes");
     }
-    if (piece->size() % plan_.bytes_per_token != 0) {
+    if (plan_.bytes_per_token < 1 || piece->size() % plan_.bytes_per_token != 0) {
       return absl::InvalidArgumentError("NCCL KV transfer: a device piece of partial tokens");
     }
     TANDEM_RETURN_IF_ERROR(Count(piece->size()));

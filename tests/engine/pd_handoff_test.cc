@@ -62,6 +62,20 @@ class PdHandoffTest : public ::testing::Test {
   static void SetUpTestSuite() { tiny_ = new TinyModel(LoadTinyModel(DefaultTinyShape())); }
   static void TearDownTestSuite() { delete tiny_; }
   static const LlamaModel* model() { return tiny_->model.get(); }
+  // Chunked prefill in steps of 16 tokens.
+  static EngineConfig ChunkedConfig() {
+    EngineConfig config = TinyEngineConfig(64);
+    config.scheduler.max_num_batched_tokens = 16;
+    return config;
+  }
+  // `r` (export_kv set) exported in one piece on a fresh engine (kept in
+  // *engine for the caller's ExpectAllFree).
+  static CollectedOutput ExportWhole(const EngineRequest& r, std::unique_ptr<Engine>* engine) {
+    *engine = MakeEngine(ChunkedConfig(), model());
+    CollectedOutput whole = Collect(**(*engine)->Submit(r));
+    EXPECT_TRUE(whole.finish.has_value() && whole.finish->kv_export != nullptr);
+    return whole;
+  }
   static TinyModel* tiny_;
 };
 TinyModel* PdHandoffTest::tiny_ = nullptr;
@@ -335,14 +349,11 @@ TEST(PdHandoffRealModelTest, DisaggregatedMatchesColocated) {
 // prefill computes them (one per step), the first token comes before the
 // last chunk, and the chunks put together are exactly the one-piece export.
 TEST_F(PdHandoffTest, StreamedExportMatchesOnePieceAndLeadsWithTheToken) {
-  EngineConfig config = TinyEngineConfig(64);
-  config.scheduler.max_num_batched_tokens = 16;  // 53 tokens: 4 steps
-  const std::vector<int32_t> prompt = RandomPrompt(53, 256, 5);
-  EngineRequest r = MakeRequest(prompt, 8);
+  const EngineConfig config = ChunkedConfig();  // 53 tokens: 4 steps
+  EngineRequest r = MakeRequest(RandomPrompt(53, 256, 5), 8);
   r.export_kv = true;
-  auto whole_engine = MakeEngine(config, model());
-  const CollectedOutput whole = Collect(**whole_engine->Submit(r));
-  ASSERT_TRUE(whole.finish.has_value());
+  std::unique_ptr<Engine> whole_engine;
+  const CollectedOutput whole = ExportWhole(r, &whole_engine);
   ASSERT_NE(whole.finish->kv_export, nullptr);
 
   auto engine = MakeEngine(config, model());
@@ -392,13 +403,12 @@ TEST_F(PdHandoffTest, StreamedExportMatchesOnePieceAndLeadsWithTheToken) {
 // (WriteKvDevice) with the same tokens as host bytes, and one from another
 // domain is refused with nothing leaked.
 TEST_F(PdHandoffTest, DeviceDomainExportAndImportEqualTheHostOnes) {
-  EngineConfig config = TinyEngineConfig(64);
-  config.scheduler.max_num_batched_tokens = 16;  // 41 tokens: 3 steps
+  const EngineConfig config = ChunkedConfig();  // 41 tokens: 3 steps
   const std::vector<int32_t> prompt = RandomPrompt(41, 256, 9);
   EngineRequest r = MakeRequest(prompt, 8);
   r.export_kv = true;
-  auto whole_engine = MakeEngine(config, model());
-  const CollectedOutput whole = Collect(**whole_engine->Submit(r));
+  std::unique_ptr<Engine> whole_engine;
+  const CollectedOutput whole = ExportWhole(r, &whole_engine);
   ASSERT_NE(whole.finish->kv_export, nullptr);
   const KvExport& host = *whole.finish->kv_export;
 

@@ -55,6 +55,32 @@ std::string RandomBytes(int64_t n, uint32_t seed) {
 
 absl::Time In(absl::Duration d) { return absl::Now() + d; }
 
+// A one-rank communicator and a stream on `ops` (the single-GPU loopbacks),
+// released at the end of the scope; ok() false with the reason in status.
+struct SelfComm {
+  explicit SelfComm(NcclOps& o) : ops(o) {
+    absl::StatusOr<NcclUniqueId> id = ops.GetUniqueId();
+    if (!id.ok()) {
+      status = id.status();
+      return;
+    }
+    absl::StatusOr<NcclOps::Comm> c = ops.CommInitRank(*id, 1, 0, In(absl::Seconds(60)), {});
+    absl::StatusOr<NcclOps::Stream> s = ops.StreamCreate();
+    if (c.ok()) comm = *c;
+    if (s.ok()) stream = *s;
+    status = !c.ok() ? c.status() : s.status();
+  }
+  ~SelfComm() {
+    ops.StreamDestroy(stream);
+    ops.CommAbort(comm);
+  }
+  bool ok() const { return status.ok(); }
+  NcclOps& ops;
+  NcclOps::Comm comm = nullptr;
+  NcclOps::Stream stream = nullptr;
+  absl::Status status;
+};
+
 TEST(NcclGpuTest, CopiesThroughDeviceMemory) {
   REQUIRE_DEVICE(ops, 0);
   absl::StatusOr<NcclOps::Stream> stream = ops->StreamCreate();
@@ -82,12 +108,10 @@ struct Geometry {
 // One rank sending to itself through the transport's data path.
 TEST(NcclGpuTest, OneRankLoopbackThroughTheTransportPath) {
   REQUIRE_DEVICE(ops, 0);
-  absl::StatusOr<NcclUniqueId> id = ops->GetUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  absl::StatusOr<NcclOps::Comm> comm = ops->CommInitRank(*id, 1, 0, In(absl::Seconds(60)), {});
-  ASSERT_TRUE(comm.ok()) << comm.status();
-  absl::StatusOr<NcclOps::Stream> stream = ops->StreamCreate();
-  ASSERT_TRUE(stream.ok()) << stream.status();
+  SelfComm self(*ops);
+  ASSERT_TRUE(self.ok()) << self.status;
+  NcclOps::Comm* comm = &self.comm;
+  NcclOps::Stream* stream = &self.stream;
   {
     NcclStaging send(ops.get()), recv(ops.get());
     // Awkward sizes (1 token, partial last blocks, many layers), then
@@ -115,8 +139,6 @@ TEST(NcclGpuTest, OneRankLoopbackThroughTheTransportPath) {
       }
     }
   }
-  ops->StreamDestroy(*stream);
-  ops->CommAbort(*comm);
 }
 
 // The GPU-resident form's data path on a real device: a token-major payload
@@ -125,12 +147,10 @@ TEST(NcclGpuTest, OneRankLoopbackThroughTheTransportPath) {
 // straight between device buffers, then compared on the host.
 TEST(NcclGpuTest, OneRankLoopbackOfTokenSegments) {
   REQUIRE_DEVICE(ops, 0);
-  absl::StatusOr<NcclUniqueId> id = ops->GetUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  absl::StatusOr<NcclOps::Comm> comm = ops->CommInitRank(*id, 1, 0, In(absl::Seconds(60)), {});
-  ASSERT_TRUE(comm.ok()) << comm.status();
-  absl::StatusOr<NcclOps::Stream> stream = ops->StreamCreate();
-  ASSERT_TRUE(stream.ok()) << stream.status();
+  SelfComm self(*ops);
+  ASSERT_TRUE(self.ok()) << self.status;
+  NcclOps::Comm* comm = &self.comm;
+  NcclOps::Stream* stream = &self.stream;
   const int64_t bpt = 30 * 2 * 192 * 4;  // SmolLM2-135M, f32
   for (const std::vector<int64_t>& piece_tokens :
        std::vector<std::vector<int64_t>>{{1}, {16, 16, 5}, {300}, {64, 2000}}) {
@@ -171,8 +191,6 @@ TEST(NcclGpuTest, OneRankLoopbackOfTokenSegments) {
     ops->DeviceFree(*src);
     ops->DeviceFree(*dst);
   }
-  ops->StreamDestroy(*stream);
-  ops->CommAbort(*comm);
 }
 
 // The peer never joins: init is bounded and the half-made communicator
