@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/background_free.h"
 #include "common/status.h"
 #include "engine/cuda/cuda_synthetic.h"
 #include "engine/cuda/cuda_weights.h"
@@ -542,8 +543,10 @@ absl::StatusOr<std::shared_ptr<KvDeviceBytes>> CudaExecutor::AllocKvDevice(int64
   if (bytes < 0) return absl::InvalidArgumentError("negative KV buffer size");
   TANDEM_RETURN_IF_ERROR(kc::SetDevice(device_index_));
   TANDEM_ASSIGN_OR_RETURN(void* d, kc::Malloc(std::max<int64_t>(bytes, 1)));
+  // cudaFree synchronizes the device: never on the thread that drops the
+  // buffer (the engine thread, when a push failed early).
   return std::make_shared<KvDeviceBytes>(d, bytes, kv_memory_domain(),
-                                         [](void* p) { kc::Free(p); });
+                                         [](void* p) { FreeInBackground([p] { kc::Free(p); }); });
 }
 
 // The interchange bytes stay on the device: the gather / scatter kernels of

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/background_free.h"
 #include "common/status.h"
 #include "services/common/compat.h"
 #include "services/common/grpc_status.h"
@@ -186,9 +187,12 @@ absl::Status NcclKvReceiver::PostReceives(const tandem::v1::NcclPushBegin& begin
   if (config_.kv_memory_domain == ops_->memory_domain()) {
     // Straight into memory the decode executor reads: the lease holds it.
     TANDEM_ASSIGN_OR_RETURN(void* mem, ops_->DeviceAlloc(bytes));
+    // Freed off the thread that drops it (the decode engine's, after the
+    // import): cudaFree synchronizes the device, NCCL receives included.
     std::shared_ptr<NcclOps> ops = ops_;
-    *device = std::make_shared<engine::KvDeviceBytes>(mem, bytes, ops_->memory_domain(),
-                                                      [ops](void* p) { ops->DeviceFree(p); });
+    *device = std::make_shared<engine::KvDeviceBytes>(
+        mem, bytes, ops_->memory_domain(),
+        [ops](void* p) { FreeInBackground([ops, p] { ops->DeviceFree(p); }); });
     base = static_cast<char*>(mem);
   } else {
     TANDEM_RETURN_IF_ERROR(pair.staging.Reserve(bytes));

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/background_free.h"
 #include "common/status.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
@@ -771,6 +772,7 @@ void NcclWorkersTest::RunHandoffs(const std::string& prefill_domain,
     // Held by the lease in new ops memory on the resident path (a
     // block-packed push lands in the kept staging buffers, also counted).
     if (resident) {
+      WaitForBackgroundFrees();  // the previous request's buffer
       EXPECT_EQ(w.dops->live_device_bytes(), presp.kv_bytes());
     }
     std::vector<int32_t> tokens = {presp.first_token_id()};
@@ -796,6 +798,7 @@ void NcclWorkersTest::RunHandoffs(const std::string& prefill_domain,
   // No staging buffer on a resident side; the leases' memory went back.
   EXPECT_EQ(w.pops->live_device_bytes() == 0, prefill_domain == "cpu");
   if (resident) {
+    WaitForBackgroundFrees();
     EXPECT_EQ(w.dops->live_device_bytes(), 0);
   }
 }
