@@ -198,7 +198,8 @@ inline __m512 TransposeSum16(const __m512* v) {
 }
 
 // K and V rows of keys 0, 1, ... of one KV head as AttendGroup64 reads them:
-// Load16<LD> of k(j) / v(j), times the scale ks(j) / vs(j) when kScaled.
+// key j's storage row r = Row(j) (looked up once per key), Load16<LD> of
+// k(r) / v(r), times the scale ks(r) / vs(r) when kScaled.
 //   PagedRows: in place in the paged cache (dtype D, through the block
 //     table), the scales the cache's times kRawScale<D>;
 //   HeadRows: f32 copies in scratch, made by GatherHead, holding exactly the
@@ -217,10 +218,10 @@ struct PagedRows {
     const int64_t slot = int64_t(table[j / L->block_size]) * L->block_size + j % L->block_size;
     return slot * L->num_kv_heads + kvh;
   }
-  const char* k(int64_t j) const { return static_cast<const char*>(cache->k) + Row(j) * kRowBytes; }
-  const char* v(int64_t j) const { return static_cast<const char*>(cache->v) + Row(j) * kRowBytes; }
-  float ks(int64_t j) const { return cache->k_scale[Row(j)] * kRawScale<D>; }
-  float vs(int64_t j) const { return cache->v_scale[Row(j)] * kRawScale<D>; }
+  const char* k(int64_t r) const { return static_cast<const char*>(cache->k) + r * kRowBytes; }
+  const char* v(int64_t r) const { return static_cast<const char*>(cache->v) + r * kRowBytes; }
+  float ks(int64_t r) const { return cache->k_scale[r] * kRawScale<D>; }
+  float vs(int64_t r) const { return cache->v_scale[r] * kRawScale<D>; }
 };
 
 // One KV head's keys [0, len) converted once, shared by every query of a
@@ -228,14 +229,15 @@ struct PagedRows {
 struct HeadRows {
   static constexpr KvDtype kLoad = KvDtype::kF32;
   std::vector<float> kf, vf, ksc, vsc;  // [len][64], [len]
-  const char* k(int64_t j) const {
-    return reinterpret_cast<const char*>(kf.data() + j * kFastHeadDim);
+  static int64_t Row(int64_t j) { return j; }
+  const char* k(int64_t r) const {
+    return reinterpret_cast<const char*>(kf.data() + r * kFastHeadDim);
   }
-  const char* v(int64_t j) const {
-    return reinterpret_cast<const char*>(vf.data() + j * kFastHeadDim);
+  const char* v(int64_t r) const {
+    return reinterpret_cast<const char*>(vf.data() + r * kFastHeadDim);
   }
-  float ks(int64_t j) const { return ksc[j]; }
-  float vs(int64_t j) const { return vsc[j]; }
+  float ks(int64_t r) const { return ksc[r]; }
+  float vs(int64_t r) const { return vsc[r]; }
 };
 
 template <KvDtype D>
@@ -247,8 +249,9 @@ void GatherHead(const PagedRows<D>& src, int64_t len, HeadRows& dst) {
     dst.vsc.resize(len);
   }
   for (int64_t j = 0; j < len; ++j) {
-    const char* kr = src.k(j);
-    const char* vr = src.v(j);
+    const int64_t r = src.Row(j);
+    const char* kr = src.k(r);
+    const char* vr = src.v(r);
     float* kd = dst.kf.data() + j * kFastHeadDim;
     float* vd = dst.vf.data() + j * kFastHeadDim;
     for (int c = 0; c < 4; ++c) {
@@ -256,8 +259,8 @@ void GatherHead(const PagedRows<D>& src, int64_t len, HeadRows& dst) {
       _mm512_storeu_ps(vd + 16 * c, Load16<D>(vr, c));
     }
     if constexpr (KvHasScales(D)) {
-      dst.ksc[j] = src.ks(j);
-      dst.vsc[j] = src.vs(j);
+      dst.ksc[j] = src.ks(r);
+      dst.vsc[j] = src.vs(r);
     }
   }
 }
@@ -286,8 +289,9 @@ void AttendGroup64(const Rows& rows, float score_scale, int64_t len, const float
     [[maybe_unused]] alignas(64) float ks[16];
     for (int64_t i = 0; i < 16; ++i) {
       const int64_t j = j0 + std::min(i, nk - 1);  // pad with the last key (masked off)
-      kr[i] = rows.k(j);
-      if constexpr (kScaled) ks[i] = rows.ks(j);
+      const int64_t r = rows.Row(j);
+      kr[i] = rows.k(r);
+      if constexpr (kScaled) ks[i] = rows.ks(r);
     }
     const __mmask16 m = nk == 16 ? __mmask16(0xffff) : cpu::TailMask(nk);
     for (int g = 0; g < group; ++g) {
@@ -329,11 +333,12 @@ void AttendGroup64(const Rows& rows, float score_scale, int64_t len, const float
     for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
   }
   for (int64_t j = 0; j < len; ++j) {
-    const char* vr = rows.v(j);
+    const int64_t r = rows.Row(j);
+    const char* vr = rows.v(r);
     const __m512 v0 = Load16<LD>(vr, 0), v1 = Load16<LD>(vr, 1);
     const __m512 v2 = Load16<LD>(vr, 2), v3 = Load16<LD>(vr, 3);
     [[maybe_unused]] float vs = 1.f;
-    if constexpr (kScaled) vs = rows.vs(j);
+    if constexpr (kScaled) vs = rows.vs(r);
     for (int g = 0; g < group; ++g) {
       float pw = p[g * stride + j] * inv[g];
       if constexpr (kScaled) pw *= vs;
