@@ -77,8 +77,9 @@ PrefillReactor* PrefillReactor::Start(PrefillServiceImpl* service,
   req.stream_kv_export = r->push_;
   // GPU-resident handoff: the transport sends from memory the executor
   // writes (NCCL between CUDA workers), so the chunks stay there.
-  const std::string domain = service->transport_->device_memory_domain();
-  req.kv_export_on_device = r->push_ && !domain.empty() && domain == engine.kv_memory_domain();
+  // (The host transport's domain is empty, never an engine's.)
+  req.kv_export_on_device =
+      r->push_ && service->transport_->device_memory_domain() == engine.kv_memory_domain();
   req.prefix_output_token_ids.assign(request.prefix_output_token_ids().begin(),
                                      request.prefix_output_token_ids().end());
   // The handoff covers prompt + replayed outputs (the engine validates them).

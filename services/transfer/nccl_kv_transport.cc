@@ -175,14 +175,13 @@ class BufferedKvSendStream final : public KvSendStream {
     kv_.num_layers = num_layers;
     kv_.num_kv_heads = num_kv_heads;
     kv_.head_dim = head_dim;
-    total_ = plan.total_bytes();
   }
   absl::Status Write(std::string_view bytes) override {
     if (!device_.empty()) {
       return absl::InvalidArgumentError("NCCL KV transfer: host bytes after device pieces");
     }
     TANDEM_RETURN_IF_ERROR(Count(static_cast<int64_t>(bytes.size())));
-    if (kv_.bytes.empty()) kv_.bytes.reserve(total_);
+    if (kv_.bytes.empty()) kv_.bytes.reserve(plan_.total_bytes());
     kv_.bytes.append(bytes);
     return absl::OkStatus();
   }
@@ -202,7 +201,7 @@ class BufferedKvSendStream final : public KvSendStream {
     return absl::OkStatus();
   }
   absl::StatusOr<KvSendResult> Finish() override {
-    if (written_ != total_) {
+    if (written_ != plan_.total_bytes()) {
       return absl::InvalidArgumentError("NCCL KV transfer: fewer bytes than declared");
     }
     if (!device_.empty())
@@ -212,7 +211,7 @@ class BufferedKvSendStream final : public KvSendStream {
 
  private:
   absl::Status Count(int64_t bytes) {
-    if (written_ + bytes > total_) {
+    if (written_ + bytes > plan_.total_bytes()) {
       return absl::InvalidArgumentError("NCCL KV transfer: more bytes than declared");
     }
     written_ += bytes;
@@ -226,7 +225,6 @@ class BufferedKvSendStream final : public KvSendStream {
   const absl::Time deadline_;
   engine::KvExport kv_;
   std::vector<std::shared_ptr<const engine::KvDeviceBytes>> device_;
-  int64_t total_ = 0;
   int64_t written_ = 0;
 };
 
@@ -309,20 +307,17 @@ absl::StatusOr<KvSendResult> NcclKvTransport::Transfer(const KvTransferTarget& t
 
 absl::Status NcclKvTransport::SendPayload(Pair& pair, const KvTransferTarget& target,
                                           const Payload& payload, const KvBlockLayout& layout,
-                                          int32_t blocks_per_segment, absl::Time deadline) {
+                                          int32_t blocks_per_segment,
+                                          const std::vector<TokenSegment>& segments,
+                                          absl::Time deadline) {
   const absl::Time nccl_deadline = std::min(deadline, absl::Now() + options_.transfer_timeout);
   const NcclInterrupt interrupt = [&] { return CancelledBy(target); };
   if (payload.device.empty()) {
     return SendKvBlocks(*ops_, pair.comm, pair.stream, kReceiverRank, layout, blocks_per_segment,
                         payload.host, pair.staging, nccl_deadline, interrupt);
   }
-  std::vector<std::pair<const char*, int64_t>> pieces;
-  for (const auto& p : payload.device)
-    pieces.emplace_back(static_cast<const char*>(p->data()), p->size());
-  return SendTokenSegments(
-      *ops_, pair.comm, pair.stream, kReceiverRank,
-      SplitTokenSegments(pieces, payload.plan.bytes_per_token, options_.max_segment_bytes),
-      nccl_deadline, interrupt);
+  return SendTokenSegments(*ops_, pair.comm, pair.stream, kReceiverRank, segments, nccl_deadline,
+                           interrupt);
 }
 
 absl::StatusOr<KvSendResult> NcclKvTransport::SendOnce(Pair& pair, const KvTransferTarget& target,
@@ -345,15 +340,16 @@ absl::StatusOr<KvSendResult> NcclKvTransport::SendOnce(Pair& pair, const KvTrans
   begin->set_peer_id(options_.peer_id);
   begin->set_comm_generation(pair.generation);
   *begin->mutable_header() = HostKvTransport::MakeHeader(target, compat, plan);
+  std::vector<TokenSegment> segments;  // the device pieces' sends
   if (payload.device.empty()) {
     begin->set_blocks_per_segment(BlocksPerSegment(*layout, options_.max_segment_bytes));
   } else {
     std::vector<std::pair<const char*, int64_t>> pieces;
-    for (const auto& p : payload.device) pieces.emplace_back(nullptr, p->size());
-    for (const TokenSegment& seg :
-         SplitTokenSegments(pieces, plan.bytes_per_token, options_.max_segment_bytes)) {
-      begin->add_token_segments(seg.tokens);
+    for (const auto& p : payload.device) {
+      pieces.emplace_back(static_cast<const char*>(p->data()), p->size());
     }
+    segments = SplitTokenSegments(pieces, plan.bytes_per_token, options_.max_segment_bytes);
+    for (const TokenSegment& seg : segments) begin->add_token_segments(seg.tokens);
   }
   tandem::v1::NcclPushKvResponse response;
   // 1. The receiver accepts the header (or rejects it: then nothing was posted).
@@ -374,8 +370,8 @@ absl::StatusOr<KvSendResult> NcclKvTransport::SendOnce(Pair& pair, const KvTrans
     return WithPeer(address, "receiver", services::FromGrpcStatus(st));
   }
   // 2. Payload.
-  absl::Status sent =
-      SendPayload(pair, target, payload, *layout, request.begin().blocks_per_segment(), deadline);
+  absl::Status sent = SendPayload(pair, target, payload, *layout,
+                                  request.begin().blocks_per_segment(), segments, deadline);
   if (!sent.ok()) {
     Drop(pair);           // ncclCommAbort here ...
     context.TryCancel();  // ... and the receiver aborts its side and the reservation

@@ -48,6 +48,7 @@
 #include "services/common/tls.h"
 #include "services/transfer/kv_block_packing.h"
 #include "services/transfer/kv_transport.h"
+#include "services/transfer/nccl_kv_path.h"
 #include "services/transfer/nccl_ops.h"
 #include "tandem/v1/worker.grpc.pb.h"
 
@@ -112,10 +113,12 @@ class NcclKvTransport final : public KvTransport {
   absl::StatusOr<KvSendResult> SendOnce(Pair& pair, const KvTransferTarget& target,
                                         const tandem::v1::KvCompatibility& compat,
                                         const Payload& payload, absl::Time deadline, bool* stale);
-  // SendOnce's step 2: the payload over NCCL (begin already accepted).
+  // SendOnce's step 2: the payload over NCCL (begin already accepted):
+  // host bytes block-packed (layout, blocks_per_segment), or the device
+  // pieces as `segments` (the same list `begin` announced).
   absl::Status SendPayload(Pair& pair, const KvTransferTarget& target, const Payload& payload,
                            const KvBlockLayout& layout, int32_t blocks_per_segment,
-                           absl::Time deadline);
+                           const std::vector<TokenSegment>& segments, absl::Time deadline);
 
   const std::shared_ptr<NcclOps> ops_;
   NcclTransportOptions options_;
