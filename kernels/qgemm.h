@@ -126,9 +126,9 @@ class PackedWeight {
 
 // int8 activations of n tokens, stored in tiles of kActTile tokens so that a
 // register tile reads one block of all its tokens from one place:
-// qs [ceil(n / 8), cols / 32, 8, 32], d / sd / s / s_lo [ceil(n / 8),
-// cols / 32, 8].
-inline constexpr int64_t kActTile = 8;
+// qs [ceil(n / 16), cols / 32, 16, 32], d / sd / s / s_lo [ceil(n / 16),
+// cols / 32, 16] (16: the rows of an AMX A tile).
+inline constexpr int64_t kActTile = 16;
 struct QuantizedActs {
   int64_t n = 0, cols = 0;
   int levels = 1;             // 1 (int8) or 2 (int8 + int8 residual)

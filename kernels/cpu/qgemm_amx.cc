@@ -1,15 +1,21 @@
 // AMX-INT8 QGemm (Sapphire Rapids and later): the integer block dots of
-// 8 tokens x 16 rows come from one TDPBSUD per block and level (signed int8
-// activations as the A tile, the packed unsigned weight block as the B tile:
-// our 16-row interleave is exactly AMX's B layout), then the f32 steps of
-// ref::QGemm run on AVX-512 per token, so every output is bit-identical to
-// the reference and to the VNNI path (int32 block sums are exact).
+// 16 tokens x 16 rows (8 tokens when a call has fewer than 16) come from one
+// TDPBSUD per block and level (signed int8 activations as the A tile, the
+// packed unsigned weight block as the B tile: our 16-row interleave is
+// exactly AMX's B layout), then the f32 steps of ref::QGemm run on AVX-512
+// per token, so every output is bit-identical to the reference and to the
+// VNNI path (int32 block sums are exact).
 //
 // Loop order: per row group its weight blocks are unpacked once (4-bit:
 // nibbles to bytes) into a thread-local buffer with their f32 scales, then
-// every 8-token activation tile runs over all blocks with its 8 accumulators
-// in registers. Fewer than kAmxMinTokens tokens go to the VNNI kernel
-// (decode GEMV is bandwidth-bound; a mostly empty tile wastes the f32 work).
+// every token tile runs over all blocks with its accumulators in registers.
+// Fewer than kAmxMinTokens tokens go to the VNNI kernel (decode GEMV is
+// bandwidth-bound; a mostly empty tile wastes the f32 work).
+//
+// Where the time goes (SmolLM2 gate|up, 512 tokens, two levels, one core):
+// the tile instructions alone (loads, dots, the stores of the int32 sums)
+// take about 70% of the kernel's time, so a full 16-row A tile (twice the
+// work per tile load / dot / store of 8 rows) made the kernel 1.35x faster.
 //
 // Needs the OS to grant the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM,
 // Linux >= 5.16); Avx512AmxImpl() is null where CPUID, XCR0 or the kernel
@@ -38,15 +44,14 @@ namespace {
 
 constexpr int64_t kAmxMinTokens = 8;
 constexpr int64_t kPrefetchBlocks = 8;
-constexpr int kTok = 8;  // A / C tile rows: one QuantizedActs tile
 
-// Tiles: A = activations (8 tokens x 32 int8), A2 = their level-2 quants,
-// B = one packed weight block (8 x 64 bytes: 4 quants of each of 16 rows per
-// 64-byte row), C / C2 = 8 tokens x 16 rows int32.
-// tmm0 = A, tmm1 = A2, tmm2 = B, tmm3 / tmm4 = C / C2 of even blocks, tmm5 /
-// tmm6 of odd ones. Own asm instead of the _tile_* intrinsics so that the
-// compiler sees exactly which bytes a tile load reads and a store writes (the
-// intrinsics' loads declare no memory, their stores clobber all of it).
+// Tiles: A = activations (kTok tokens x 32 int8), A2 = their level-2
+// quants, B = one packed weight block (8 x 64 bytes: 4 quants of each of 16
+// rows per 64-byte row), C / C2 = kTok tokens x 16 rows int32.
+// tmm0 = A, tmm1 = A2, tmm2 / tmm7 = B of even / odd blocks, tmm3 / tmm4 =
+// C / C2 of even blocks, tmm5 / tmm6 of odd ones. Own asm instead of the
+// _tile_* intrinsics so that the compiler sees exactly which bytes a tile load reads and a store
+// writes (the intrinsics' loads declare no memory, their stores clobber all of it).
 #define TANDEM_TILE_LOAD(tmm, ptr, stride, bytes)                                 \
   __asm__ volatile("tileloadd (%1,%2,1), %%tmm" #tmm                              \
                    :                                                              \
@@ -68,12 +73,12 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-TileConfig MakeConfig() {
+TileConfig MakeConfig(int kTok) {
   TileConfig c;
   c.colsb[0] = c.colsb[1] = 32;  // A, A2
   c.rows[0] = c.rows[1] = kTok;
-  c.colsb[2] = 64;  // B
-  c.rows[2] = 8;
+  c.colsb[2] = c.colsb[7] = 64;  // B of even / odd blocks
+  c.rows[2] = c.rows[7] = 8;
   for (int i = 3; i <= 6; ++i) {  // C tiles
     c.colsb[i] = 64;
     c.rows[i] = kTok;
@@ -98,10 +103,14 @@ struct GroupBuffer {
   }
 };
 
-template <int kBits, bool kHasMin, ScaleFormat kFmt, bool kTwo>
+// kTok: the A / C tile rows, tokens per tile: a QuantizedActs tile (16),
+// or half of one (8) when fewer than 16 tokens would leave a full tile
+// mostly empty.
+template <int kTok, int kBits, bool kHasMin, ScaleFormat kFmt, bool kTwo>
 void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
            int64_t ldy, bool accumulate) {
-  static const TileConfig config = MakeConfig();
+  static_assert(kActTile % kTok == 0);
+  static const TileConfig config = MakeConfig(kTok);
   thread_local GroupBuffer buffer;
   const int64_t nb = w.num_blocks(), cb = w.chunk_bytes();
   const int64_t quant_bytes = kBits == 4 ? nb * 512 : 0;
@@ -154,9 +163,9 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
     const int64_t wstride = kBits == 4 ? 512 : cb;
     for (int64_t tt = 0; tt < tiles; ++tt) {
       __m512 acc[kTok];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int t = 0; t < kTok; ++t) acc[t] = _mm512_setzero_ps();
-      const int64_t i0 = tt * nb * kActTile;
+      const int64_t i0 = a.Index(tt * kTok, 0);
       const int8_t* xq = a.qs.data() + i0 * kQBlock;
       const int8_t* xq2 = kTwo ? a.qs2.data() + i0 * kQBlock : nullptr;
       const float* xd = a.d.data() + i0;
@@ -166,29 +175,32 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
       // order: a store right after its own dot would wait for it); then the
       // f32 steps of block b run while the tiles compute block b + 1.
       auto issue = [&](int64_t b) {
-        TANDEM_TILE_LOAD(2, wb + b * wstride, 64, 512);
-        TANDEM_TILE_LOAD(0, xq + b * kStep, kQBlock, 256);
+        TANDEM_TILE_LOAD(0, xq + b * kStep, kQBlock, kTok * kQBlock);
         if (b % 2 == 0) {
+          TANDEM_TILE_LOAD(2, wb + b * wstride, 64, 512);
           TANDEM_TILE_DP(3, 0, 2);
         } else {
-          TANDEM_TILE_DP(5, 0, 2);
+          TANDEM_TILE_LOAD(7, wb + b * wstride, 64, 512);
+          TANDEM_TILE_DP(5, 0, 7);
         }
         if constexpr (kTwo) {
-          TANDEM_TILE_LOAD(1, xq2 + b * kStep, kQBlock, 256);
+          TANDEM_TILE_LOAD(1, xq2 + b * kStep, kQBlock, kTok * kQBlock);
           if (b % 2 == 0) {
             TANDEM_TILE_DP(4, 1, 2);
           } else {
-            TANDEM_TILE_DP(6, 1, 2);
+            TANDEM_TILE_DP(6, 1, 7);
           }
         }
       };
       auto store = [&](int64_t b) {
+        int32_t* m1 = cbuf[b % 2];
+        int32_t* m2 = cbuf2[b % 2];
         if (b % 2 == 0) {
-          TANDEM_TILE_STORE(3, cbuf[0], 64, 512);
-          if constexpr (kTwo) TANDEM_TILE_STORE(4, cbuf2[0], 64, 512);
+          TANDEM_TILE_STORE(3, m1, 64, kTok * 64);
+          if constexpr (kTwo) TANDEM_TILE_STORE(4, m2, 64, kTok * 64);
         } else {
-          TANDEM_TILE_STORE(5, cbuf[1], 64, 512);
-          if constexpr (kTwo) TANDEM_TILE_STORE(6, cbuf2[1], 64, 512);
+          TANDEM_TILE_STORE(5, m1, 64, kTok * 64);
+          if constexpr (kTwo) TANDEM_TILE_STORE(6, m2, 64, kTok * 64);
         }
       };
       issue(0);
@@ -199,7 +211,7 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
         const int32_t* c2 = cbuf2[b % 2];
         const __m512 dv = _mm512_load_ps(scales + b * 32);
         const __m512 mv = _mm512_load_ps(scales + b * 32 + 16);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int t = 0; t < kTok; ++t) {
           const int64_t k = b * kActTile + t;
           const __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(xd[k]));
@@ -213,7 +225,7 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
       }
       const int64_t valid = std::min<int64_t>(kTok, a.n - tt * kTok);
       // Constant indices keep acc[] in registers.
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int t = 0; t < kTok; ++t) {
         if (t >= valid) break;
         float* out = y + (tt * kTok + t) * ldy + g * kGroupRows;
@@ -226,19 +238,19 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
   _tile_release();
 }
 
-template <bool kTwo>
+template <int kTok, bool kTwo>
 void GemmL(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
            int64_t ldy, bool accumulate) {
   constexpr ScaleFormat kF16 = ScaleFormat::kF16, kF32 = ScaleFormat::kF32;
   if (w.scale_format() == kF32) {  // Q4_K, Q5_K
-    (w.bits() == 4 ? GemmT<4, true, kF32, kTwo> : GemmT<8, true, kF32, kTwo>)(w, a, g0, g1, y, ldy,
-                                                                              accumulate);
+    (w.bits() == 4 ? GemmT<kTok, 4, true, kF32, kTwo>
+                   : GemmT<kTok, 8, true, kF32, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
   } else if (w.bits() == 4) {
-    (w.has_min() ? GemmT<4, true, kF16, kTwo> : GemmT<4, false, kF16, kTwo>)(w, a, g0, g1, y, ldy,
-                                                                             accumulate);
+    (w.has_min() ? GemmT<kTok, 4, true, kF16, kTwo>
+                 : GemmT<kTok, 4, false, kF16, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
   } else {
-    (w.has_min() ? GemmT<8, true, kF16, kTwo> : GemmT<8, false, kF16, kTwo>)(w, a, g0, g1, y, ldy,
-                                                                             accumulate);
+    (w.has_min() ? GemmT<kTok, 8, true, kF16, kTwo>
+                 : GemmT<kTok, 8, false, kF16, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
   }
 }
 
@@ -250,7 +262,11 @@ void Gemm(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1,
     Avx512VnniImpl()->gemm(w, a, g0, g1, y, ldy, accumulate);
     return;
   }
-  (a.levels == 2 ? GemmL<true> : GemmL<false>)(w, a, g0, g1, y, ldy, accumulate);
+  if (a.n < kActTile) {
+    (a.levels == 2 ? GemmL<8, true> : GemmL<8, false>)(w, a, g0, g1, y, ldy, accumulate);
+  } else {
+    (a.levels == 2 ? GemmL<16, true> : GemmL<16, false>)(w, a, g0, g1, y, ldy, accumulate);
+  }
 }
 
 // CPUID AMX-TILE + AMX-INT8, XCR0 tile state enabled, and the kernel's
