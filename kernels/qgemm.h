@@ -25,19 +25,23 @@
 //
 // Activations are quantized on the fly to int8 per 32-column block (the
 // Q8_0 rule: dx = max|x| / 127, q = round-to-nearest-even(x / dx)), with the
-// block sum kept, so one block's dot product is (kF16 / kF32)
-//   dot_b = float(sum_i q_i qx_i) * (d * dx) + m * (dx * sum_i qx_i)
-// computed exactly in integers up to that one f32 expression. With two
-// levels (the default for the model), the residual r = x - dx * qx is
+// block sum s = sum_i qx_i kept, so one block adds (kF16 / kF32) to the
+// row's f32 accumulator acc, exactly in integers up to these f32 steps:
+//   with a min:    acc = fma(float(sum_i q_i qx_i), d * dx, fma(m, dx * s, acc))
+//   without (offset o = 8, 16, 128: the quant is q - o):
+//                  acc = fma(float(sum_i q_i qx_i - o * s), d * dx, acc)
+// (the offset applied in integers: AMX multiplies by the signed q - o, the
+// other paths subtract o * s from the unsigned dot). With two levels (the
+// default for the model), the residual r = x - dx * qx is
 // quantized again on the grid e = dx / 256 (qx2 = round(r / e), |qx2| <=
 // 127), so x ~ e * (256 qx + qx2): about 16-bit activations for twice the
 // integer work, no extra weight bytes and the same f32 steps, with
 //   isum = (sum_i q_i qx_i) * 256 + sum_i q_i qx2_i   (exact int32)
-//   d_x = e, sd = e * (256 sum(qx) + sum(qx2)).
+//   dx -> e, s = 256 sum(qx) + sum(qx2), sd = e * s (stored, for the min).
 // kF32Halves sums the two 16-column halves apart, with the offset applied
 // in integers (s_lo: the activation sum of columns 0-15, as s):
 //   lo = isum_lo - 32 s_lo, hi = isum_hi - 32 (s - s_lo)   (exact int32)
-//   dot_b = fma(float(lo), D_lo * d_x, float(hi) * (D_hi * d_x)).
+//   acc = acc + fma(float(lo), D_lo * d_x, float(hi) * (D_hi * d_x)).
 // The only rounding beyond the activation quantization is that of these f32
 // steps (float(isum) is exact below 2^24; two-level Q5_K / Q6_K / Q8_0 sums
 // can exceed it and then round once, the same way on every path).
@@ -45,8 +49,8 @@
 // F16 / BF16 / F32 weights are not packed: they stay on the exact f32 path
 // (kernels::MatMul), since an int8 repack would be a lossy requantization.
 //
-// Determinism: y[t, r] = sum over blocks b in increasing order of dot_b,
-// accumulated in f32 (acc = acc + dot_b), the same instruction sequence for
+// Determinism: y[t, r] = acc after the blocks b in increasing order, from
+// acc = 0 (then y = acc, or y + acc with accumulate), the same steps for
 // every ISA path's lane, whatever the number of tokens, which tokens share a
 // register tile and how row groups are split over threads. The scalar
 // reference (ref::QGemm) computes the same expression, so every path is
@@ -96,9 +100,10 @@ class PackedWeight {
   int64_t cols() const { return cols_; }
   int64_t num_groups() const { return (rows_ + kGroupRows - 1) / kGroupRows; }
   int64_t num_blocks() const { return cols_ / kQBlock; }
-  int bits() const { return bits_; }         // 4 or 8
-  bool has_min() const { return has_min_; }  // Q4_1 / Q5_1 / Q4_K / Q5_K
-  float offset() const { return offset_; }   // m = -offset * d when !has_min
+  int bits() const { return bits_; }                       // 4 or 8
+  bool has_min() const { return has_min_; }                // Q4_1 / Q5_1 / Q4_K / Q5_K
+  float offset() const { return offset_; }                 // m = -offset * d when !has_min
+  int32_t int_offset() const { return int32_t(offset_); }  // 8, 16 or 128 (0 with a min)
   ScaleFormat scale_format() const { return scales_; }
   int64_t chunk_bytes() const { return chunk_bytes_; }  // one group x one block
   int64_t bytes() const { return num_groups() * num_blocks() * chunk_bytes_; }

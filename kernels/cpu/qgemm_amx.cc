@@ -2,7 +2,8 @@
 // 16 tokens x 16 rows (8 tokens when a call has fewer than 16) come from one
 // TDPBSUD per block and level (signed int8 activations as the A tile, the
 // packed unsigned weight block as the B tile: our 16-row interleave is
-// exactly AMX's B layout), then the f32 steps of ref::QGemm run on AVX-512
+// exactly AMX's B layout; TDPBSSD on the signed q - offset for the types
+// without a min), then the f32 steps of ref::QGemm run on AVX-512
 // per token, so every output is bit-identical to the reference and to the
 // VNNI path (int32 block sums are exact).
 //
@@ -61,9 +62,20 @@ constexpr int64_t kPrefetchBlocks = 8;
   __asm__ volatile("tilestored %%tmm" #tmm ", (%1,%2,1)"          \
                    : "=m"(*reinterpret_cast<char(*)[bytes]>(ptr)) \
                    : "r"(ptr), "r"(static_cast<long>(stride)))
-// C = A . B from zero (tilezero + tdpbsud: signed A, unsigned B).
-#define TANDEM_TILE_DP(c, a, b) \
+// C = A . B from zero (tilezero + tdpbsud: signed A, unsigned B; tdpbssd:
+// both signed).
+#define TANDEM_TILE_DP_SU(c, a, b) \
   __asm__ volatile("tilezero %%tmm" #c "\n\ttdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+#define TANDEM_TILE_DP_SS(c, a, b) \
+  __asm__ volatile("tilezero %%tmm" #c "\n\ttdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+#define TANDEM_TILE_DP(c, a, b)   \
+  do {                            \
+    if constexpr (kSigned) {      \
+      TANDEM_TILE_DP_SS(c, a, b); \
+    } else {                      \
+      TANDEM_TILE_DP_SU(c, a, b); \
+    }                             \
+  } while (0)
 
 struct alignas(64) TileConfig {
   uint8_t palette_id = 1;
@@ -113,10 +125,15 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
   static const TileConfig config = MakeConfig(kTok);
   thread_local GroupBuffer buffer;
   const int64_t nb = w.num_blocks(), cb = w.chunk_bytes();
-  const int64_t quant_bytes = kBits == 4 ? nb * 512 : 0;
+  // Types without a min run on signed weights q - offset (TDPBSSD), so the
+  // sums come out with the offset applied; 4-bit and signed weights are
+  // unpacked to bytes once per row group, 8-bit unsigned ones read in place.
+  constexpr bool kSigned = !kHasMin;
+  constexpr bool kUnpack = kBits == 4 || kSigned;
+  const int64_t quant_bytes = kUnpack ? nb * 512 : 0;
   uint8_t* buf = buffer.Reserve(quant_bytes + nb * 128);
   float* scales = reinterpret_cast<float*>(buf + quant_bytes);
-  const __m512 negoff = _mm512_set1_ps(-w.offset());
+  const __m512i off8 = _mm512_set1_epi8(static_cast<char>(w.int_offset()));
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const int64_t tiles = (a.n + kTok - 1) / kTok;
   constexpr int64_t kStep = kActTile * kQBlock;  // bytes of one tile-block of quants
@@ -133,16 +150,24 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
       for (int64_t off = 0; off < cb; off += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(c + kPrefetchBlocks * cb + off), _MM_HINT_T0);
       }
+      // Unsigned q to the stored form: q - offset when signed (mod 256).
+      auto form = [&](__m512i q) { return kSigned ? _mm512_sub_epi8(q, off8) : q; };
       if constexpr (kBits == 4) {
         uint8_t* dst = buf + b * 512;
         for (int j = 0; j < 4; ++j) {
           const __m512i p = _mm512_loadu_si512(c + 64 * j);
-          _mm512_store_si512(dst + 64 * j, _mm512_and_si512(p, low4));
-          _mm512_store_si512(dst + 64 * (4 + j), _mm512_and_si512(_mm512_srli_epi16(p, 4), low4));
+          _mm512_store_si512(dst + 64 * j, form(_mm512_and_si512(p, low4)));
+          _mm512_store_si512(dst + 64 * (4 + j),
+                             form(_mm512_and_si512(_mm512_srli_epi16(p, 4), low4)));
+        }
+      } else if constexpr (kSigned) {
+        uint8_t* dst = buf + b * 512;
+        for (int j = 0; j < 8; ++j) {
+          _mm512_store_si512(dst + 64 * j, form(_mm512_loadu_si512(c + 64 * j)));
         }
       }
       const uint8_t* sc = c + kBits * 64;
-      __m512 dv, mv;
+      __m512 dv, mv = _mm512_setzero_ps();
       if constexpr (kFmt == ScaleFormat::kF32) {  // Q4_K / Q5_K: D, M as f32
         dv = _mm512_loadu_ps(sc);
         mv = _mm512_loadu_ps(sc + 64);
@@ -150,8 +175,6 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
         dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
         if constexpr (kHasMin) {
           mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
-        } else {
-          mv = _mm512_mul_ps(dv, negoff);
         }
       }
       _mm512_store_ps(scales + b * 32, dv);
@@ -159,8 +182,8 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
     }
     const int64_t valid_rows = std::min<int64_t>(kGroupRows, w.rows() - g * kGroupRows);
     const __mmask16 rmask = static_cast<__mmask16>((1u << valid_rows) - 1u);
-    const uint8_t* wb = kBits == 4 ? buf : w.chunk(g, 0);
-    const int64_t wstride = kBits == 4 ? 512 : cb;
+    const uint8_t* wb = kUnpack ? buf : w.chunk(g, 0);
+    const int64_t wstride = kUnpack ? 512 : cb;
     for (int64_t tt = 0; tt < tiles; ++tt) {
       __m512 acc[kTok];
 #pragma GCC unroll 16
@@ -215,12 +238,12 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
         for (int t = 0; t < kTok; ++t) {
           const int64_t k = b * kActTile + t;
           const __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(xd[k]));
-          const __m512 t1 = _mm512_mul_ps(mv, _mm512_set1_ps(xsd[k]));
           __m512i is = _mm512_load_si512(c1 + 16 * t);
           if constexpr (kTwo) {
             is = _mm512_add_epi32(_mm512_slli_epi32(is, 8), _mm512_load_si512(c2 + 16 * t));
           }
-          acc[t] = _mm512_add_ps(acc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), ddx, t1));
+          if constexpr (kHasMin) acc[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xsd[k]), acc[t]);
+          acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), ddx, acc[t]);
         }
       }
       const int64_t valid = std::min<int64_t>(kTok, a.n - tt * kTok);

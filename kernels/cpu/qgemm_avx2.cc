@@ -86,7 +86,7 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
           int64_t ldy, bool accumulate) {
   constexpr int kBits = kKind == 0 ? 4 : 8;
   const int64_t nb = w.num_blocks(), cb = w.chunk_bytes();
-  const __m256 negoff = _mm256_set1_ps(-w.offset());
+  const int32_t ioff = w.int_offset();
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i flip = _mm256_set1_epi8(char(0x80));
   __m256 acc[kNt];
@@ -116,11 +116,9 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
     }
     const uint8_t* sc = c + kBits * 64;
     const __m256 dv = LoadScales<kFmt>(sc, h, 0);
-    __m256 mv;
+    __m256 mv = _mm256_setzero_ps();
     if constexpr (kHasMin || kFmt == ScaleFormat::kF32Halves) {
       mv = LoadScales<kFmt>(sc, h, 1);  // M, or D_hi
-    } else {
-      mv = _mm256_mul_ps(dv, negoff);
     }
     if constexpr (kFmt == ScaleFormat::kF32Halves) {
       static_assert(kKind == 1);
@@ -149,14 +147,17 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
       const int64_t k = b * kActTile + t;
       const int64_t off = b * kStep + t * kQBlock;
       const __m256 ddx = _mm256_mul_ps(dv, _mm256_set1_ps(xd[k]));
-      const __m256 t1 = _mm256_mul_ps(mv, _mm256_set1_ps(xsd[k]));
       __m256i is = BlockDot<kKind>(wq, xq + off);
       if constexpr (kTwo) {
         is = _mm256_add_epi32(_mm256_slli_epi32(is, 8), BlockDot<kKind>(wq, xq2 + off));
       }
-      // Q8_0: sum (u - 128) x  ->  sum u x (s is the matching integer sum).
-      if constexpr (kKind == 2) is = _mm256_add_epi32(is, _mm256_set1_epi32(128 * xs[k]));
-      acc[t] = _mm256_add_ps(acc[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), ddx, t1));
+      // Q8_0 (kind 2) is already the signed sum (u - 128) x.
+      if constexpr (kHasMin) {
+        acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xsd[k]), acc[t]);
+      } else if constexpr (kKind != 2) {
+        is = _mm256_sub_epi32(is, _mm256_set1_epi32(ioff * xs[k]));
+      }
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), ddx, acc[t]);
     }
   }
   const int64_t r0 = g * kGroupRows + 8 * h;

@@ -71,7 +71,7 @@ template <int kBits, bool kHasMin, ScaleFormat kFmt, bool kTwo, int kNt>
 void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, float* y,
           int64_t ldy, bool accumulate) {
   const int64_t nb = w.num_blocks(), cb = w.chunk_bytes();
-  const __m512 negoff = _mm512_set1_ps(-w.offset());
+  const int32_t ioff = w.int_offset();
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 acc[kNt];
 #pragma GCC unroll 8
@@ -107,11 +107,9 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
     }
     const uint8_t* sc = c + kBits * 64;
     const __m512 dv = LoadScales<kFmt>(sc, 0);
-    __m512 mv;
+    __m512 mv = _mm512_setzero_ps();
     if constexpr (kHasMin || kFmt == ScaleFormat::kF32Halves) {
       mv = LoadScales<kFmt>(sc, 1);  // M, or D_hi
-    } else {
-      mv = _mm512_mul_ps(dv, negoff);
     }
     if constexpr (kFmt == ScaleFormat::kF32Halves) {
 #pragma GCC unroll 8
@@ -139,11 +137,15 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
     for (int t = 0; t < kNt; ++t) {
       const int64_t k = b * kActTile + t;
       const __m512 ddx = _mm512_mul_ps(dv, _mm512_set1_ps(xd[k]));
-      const __m512 t1 = _mm512_mul_ps(mv, _mm512_set1_ps(xsd[k]));
       const int64_t off = b * kStep + t * kQBlock;
       __m512i is = BlockDot(wq, xq + off, _mm512_setzero_si512());
       if constexpr (kTwo) is = BlockDot(wq, xq2 + off, _mm512_slli_epi32(is, 8));
-      acc[t] = _mm512_add_ps(acc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), ddx, t1));
+      if constexpr (kHasMin) {
+        acc[t] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xsd[k]), acc[t]);
+      } else {
+        is = _mm512_sub_epi32(is, _mm512_set1_epi32(ioff * xs[k]));
+      }
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), ddx, acc[t]);
     }
   }
   const int64_t valid = std::min<int64_t>(kGroupRows, w.rows() - g * kGroupRows);

@@ -237,10 +237,12 @@ void GemmGroupsRef(const PackedWeight& w, const QuantizedActs& a, int64_t g0, in
           continue;
         }
         const int32_t isum = IntDotRef(c, w.bits(), rr, a, t, b, 0, 32);
-        const float m = w.has_min() ? ScaleAt(w, c, 1, rr) : d * -w.offset();
         const float ddx = d * a.d[i];
-        const float t1 = m * a.sd[i];
-        acc = acc + std::fma(float(isum), ddx, t1);
+        if (w.has_min()) {
+          acc = std::fma(float(isum), ddx, std::fma(ScaleAt(w, c, 1, rr), a.sd[i], acc));
+        } else {
+          acc = std::fma(float(isum - w.int_offset() * a.s[i]), ddx, acc);
+        }
       }
       float* out = y + t * ldy + r;
       *out = accumulate ? *out + acc : acc;
