@@ -95,7 +95,7 @@ void BM_QuantizeActs(benchmark::State& state) {
   const std::vector<float> x = Random(n * cols, 3);
   QuantizedActs acts;
   for (auto _ : state) {
-    QuantizeActs(x.data(), n, cols, &acts);
+    QuantizeActs(x.data(), n, cols, &acts, int(state.range(2)));
     benchmark::DoNotOptimize(acts.qs.data());
   }
   Counters(state, n * cols * 4, 0);
@@ -200,7 +200,12 @@ BENCHMARK(BM_MatMulF32Path)
     ->Args({kQ41, 3072, 576, 1})
     ->Args({kQ80, 49152, 576, 1})
     ->UseRealTime();
-BENCHMARK(BM_QuantizeActs)->ArgNames({"cols", "n"})->Args({576, 1})->Args({1536, 512});
+BENCHMARK(BM_QuantizeActs)
+    ->ArgNames({"cols", "n", "levels"})
+    ->Args({576, 1, 1})
+    ->Args({576, 1, 2})
+    ->Args({1536, 512, 1})
+    ->Args({1536, 512, 2});
 BENCHMARK(BM_PagedAttention)->ArgNames({"ctx"})->Arg(128)->Arg(1024)->UseRealTime();
 BENCHMARK(BM_PagedAttentionChunk)
     ->ArgNames({"n", "ctx", "dtype"})
