@@ -223,13 +223,68 @@ void Gemm(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1,
   (a.levels == 2 ? GemmL<true> : GemmL<false>)(w, a, g0, g1, y, ldy, accumulate);
 }
 
+// QuantizeBlockRef on 2 x 16 lanes, one block at a time: lane-wise, so the
+// quants are bit-identical to the reference.
+inline int32_t QuantizeBlockOne(__m512 x0, __m512 x1, float id, int8_t* q, __m512* q0f, __m512* q1f,
+                                int32_t* lo) {
+  const __m512 lim = _mm512_set1_ps(127.f), nlim = _mm512_set1_ps(-127.f);
+  const __m512 iv = _mm512_set1_ps(id);
+  auto quant = [&](__m512 v) {
+    v = _mm512_roundscale_ps(_mm512_mul_ps(v, iv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_min_ps(lim, _mm512_max_ps(nlim, v));
+  };
+  *q0f = quant(x0);
+  *q1f = quant(x1);
+  const __m512i q0 = _mm512_cvtps_epi32(*q0f), q1 = _mm512_cvtps_epi32(*q1f);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
+  *lo = _mm512_reduce_add_epi32(q0);
+  return _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+}
+
+void QuantizeRowNarrow(const float* x, int64_t cols, const ActRow& o) {
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const int64_t k = b * kActTile;
+    const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
+    // max is exact in any order.
+    const float amax = o.row_amax >= 0.f
+                           ? o.row_amax
+                           : _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask),
+                                                                _mm512_and_ps(x1, absmask)));
+    const float dx = amax / 127.f;
+    const float id = dx != 0.f ? 1.f / dx : 0.f;
+    __m512 q0f, q1f;
+    int32_t lo, lo2;
+    int32_t sum = QuantizeBlockOne(x0, x1, id, o.q + k * kQBlock, &q0f, &q1f, &lo);
+    float d = dx;
+    if (o.q2 != nullptr) {
+      const __m512 ndx = _mm512_set1_ps(-dx);
+      const __m512 r0 = _mm512_fmadd_ps(ndx, q0f, x0), r1 = _mm512_fmadd_ps(ndx, q1f, x1);
+      sum = sum * 256 + QuantizeBlockOne(r0, r1, id * 256.f, o.q2 + k * kQBlock, &q0f, &q1f, &lo2);
+      lo = lo * 256 + lo2;
+      d = dx * (1.f / 256.f);
+    }
+    o.d[k] = d;
+    o.s[k] = sum;
+    o.s_lo[k] = lo;
+    o.sd[k] = d * float(sum);
+  }
+}
+
 // Lane i of the result = op over the 16 lanes of v[i] (integer sums and
 // float maxima are exact in any order). 15 combining steps for 16 rows
 // instead of 4 per row.
+inline __m512 AsPs(__m512 a) { return a; }
+inline __m512 AsPs(__m512i a) { return _mm512_castsi512_ps(a); }
+// The second argument only picks the result type.
+inline __m512 FromPs(__m512 a, const __m512*) { return a; }
+inline __m512i FromPs(__m512 a, const __m512i*) { return _mm512_castps_si512(a); }
+
 template <typename T, typename Op>
 inline T TransposeReduce16(const T* v, Op op) {
-  auto ps = [](T a) { return reinterpret_cast<__m512&>(a); };
-  auto back = [](__m512 a) { return reinterpret_cast<T&>(a); };
+  auto ps = [](T a) { return AsPs(a); };
+  auto back = [](__m512 a) { return FromPs(a, static_cast<const T*>(nullptr)); };
   T s[8], t[4], u[2];
   for (int i = 0; i < 8; ++i) {
     s[i] = op(back(_mm512_unpacklo_ps(ps(v[2 * i]), ps(v[2 * i + 1]))),
@@ -275,8 +330,11 @@ inline void QuantizeBlock(__m512 x0, __m512 x1, __m512 iv, int8_t* q, __m512* q0
 // sums are left as 16 lane partials and reduced for all 16 blocks together
 // (TransposeReduce16), then dx, 1 / dx, d and sd are computed 16 at a time
 // with the reference's f32 operations (IEEE division and products, so the
-// same values).
-void QuantizeRow(const float* x, int64_t cols, const ActRow& o) {
+// same values). 1.7x QuantizeRowNarrow's speed when it runs many rows in a
+// row (prefill, batches), but 7 KB of code: called once between decode's
+// matrix kernels it measured slower than the narrow one (tg128 -5%), so
+// qgemm.cc uses it from kWideQuantizeTokens tokens up.
+void QuantizeRowWide(const float* x, int64_t cols, const ActRow& o) {
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const int64_t nbk = cols / 32;
   alignas(64) float ids[16], ds[16];
@@ -370,7 +428,7 @@ void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
 }
 
-const QGemmImpl kImpl = {"avx512vnni", Gemm, QuantizeRow, SiluMul};
+const QGemmImpl kImpl = {"avx512vnni", Gemm, QuantizeRowNarrow, SiluMul, QuantizeRowWide};
 
 }  // namespace
 
