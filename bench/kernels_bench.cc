@@ -204,6 +204,7 @@ BENCHMARK(BM_QuantizeActs)
     ->ArgNames({"cols", "n", "levels"})
     ->Args({576, 1, 1})
     ->Args({576, 1, 2})
+    ->Args({576, 16, 2})  // one thread's half of a batch of 32
     ->Args({1536, 512, 1})
     ->Args({1536, 512, 2});
 BENCHMARK(BM_PagedAttention)->ArgNames({"ctx"})->Arg(128)->Arg(1024)->UseRealTime();
