@@ -85,13 +85,8 @@ const cpu::QGemmImpl& Impl() {
 
 using QuantRowFn = void (*)(const float*, int64_t, const cpu::ActRow&);
 
-// From this many tokens a call quantizes with the impl's quantize_row_wide.
-constexpr int64_t kWideQuantizeTokens = 8;
-
-QuantRowFn QuantRow(int64_t n) {
-  const cpu::QGemmImpl& impl = Impl();
-  if (n >= kWideQuantizeTokens && impl.quantize_row_wide != nullptr) return impl.quantize_row_wide;
-  QuantRowFn f = impl.quantize_row;
+QuantRowFn QuantRow() {
+  QuantRowFn f = Impl().quantize_row;
   return f != nullptr ? f : cpu::ScalarImpl()->quantize_row;
 }
 
@@ -125,7 +120,7 @@ void QuantizeActs(const float* x, int64_t n, int64_t cols, QuantizedActs* out, i
                   ThreadPool* pool, ActScale scale) {
   TANDEM_CHECK(cols % kQBlock == 0 && (levels == 1 || levels == 2));
   out->Resize(n, cols, levels);
-  const QuantRowFn f = QuantRow(n);
+  const QuantRowFn f = QuantRow();
   ForTokens(pool, n, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) QuantizeOne(f, x + t * cols, t, out, scale);
   });
@@ -135,7 +130,7 @@ void RmsNormQuantize(const float* x, const float* weight, int64_t n, int64_t dim
                      QuantizedActs* out, int levels, ThreadPool* pool, ActScale scale) {
   TANDEM_CHECK(dim % kQBlock == 0 && (levels == 1 || levels == 2));
   out->Resize(n, dim, levels);
-  const QuantRowFn f = QuantRow(n);
+  const QuantRowFn f = QuantRow();
   ForTokens(pool, n, [&](int64_t t0, int64_t t1) {
     std::vector<float> row(dim);  // one normed row, still in L1 when quantized
     for (int64_t t = t0; t < t1; ++t) {
@@ -149,7 +144,7 @@ void SiluMulQuantize(const float* gu, int64_t n, int64_t ffn, QuantizedActs* out
                      ThreadPool* pool, ActScale scale) {
   TANDEM_CHECK(ffn % kQBlock == 0 && (levels == 1 || levels == 2));
   out->Resize(n, ffn, levels);
-  const QuantRowFn f = QuantRow(n);
+  const QuantRowFn f = QuantRow();
   auto silu = Impl().silu_mul != nullptr ? Impl().silu_mul : cpu::ScalarImpl()->silu_mul;
   ForTokens(pool, n, [&](int64_t t0, int64_t t1) {
     std::vector<float> row(ffn);

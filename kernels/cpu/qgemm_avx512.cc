@@ -223,10 +223,10 @@ void Gemm(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1,
   (a.levels == 2 ? GemmL<true> : GemmL<false>)(w, a, g0, g1, y, ldy, accumulate);
 }
 
-// QuantizeBlockRef on 2 x 16 lanes, one block at a time: lane-wise, so the
-// quants are bit-identical to the reference.
-inline int32_t QuantizeBlockOne(__m512 x0, __m512 x1, float id, int8_t* q, __m512* q0f, __m512* q1f,
-                                int32_t* lo) {
+// QuantizeBlockRef on 2 x 16 lanes: lane-wise, so the quants are
+// bit-identical to the reference.
+inline int32_t QuantizeBlock(__m512 x0, __m512 x1, float id, int8_t* q, __m512* q0f, __m512* q1f,
+                             int32_t* lo) {
   const __m512 lim = _mm512_set1_ps(127.f), nlim = _mm512_set1_ps(-127.f);
   const __m512 iv = _mm512_set1_ps(id);
   auto quant = [&](__m512 v) {
@@ -242,7 +242,7 @@ inline int32_t QuantizeBlockOne(__m512 x0, __m512 x1, float id, int8_t* q, __m51
   return _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
 }
 
-void QuantizeRowNarrow(const float* x, int64_t cols, const ActRow& o) {
+void QuantizeRow(const float* x, int64_t cols, const ActRow& o) {
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int64_t b = 0; b < cols / 32; ++b) {
     const int64_t k = b * kActTile;
@@ -256,12 +256,12 @@ void QuantizeRowNarrow(const float* x, int64_t cols, const ActRow& o) {
     const float id = dx != 0.f ? 1.f / dx : 0.f;
     __m512 q0f, q1f;
     int32_t lo, lo2;
-    int32_t sum = QuantizeBlockOne(x0, x1, id, o.q + k * kQBlock, &q0f, &q1f, &lo);
+    int32_t sum = QuantizeBlock(x0, x1, id, o.q + k * kQBlock, &q0f, &q1f, &lo);
     float d = dx;
     if (o.q2 != nullptr) {
       const __m512 ndx = _mm512_set1_ps(-dx);
       const __m512 r0 = _mm512_fmadd_ps(ndx, q0f, x0), r1 = _mm512_fmadd_ps(ndx, q1f, x1);
-      sum = sum * 256 + QuantizeBlockOne(r0, r1, id * 256.f, o.q2 + k * kQBlock, &q0f, &q1f, &lo2);
+      sum = sum * 256 + QuantizeBlock(r0, r1, id * 256.f, o.q2 + k * kQBlock, &q0f, &q1f, &lo2);
       lo = lo * 256 + lo2;
       d = dx * (1.f / 256.f);
     }
@@ -269,133 +269,6 @@ void QuantizeRowNarrow(const float* x, int64_t cols, const ActRow& o) {
     o.s[k] = sum;
     o.s_lo[k] = lo;
     o.sd[k] = d * float(sum);
-  }
-}
-
-// Lane i of the result = op over the 16 lanes of v[i] (integer sums and
-// float maxima are exact in any order). 15 combining steps for 16 rows
-// instead of 4 per row.
-inline __m512 AsPs(__m512 a) { return a; }
-inline __m512 AsPs(__m512i a) { return _mm512_castsi512_ps(a); }
-// The second argument only picks the result type.
-inline __m512 FromPs(__m512 a, const __m512*) { return a; }
-inline __m512i FromPs(__m512 a, const __m512i*) { return _mm512_castps_si512(a); }
-
-template <typename T, typename Op>
-inline T TransposeReduce16(const T* v, Op op) {
-  auto ps = [](T a) { return AsPs(a); };
-  auto back = [](__m512 a) { return FromPs(a, static_cast<const T*>(nullptr)); };
-  T s[8], t[4], u[2];
-  for (int i = 0; i < 8; ++i) {
-    s[i] = op(back(_mm512_unpacklo_ps(ps(v[2 * i]), ps(v[2 * i + 1]))),
-              back(_mm512_unpackhi_ps(ps(v[2 * i]), ps(v[2 * i + 1]))));
-  }
-  for (int i = 0; i < 4; ++i) {
-    const __m512d x = _mm512_castps_pd(ps(s[2 * i])), y = _mm512_castps_pd(ps(s[2 * i + 1]));
-    t[i] = op(back(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y))),
-              back(_mm512_castpd_ps(_mm512_unpackhi_pd(x, y))));
-  }
-  for (int i = 0; i < 2; ++i) {
-    u[i] = op(back(_mm512_shuffle_f32x4(ps(t[2 * i]), ps(t[2 * i + 1]), _MM_SHUFFLE(2, 0, 2, 0))),
-              back(_mm512_shuffle_f32x4(ps(t[2 * i]), ps(t[2 * i + 1]), _MM_SHUFFLE(3, 1, 3, 1))));
-  }
-  return op(back(_mm512_shuffle_f32x4(ps(u[0]), ps(u[1]), _MM_SHUFFLE(2, 0, 2, 0))),
-            back(_mm512_shuffle_f32x4(ps(u[0]), ps(u[1]), _MM_SHUFFLE(3, 1, 3, 1))));
-}
-
-inline __m512i AddI(__m512i a, __m512i b) { return _mm512_add_epi32(a, b); }
-inline __m512 MaxF(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
-
-// QuantizeBlockRef on 2 x 16 lanes: lane-wise, so the quants are
-// bit-identical to the reference. Stores the 32 quants at q; returns them
-// as f32 (for the residual) and their lane sums: *lo = columns 0-15 (and
-// 16-31 added in *all).
-inline void QuantizeBlock(__m512 x0, __m512 x1, __m512 iv, int8_t* q, __m512* q0f, __m512* q1f,
-                          __m512i* lo, __m512i* all) {
-  const __m512 lim = _mm512_set1_ps(127.f), nlim = _mm512_set1_ps(-127.f);
-  auto quant = [&](__m512 v) {
-    v = _mm512_roundscale_ps(_mm512_mul_ps(v, iv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    return _mm512_min_ps(lim, _mm512_max_ps(nlim, v));
-  };
-  *q0f = quant(x0);
-  *q1f = quant(x1);
-  const __m512i q0 = _mm512_cvtps_epi32(*q0f), q1 = _mm512_cvtps_epi32(*q1f);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
-  *lo = q0;
-  *all = _mm512_add_epi32(q0, q1);
-}
-
-// QuantizeRowRef, 16 blocks at a time: each block's max|x| and its quant
-// sums are left as 16 lane partials and reduced for all 16 blocks together
-// (TransposeReduce16), then dx, 1 / dx, d and sd are computed 16 at a time
-// with the reference's f32 operations (IEEE division and products, so the
-// same values). 1.7x QuantizeRowNarrow's speed when it runs many rows in a
-// row (prefill, batches), but 7 KB of code: called once between decode's
-// matrix kernels it measured slower than the narrow one (tg128 -5%), so
-// qgemm.cc uses it from kWideQuantizeTokens tokens up.
-void QuantizeRowWide(const float* x, int64_t cols, const ActRow& o) {
-  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  const int64_t nbk = cols / 32;
-  alignas(64) float ids[16], ds[16];
-  alignas(64) int32_t sums[16], los[16];
-  __m512i lo1[16], all1[16], lo2[16], all2[16];
-  for (int64_t b0 = 0; b0 < nbk; b0 += 16) {
-    const int nblk = int(std::min<int64_t>(16, nbk - b0));
-    const float* xb = x + b0 * 32;
-    __m512 amax;
-    if (o.row_amax >= 0.f) {
-      amax = _mm512_set1_ps(o.row_amax);
-    } else {
-      __m512 m[16];
-      for (int j = 0; j < 16; ++j) {
-        m[j] = j < nblk ? _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(xb + 32 * j), absmask),
-                                        _mm512_and_ps(_mm512_loadu_ps(xb + 32 * j + 16), absmask))
-                        : _mm512_setzero_ps();
-      }
-      amax = TransposeReduce16(m, MaxF);
-    }
-    const __m512 dx = _mm512_div_ps(amax, _mm512_set1_ps(127.f));
-    const __mmask16 nz = _mm512_cmpneq_ps_mask(dx, _mm512_setzero_ps());
-    _mm512_store_ps(ids, _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.f), dx));
-    alignas(64) float dxs[16];
-    _mm512_store_ps(dxs, dx);
-    for (int j = 0; j < 16; ++j) {
-      if (j >= nblk) {
-        lo1[j] = all1[j] = lo2[j] = all2[j] = _mm512_setzero_si512();
-        continue;
-      }
-      const int64_t k = (b0 + j) * kActTile;
-      const __m512 x0 = _mm512_loadu_ps(xb + 32 * j), x1 = _mm512_loadu_ps(xb + 32 * j + 16);
-      const __m512 iv = _mm512_set1_ps(ids[j]);
-      __m512 q0f, q1f;
-      QuantizeBlock(x0, x1, iv, o.q + k * kQBlock, &q0f, &q1f, &lo1[j], &all1[j]);
-      if (o.q2 != nullptr) {
-        const __m512 ndx = _mm512_set1_ps(-dxs[j]);
-        const __m512 r0 = _mm512_fmadd_ps(ndx, q0f, x0), r1 = _mm512_fmadd_ps(ndx, q1f, x1);
-        QuantizeBlock(r0, r1, _mm512_mul_ps(iv, _mm512_set1_ps(256.f)), o.q2 + k * kQBlock, &q0f,
-                      &q1f, &lo2[j], &all2[j]);
-      }
-    }
-    __m512i sum = TransposeReduce16(all1, AddI), lo = TransposeReduce16(lo1, AddI);
-    __m512 d = dx;
-    if (o.q2 != nullptr) {
-      sum = _mm512_add_epi32(_mm512_slli_epi32(sum, 8), TransposeReduce16(all2, AddI));
-      lo = _mm512_add_epi32(_mm512_slli_epi32(lo, 8), TransposeReduce16(lo2, AddI));
-      d = _mm512_mul_ps(dx, _mm512_set1_ps(1.f / 256.f));
-    }
-    _mm512_store_ps(ds, d);
-    _mm512_store_si512(sums, sum);
-    _mm512_store_si512(los, lo);
-    alignas(64) float sds[16];
-    _mm512_store_ps(sds, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sum)));
-    for (int j = 0; j < nblk; ++j) {
-      const int64_t k = (b0 + j) * kActTile;
-      o.d[k] = ds[j];
-      o.s[k] = sums[j];
-      o.s_lo[k] = los[j];
-      o.sd[k] = sds[j];
-    }
   }
 }
 
@@ -428,7 +301,7 @@ void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
 }
 
-const QGemmImpl kImpl = {"avx512vnni", Gemm, QuantizeRowNarrow, SiluMul, QuantizeRowWide};
+const QGemmImpl kImpl = {"avx512vnni", Gemm, QuantizeRow, SiluMul};
 
 }  // namespace
 

@@ -62,9 +62,6 @@ struct QGemmImpl {
   void (*quantize_row)(const float* x, int64_t cols, const ActRow& out);
   // out[i] = silu(gate[i]) * up[i] for n floats.
   void (*silu_mul)(const float* gate, const float* up, int64_t n, float* out);
-  // As quantize_row (the same results), faster when it runs for many rows
-  // in a row and slower alone; null: quantize_row.
-  void (*quantize_row_wide)(const float* x, int64_t cols, const ActRow& out) = nullptr;
 };
 
 // Null when the TU was built without the ISA (non-x86 hosts).
