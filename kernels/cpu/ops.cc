@@ -1,15 +1,47 @@
-// Dispatched element-wise ops. RmsNorm and Softmax reuse the references
-// (cheap, and their double accumulation is order-fixed); Rope / RopeQK
+// Dispatched element-wise ops. RmsNorm runs the reference's double
+// arithmetic in its fixed lane order on AVX-512 (bit-identical to it);
+// Softmax reuses the reference; Rope / RopeQK
 // compute the angles once per token instead of once per head (and array).
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 
 namespace tandem::kernels {
 
 void RmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* y) {
+#if TANDEM_KERNELS_AVX512
+  // ref::RmsNorm's operations and order, 8 doubles at a time.
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xt = x + t * dim;
+    float* yt = y + t * dim;
+    __m512d acc = _mm512_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= dim; i += 8) {
+      const __m512d v = _mm512_cvtps_pd(_mm256_loadu_ps(xt + i));
+      acc = _mm512_fmadd_pd(v, v, acc);  // the square is exact: one rounding, as + v * v
+    }
+    const __mmask8 tail = static_cast<__mmask8>((1u << (dim - i)) - 1u);
+    if (tail != 0) {
+      const __m512d v = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(tail, xt + i));
+      acc = _mm512_mask3_fmadd_pd(v, v, acc, tail);
+    }
+    const __m256d h = _mm256_add_pd(_mm512_castpd512_pd256(acc), _mm512_extractf64x4_pd(acc, 1));
+    const __m128d q = _mm_add_pd(_mm256_castpd256_pd128(h), _mm256_extractf128_pd(h, 1));
+    const double ss = _mm_cvtsd_f64(q) + _mm_cvtsd_f64(_mm_unpackhi_pd(q, q));
+    const double inv = 1.0 / std::sqrt(ss / double(dim) + eps);
+    const __m512d iv = _mm512_set1_pd(inv);
+    i = 0;
+    for (; i + 8 <= dim; i += 8) {
+      const __m256 p = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(xt + i)), iv));
+      _mm256_storeu_ps(yt + i, _mm256_mul_ps(p, _mm256_loadu_ps(weight + i)));
+    }
+    for (; i < dim; ++i) yt[i] = float(xt[i] * inv) * weight[i];
+  }
+#else
   ref::RmsNorm(x, weight, n, dim, eps, y);
+#endif
 }
 
 namespace {

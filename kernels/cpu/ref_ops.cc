@@ -30,8 +30,13 @@ void EmbeddingLookup(const WeightView& table, const int32_t* ids, int64_t n, flo
 void RmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* y) {
   for (int64_t t = 0; t < n; ++t) {
     const float* xt = x + t * dim;
-    double ss = 0;
-    for (int64_t i = 0; i < dim; ++i) ss += double(xt[i]) * xt[i];
+    // Sum of squares in double (each square exact), element i into lane
+    // i % 8, lanes added in the tree of an AVX-512 halving reduction: the
+    // order kernels::RmsNorm's vector path takes, so both are bit-identical.
+    double lane[8] = {};
+    for (int64_t i = 0; i < dim; ++i) lane[i % 8] += double(xt[i]) * xt[i];
+    const double ss =
+        ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
     const double inv = 1.0 / std::sqrt(ss / dim + eps);
     for (int64_t i = 0; i < dim; ++i) y[t * dim + i] = float(xt[i] * inv) * weight[i];
   }
