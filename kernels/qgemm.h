@@ -100,10 +100,11 @@ class PackedWeight {
   int64_t cols() const { return cols_; }
   int64_t num_groups() const { return (rows_ + kGroupRows - 1) / kGroupRows; }
   int64_t num_blocks() const { return cols_ / kQBlock; }
-  int bits() const { return bits_; }                       // 4 or 8
-  bool has_min() const { return has_min_; }                // Q4_1 / Q5_1 / Q4_K / Q5_K
-  float offset() const { return offset_; }                 // m = -offset * d when !has_min
-  int32_t int_offset() const { return int32_t(offset_); }  // 8, 16 or 128 (0 with a min)
+  int bits() const { return bits_; }         // 4 or 8
+  bool has_min() const { return has_min_; }  // Q4_1 / Q5_1 / Q4_K / Q5_K
+  // The quant's offset o when !has_min (weight d * (q - o)): 8, 16 or 128;
+  // 32 for Q6_K (kF32Halves); 0 with a min.
+  int32_t offset() const { return offset_; }
   ScaleFormat scale_format() const { return scales_; }
   int64_t chunk_bytes() const { return chunk_bytes_; }  // one group x one block
   int64_t bytes() const { return num_groups() * num_blocks() * chunk_bytes_; }
@@ -123,7 +124,7 @@ class PackedWeight {
   int64_t rows_ = 0, cols_ = 0, chunk_bytes_ = 0;
   int bits_ = 0;
   bool has_min_ = false;
-  float offset_ = 0.f;
+  int32_t offset_ = 0;
   ScaleFormat scales_ = ScaleFormat::kF16;
   std::unique_ptr<uint8_t[], Free> owned_;
   uint8_t* data_ = nullptr;  // 64-byte aligned: owned_ or caller storage

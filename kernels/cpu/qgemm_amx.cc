@@ -51,8 +51,9 @@ constexpr int64_t kPrefetchBlocks = 8;
 // rows per 64-byte row), C / C2 = kTok tokens x 16 rows int32.
 // tmm0 = A, tmm1 = A2, tmm2 / tmm7 = B of even / odd blocks, tmm3 / tmm4 =
 // C / C2 of even blocks, tmm5 / tmm6 of odd ones. Own asm instead of the
-// _tile_* intrinsics so that the compiler sees exactly which bytes a tile load reads and a store
-// writes (the intrinsics' loads declare no memory, their stores clobber all of it).
+// _tile_* intrinsics so that the compiler sees exactly which bytes a tile
+// load reads and a store writes (the intrinsics' loads declare no memory,
+// their stores clobber all of it).
 #define TANDEM_TILE_LOAD(tmm, ptr, stride, bytes)                                 \
   __asm__ volatile("tileloadd (%1,%2,1), %%tmm" #tmm                              \
                    :                                                              \
@@ -133,7 +134,7 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
   const int64_t quant_bytes = kUnpack ? nb * 512 : 0;
   uint8_t* buf = buffer.Reserve(quant_bytes + nb * 128);
   float* scales = reinterpret_cast<float*>(buf + quant_bytes);
-  const __m512i off8 = _mm512_set1_epi8(static_cast<char>(w.int_offset()));
+  const __m512i off8 = _mm512_set1_epi8(static_cast<char>(w.offset()));
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const int64_t tiles = (a.n + kTok - 1) / kTok;
   constexpr int64_t kStep = kActTile * kQBlock;  // bytes of one tile-block of quants
@@ -178,7 +179,7 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
         }
       }
       _mm512_store_ps(scales + b * 32, dv);
-      _mm512_store_ps(scales + b * 32 + 16, mv);
+      if constexpr (kHasMin) _mm512_store_ps(scales + b * 32 + 16, mv);
     }
     const int64_t valid_rows = std::min<int64_t>(kGroupRows, w.rows() - g * kGroupRows);
     const __mmask16 rmask = static_cast<__mmask16>((1u << valid_rows) - 1u);
@@ -233,7 +234,7 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
         const int32_t* c1 = cbuf[b % 2];
         const int32_t* c2 = cbuf2[b % 2];
         const __m512 dv = _mm512_load_ps(scales + b * 32);
-        const __m512 mv = _mm512_load_ps(scales + b * 32 + 16);
+        const __m512 mv = kHasMin ? _mm512_load_ps(scales + b * 32 + 16) : _mm512_setzero_ps();
 #pragma GCC unroll 16
         for (int t = 0; t < kTok; ++t) {
           const int64_t k = b * kActTile + t;

@@ -86,7 +86,7 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
           int64_t ldy, bool accumulate) {
   constexpr int kBits = kKind == 0 ? 4 : 8;
   const int64_t nb = w.num_blocks(), cb = w.chunk_bytes();
-  const int32_t ioff = w.int_offset();
+  const int32_t ioff = w.offset();
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i flip = _mm256_set1_epi8(char(0x80));
   __m256 acc[kNt];
@@ -216,7 +216,7 @@ void GemmL(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
                                                                              accumulate);
   } else if (w.has_min()) {
     GemmT<1, true, kF16, kTwo>(w, a, g0, g1, y, ldy, accumulate);
-  } else if (w.offset() == 128.f) {
+  } else if (w.offset() == 128) {
     GemmT<2, false, kF16, kTwo>(w, a, g0, g1, y, ldy, accumulate);
   } else {
     GemmT<1, false, kF16, kTwo>(w, a, g0, g1, y, ldy, accumulate);

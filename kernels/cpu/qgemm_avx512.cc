@@ -71,7 +71,7 @@ template <int kBits, bool kHasMin, ScaleFormat kFmt, bool kTwo, int kNt>
 void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, float* y,
           int64_t ldy, bool accumulate) {
   const int64_t nb = w.num_blocks(), cb = w.chunk_bytes();
-  const int32_t ioff = w.int_offset();
+  const int32_t ioff = w.offset();
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 acc[kNt];
 #pragma GCC unroll 8

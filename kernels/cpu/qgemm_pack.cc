@@ -19,7 +19,7 @@ using gguf::TensorType;
 struct Format {
   int bits;
   bool has_min;
-  float offset;
+  int32_t offset;
   ScaleFormat scales = ScaleFormat::kF16;
   int block_size = 32;  // of the ggml type
   int type_size = 0;    // bytes of one ggml block (K types)
@@ -28,23 +28,23 @@ struct Format {
 Format FormatOf(TensorType t) {
   switch (t) {
     case TensorType::kQ4_0:
-      return {4, false, 8.f};
+      return {4, false, 8};
     case TensorType::kQ4_1:
-      return {4, true, 0.f};
+      return {4, true, 0};
     case TensorType::kQ5_0:
-      return {8, false, 16.f};
+      return {8, false, 16};
     case TensorType::kQ5_1:
-      return {8, true, 0.f};
+      return {8, true, 0};
     case TensorType::kQ8_0:
-      return {8, false, 128.f};
+      return {8, false, 128};
     case TensorType::kQ4_K:
-      return {4, true, 0.f, ScaleFormat::kF32, 256, 144};
+      return {4, true, 0, ScaleFormat::kF32, 256, 144};
     case TensorType::kQ5_K:
-      return {8, true, 0.f, ScaleFormat::kF32, 256, 176};
+      return {8, true, 0, ScaleFormat::kF32, 256, 176};
     case TensorType::kQ6_K:
-      return {8, false, 32.f, ScaleFormat::kF32Halves, 256, 210};
+      return {8, false, 32, ScaleFormat::kF32Halves, 256, 210};
     default:
-      return {0, false, 0.f};
+      return {0, false, 0};
   }
 }
 
@@ -241,7 +241,7 @@ void GemmGroupsRef(const PackedWeight& w, const QuantizedActs& a, int64_t g0, in
         if (w.has_min()) {
           acc = std::fma(float(isum), ddx, std::fma(ScaleAt(w, c, 1, rr), a.sd[i], acc));
         } else {
-          acc = std::fma(float(isum - w.int_offset() * a.s[i]), ddx, acc);
+          acc = std::fma(float(isum - w.offset() * a.s[i]), ddx, acc);
         }
       }
       float* out = y + t * ldy + r;
