@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -21,27 +22,36 @@ absl::StatusOr<std::unique_ptr<KvCacheStorage>> KvCacheStorage::Create(
     return absl::InvalidArgumentError(absl::StrCat("KV cache of ", bytes, " bytes is too large"));
   }
   kernels::PagedKvLayout layout{num_blocks, block_size, num_kv_heads, head_dim};
-  return std::unique_ptr<KvCacheStorage>(new KvCacheStorage(num_layers, layout, dtype));
+  const int64_t layer_bytes =
+      num_blocks * block_size * num_kv_heads * head_dim * kernels::KvElementBytes(dtype);
+  const int64_t layer_scales =
+      kernels::KvHasScales(dtype) ? num_blocks * block_size * num_kv_heads : 0;
+  // Zeroed by the kernel page by page as blocks are first written, not here.
+  absl::StatusOr<ZeroedBuffer> data = ZeroedBuffer::Allocate(size_t(2 * num_layers * layer_bytes));
+  if (!data.ok()) return data.status();
+  absl::StatusOr<ZeroedBuffer> scales =
+      ZeroedBuffer::Allocate(size_t(2 * num_layers * layer_scales) * sizeof(float));
+  if (!scales.ok()) return scales.status();
+  return std::unique_ptr<KvCacheStorage>(new KvCacheStorage(
+      num_layers, layout, dtype, layer_bytes, layer_scales, *std::move(data), *std::move(scales)));
 }
 
 KvCacheStorage::KvCacheStorage(int64_t num_layers, const kernels::PagedKvLayout& layout,
-                               KvDtype dtype)
+                               KvDtype dtype, int64_t layer_bytes, int64_t layer_scales,
+                               ZeroedBuffer data, ZeroedBuffer scales)
     : num_layers_(num_layers),
       layout_(layout),
       dtype_(dtype),
-      layer_bytes_(layout.num_blocks * layout.block_size * layout.num_kv_heads * layout.head_dim *
-                   kernels::KvElementBytes(dtype)),
-      layer_scales_(kernels::KvHasScales(dtype)
-                        ? layout.num_blocks * layout.block_size * layout.num_kv_heads
-                        : 0),
-      data_(2 * num_layers * layer_bytes_, 0),
-      scales_(2 * num_layers * layer_scales_, 0.f) {}
+      layer_bytes_(layer_bytes),
+      layer_scales_(layer_scales),
+      data_(std::move(data)),
+      scales_(std::move(scales)) {}
 
 float* KvCacheStorage::k_scales(int64_t layer) {
-  return layer_scales_ > 0 ? scales_.data() + (2 * layer) * layer_scales_ : nullptr;
+  return layer_scales_ > 0 ? scale_floats() + (2 * layer) * layer_scales_ : nullptr;
 }
 float* KvCacheStorage::v_scales(int64_t layer) {
-  return layer_scales_ > 0 ? scales_.data() + (2 * layer + 1) * layer_scales_ : nullptr;
+  return layer_scales_ > 0 ? scale_floats() + (2 * layer + 1) * layer_scales_ : nullptr;
 }
 
 kernels::KvCacheView KvCacheStorage::view(int64_t layer) {
@@ -62,7 +72,7 @@ void KvCacheStorage::CopyBlock(int64_t src, int64_t dst) {
     char* d = data_.data() + half * layer_bytes_;
     std::copy_n(d + src * nb, nb, d + dst * nb);
     if (ns > 0) {
-      float* s = scales_.data() + half * layer_scales_;
+      float* s = scale_floats() + half * layer_scales_;
       std::copy_n(s + src * ns, ns, s + dst * ns);
     }
   }
@@ -75,7 +85,7 @@ void KvCacheStorage::ReadSlot(int64_t slot, char* dst) const {
     std::memcpy(dst, data_.data() + half * layer_bytes_ + slot * eb, eb);
     dst += eb;
     if (ns > 0) {
-      std::memcpy(dst, scales_.data() + half * layer_scales_ + slot * ns, ns * sizeof(float));
+      std::memcpy(dst, scale_floats() + half * layer_scales_ + slot * ns, ns * sizeof(float));
       dst += ns * sizeof(float);
     }
   }
@@ -88,7 +98,7 @@ void KvCacheStorage::WriteSlot(int64_t slot, const char* src) {
     std::memcpy(data_.data() + half * layer_bytes_ + slot * eb, src, eb);
     src += eb;
     if (ns > 0) {
-      std::memcpy(scales_.data() + half * layer_scales_ + slot * ns, src, ns * sizeof(float));
+      std::memcpy(scale_floats() + half * layer_scales_ + slot * ns, src, ns * sizeof(float));
       src += ns * sizeof(float);
     }
   }

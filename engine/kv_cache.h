@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/zeroed_buffer.h"
 #include "kernels/kernels.h"
 #include "kernels/kv_dtype.h"
 
@@ -71,7 +72,7 @@ class KvCacheStorage {
     return layout_.block_size * layout_.num_kv_heads * layout_.head_dim;
   }
   int64_t total_bytes() const {
-    return static_cast<int64_t>(data_.size() + scales_.size() * sizeof(float));
+    return static_cast<int64_t>(data_.size() + scales_.size());
   }
 
   // One layer's K and V (and scales) for the kernels. REQUIRES: layer < num_layers().
@@ -105,7 +106,10 @@ class KvCacheStorage {
   void WriteSlot(int64_t slot, const char* src);
 
  private:
-  KvCacheStorage(int64_t num_layers, const kernels::PagedKvLayout& layout, KvDtype dtype);
+  KvCacheStorage(int64_t num_layers, const kernels::PagedKvLayout& layout, KvDtype dtype,
+                 int64_t layer_bytes, int64_t layer_scales, ZeroedBuffer data, ZeroedBuffer scales);
+  float* scale_floats() { return reinterpret_cast<float*>(scales_.data()); }
+  const float* scale_floats() const { return reinterpret_cast<const float*>(scales_.data()); }
 
   int64_t num_layers_;
   kernels::PagedKvLayout layout_;
@@ -113,9 +117,9 @@ class KvCacheStorage {
   int64_t layer_bytes_;   // element bytes of one layer's K (or V)
   int64_t layer_scales_;  // scales of one layer's K (or V); 0 without scales
   // [num_layers][K|V][num_blocks, block_size, kv_heads, head_dim] elements.
-  // std::vector<char> from operator new: aligned for float.
-  std::vector<char> data_;
-  std::vector<float> scales_;  // [num_layers][K|V][num_blocks, block_size, kv_heads]
+  // Page-aligned, zero until first written (resident as blocks are used).
+  ZeroedBuffer data_;
+  ZeroedBuffer scales_;  // floats [num_layers][K|V][num_blocks, block_size, kv_heads]
 };
 
 }  // namespace tandem::engine
