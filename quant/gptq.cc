@@ -1,5 +1,6 @@
 #include "quant/gptq.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -109,42 +110,80 @@ absl::StatusOr<std::vector<float>> InverseCholeskyUpper(std::vector<double> h, i
   return u;
 }
 
+std::vector<int64_t> ActOrder(const std::vector<double>& h, int64_t cols) {
+  std::vector<int64_t> order(static_cast<size_t>(cols));
+  for (int64_t i = 0; i < cols; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return h[a * cols + a] > h[b * cols + b];
+  });
+  return order;
+}
+
+std::vector<double> PermuteGram(const std::vector<double>& h, const std::vector<int64_t>& perm) {
+  const int64_t n = static_cast<int64_t>(perm.size());
+  std::vector<double> out(static_cast<size_t>(n * n));
+  for (int64_t i = 0; i < n; ++i) {
+    const double* hi = h.data() + perm[i] * n;
+    for (int64_t j = 0; j < n; ++j) out[i * n + j] = hi[perm[j]];
+  }
+  return out;
+}
+
 void GptqQuantize(gguf::TensorType type, const std::vector<float>& u, float* w, int64_t rows,
-                  int64_t cols, ThreadPool* pool, std::string* out) {
+                  int64_t cols, ThreadPool* pool, std::string* out,
+                  const std::vector<int64_t>& order) {
   TANDEM_CHECK(HasGrid(type));
   const int bs = BlockSize(type), bb = BlockBytes(type);
   TANDEM_CHECK(cols % bs == 0);
+  const bool act_order = !order.empty();
+  TANDEM_CHECK(!act_order || static_cast<int64_t>(order.size()) == cols);
   const int64_t row_bytes = cols / bs * bb;
   out->assign(static_cast<size_t>(rows * row_bytes), '\0');
   const GridRange range = RangeOf(type);
   ThreadPool::Run(pool, rows, [&](int64_t begin, int64_t end) {
-    std::vector<float> scale(bs), offset(bs);
+    // With act-order x is a copy of the row in step order (the feedback
+    // runs over contiguous memory) and the grid is every column's, fixed
+    // first (static scales); without, x is the row and the grid the current
+    // block's (dynamic scales).
+    std::vector<float> scale(act_order ? cols : bs), offset(act_order ? cols : bs);
+    std::vector<float> permuted(act_order ? cols : 0);
     for (int64_t r = begin; r < end; ++r) {
       float* wr = w + r * cols;
       auto* row_out = reinterpret_cast<uint8_t*>(out->data() + r * row_bytes);
-      uint8_t* block = nullptr;
+      float* x = wr;
+      if (act_order) {
+        for (int64_t b = 0; b < cols / bs; ++b) {
+          kernels::QuantizeRow(type, wr + b * bs, row_out + b * bb, bs);
+          GridOf(type, row_out + b * bb, scale.data() + b * bs, offset.data() + b * bs);
+        }
+        for (int64_t i = 0; i < cols; ++i) permuted[i] = wr[order[i]];
+        x = permuted.data();
+      }
       for (int64_t i = 0; i < cols; ++i) {
-        const int in_block = static_cast<int>(i % bs);
-        if (in_block == 0) {
-          block = row_out + (i / bs) * bb;
-          kernels::QuantizeRow(type, wr + i, block, bs);
+        // Step i quantizes column c of the row, x[i].
+        const int64_t c = act_order ? order[i] : i;
+        const int in_block = static_cast<int>(c % bs);
+        uint8_t* block = row_out + (c / bs) * bb;
+        if (!act_order && in_block == 0) {
+          kernels::QuantizeRow(type, wr + c, block, bs);
           GridOf(type, block, scale.data(), offset.data());
         }
-        const float s = scale[in_block], o = offset[in_block];
+        const float s = act_order ? scale[c] : scale[in_block];
+        const float o = act_order ? offset[c] : offset[in_block];
         // A zero scale decodes every integer to the offset: keep the
         // reference quantizer's integer, feed back the error all the same.
         float qv = o;
         if (s != 0.0f) {
-          const float t = std::nearbyintf((wr[i] - o) / s);
+          const float t = std::nearbyintf((x[i] - o) / s);
           const int q =
               static_cast<int>(std::fmin(std::fmax(t, float(range.qmin)), float(range.qmax)));
           SetQ(type, block, in_block, q);
           qv = s * static_cast<float>(q) + o;
         }
-        const float err = (wr[i] - qv) / u[i * cols + i];
-        wr[i] = qv;
+        const float err = (x[i] - qv) / u[i * cols + i];
+        x[i] = qv;
         const float* ui = u.data() + i * cols;
-        for (int64_t j = i + 1; j < cols; ++j) wr[j] -= err * ui[j];
+        for (int64_t j = i + 1; j < cols; ++j) x[j] -= err * ui[j];
       }
       // The stored values are what the model will see.
       kernels::DequantizeRow(type, row_out, wr, cols);

@@ -11,6 +11,13 @@
 // column at a time on that grid (quant/block_grid.h). Columns with zero
 // input energy are zeroed (dead inputs).
 //
+// Act-order (GPTQ's desc_act): columns are quantized in decreasing order of
+// their input energy diag(H), so the loudest inputs are rounded first and
+// their error is spread over the quieter columns still to come. ggml blocks
+// are runs of consecutive columns, which act-order visits out of order, so
+// with it the block scales are static (AutoGPTQ's static_groups): each
+// block's grid is chosen from the original weights before any feedback.
+//
 // Thread safety: the functions are reentrant; the pool splits rows.
 #ifndef TANDEM_QUANT_GPTQ_H_
 #define TANDEM_QUANT_GPTQ_H_
@@ -26,8 +33,15 @@
 namespace tandem::quant {
 
 struct GptqOptions {
-  double damp = 0.01;  // fraction of mean(diag H) added to the diagonal
+  double damp = 0.01;      // fraction of mean(diag H) added to the diagonal
+  bool act_order = false;  // columns by decreasing diag(H), static block scales
 };
+
+// Act-order: the columns by decreasing diag(h) (ties in column order).
+std::vector<int64_t> ActOrder(const std::vector<double>& h, int64_t cols);
+
+// h with rows and columns permuted: out[i][j] = h[perm[i]][perm[j]].
+std::vector<double> PermuteGram(const std::vector<double>& h, const std::vector<int64_t>& perm);
 
 // H = X^T X: [cols, cols] from x [tokens, cols].
 std::vector<double> Gram(const float* x, int64_t tokens, int64_t cols, ThreadPool* pool);
@@ -40,10 +54,14 @@ absl::StatusOr<std::vector<float>> InverseCholeskyUpper(std::vector<double> h, i
 
 // Quantizes w [rows, cols] in place (w ends as the dequantized result) and
 // writes the rows' blocks to `out` (rows * RowBytes(type, cols) bytes).
+// With an empty `order` columns go in order with dynamic block scales; with
+// a permutation (ActOrder) in that order with static block scales, and u
+// must come from the Gram matrix permuted the same way (PermuteGram).
 // REQUIRES: HasGrid(type), cols a multiple of BlockSize(type), u from
 // InverseCholeskyUpper of this input.
 void GptqQuantize(gguf::TensorType type, const std::vector<float>& u, float* w, int64_t rows,
-                  int64_t cols, ThreadPool* pool, std::string* out);
+                  int64_t cols, ThreadPool* pool, std::string* out,
+                  const std::vector<int64_t>& order = {});
 
 }  // namespace tandem::quant
 

@@ -252,6 +252,11 @@ absl::Status GptqLayer(int64_t layer, const CalibrationSet& calib, TensorMap& m,
     std::vector<double> h = Gram(calib.inputs(layer, input).data(), tokens, cols, pool);
     std::vector<bool> dead(cols);
     for (int64_t i = 0; i < cols; ++i) dead[i] = h[i * cols + i] == 0.0;
+    std::vector<int64_t> order;
+    if (opt.act_order) {
+      order = ActOrder(h, cols);
+      h = PermuteGram(h, order);
+    }
     TANDEM_ASSIGN_OR_RETURN(std::vector<float> u,
                             InverseCholeskyUpper(std::move(h), cols, opt.damp, pool));
     for (const char* what : names) {
@@ -265,7 +270,7 @@ absl::Status GptqLayer(int64_t layer, const CalibrationSet& calib, TensorMap& m,
           if (dead[i]) t->v[r * cols + i] = 0.f;
         }
       }
-      GptqQuantize(t->out_type, u, t->v.data(), t->rows(), cols, pool, &t->out_bytes);
+      GptqQuantize(t->out_type, u, t->v.data(), t->rows(), cols, pool, &t->out_bytes, order);
       t->has_out_bytes = true;
     }
   }
@@ -317,6 +322,9 @@ void AddMetadata(const gguf::GgufFile& in, const QuantizeOptions& options, gguf:
   out->Add("general.quantization_version", gguf::Value::Uint32(2));
   out->Add("tandem.quantize.type", gguf::Value::String(options.target.name));
   out->Add("tandem.quantize.method", gguf::Value::String(std::string(MethodName(options.method))));
+  if (options.method == Method::kGptq) {
+    out->Add("tandem.quantize.gptq_act_order", gguf::Value::Bool(options.gptq.act_order));
+  }
   if (options.method == Method::kSmoothQuant) {
     out->Add("tandem.quantize.alpha", gguf::Value::Float32(options.smooth_alpha));
     out->Add(engine::kKernelsMetadataKey,

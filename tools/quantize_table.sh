@@ -5,7 +5,8 @@
 # kernels (--kernels reference), f32 KV cache. Calibration text:
 # tests/data/calibration_text.txt (a different text). Three tables:
 #   1. KV cache dtypes (KV_DTYPES) with the reference weights and kernels;
-#   2. weights: each type x METHODS (rtn / awq / gptq), reference kernels
+#   2. weights: each type x METHODS (rtn / awq / gptq / gptq-act: gptq with
+#      --gptq-act-order), reference kernels
 #      (f32 activations), f32 KV;
 #   3. W8A8 (int8 weights x int8 activations, f32 KV): q8_0 rtn and
 #      smoothquant at each of SMOOTH_ALPHAS, each with per-32-block
@@ -15,7 +16,7 @@
 #
 # Env: TANDEM (binary, default build/tandem), OUT (work dir, default
 # /tmp/tandem_quant_table), THREADS (default 2), LOCK (a command prefix, e.g.
-# "flock -o /tmp/tandem-cpu.lock"), METHODS (default "rtn awq gptq"),
+# "flock -o /tmp/tandem-cpu.lock"), METHODS (default "rtn awq gptq gptq-act"),
 # KV_DTYPES (default "f16 bf16 int8 fp8"; empty skips table 1),
 # SMOOTH_ALPHAS (default "0.5 0.8"; W8A8=0 skips table 3).
 set -euo pipefail
@@ -24,7 +25,7 @@ TANDEM=${TANDEM:-build/tandem}
 OUT=${OUT:-/tmp/tandem_quant_table}
 THREADS=${THREADS:-2}
 LOCK=${LOCK:-}
-METHODS=${METHODS:-rtn awq gptq}
+METHODS=${METHODS:-rtn awq gptq gptq-act}
 KV_DTYPES=${KV_DTYPES-f16 bf16 int8 fp8}
 SMOOTH_ALPHAS=${SMOOTH_ALPHAS:-0.5 0.8}
 W8A8=${W8A8:-1}
@@ -85,7 +86,9 @@ echo "| reference (f32) | - | $REF_PPL | 0 | 0 | 100% | - |"
 for type in "${TYPES[@]}"; do
   for method in $METHODS; do
     f="$OUT/$type-$method.gguf"
-    secs=$(quantize "$f" --type "$type" --method "$method")
+    margs=(--method "$method")
+    [ "$method" = gptq-act ] && margs=(--method gptq --gptq-act-order)
+    secs=$(quantize "$f" --type "$type" "${margs[@]}")
     echo "| $type | $method | $(kld "$type-$method" --model "$f" --kernels reference \
       --kv-cache-dtype f32) | $secs |"
   done

@@ -45,6 +45,7 @@ struct QuantizeFlags {
   int64_t awq_grid = 20;
   int64_t awq_clip_grid = 10;
   double gptq_damp = 0.01;
+  bool gptq_act_order = false;
   double alpha = quant::kDefaultSmoothAlpha;
   int64_t threads = 0;
   bool report = false;
@@ -72,6 +73,9 @@ void AddFlags(ArgParser& p, QuantizeFlags& f) {
            "awq: clip ratios tried per block (1 = no clip search)");
   p.AddDouble("gptq-damp", &f.gptq_damp, 0.0, 10.0,
               "gptq: damping added to the Hessian diagonal, as a fraction of its mean");
+  p.AddBool("gptq-act-order", &f.gptq_act_order,
+            "gptq: quantize columns by decreasing input energy (desc_act), with each block's "
+            "scales fixed from the original weights (static groups)");
   p.AddDouble("alpha", &f.alpha, 0.0, 1.0,
               "smoothquant: migration strength in [0, 1], s = max|x|^alpha / max|w|^(1-alpha)");
   p.AddInt("threads", &f.threads, 0, 1024, "compute threads, 0 = all cores");
@@ -220,6 +224,9 @@ int RunQuantize(int argc, char** argv) {
       return ExitFor("quantize", st);
     }
   }
+  if (f.gptq_act_order && (!quantize || options.method != quant::Method::kGptq)) {
+    return ExitFor("quantize", UsageStatus("--gptq-act-order needs --method gptq"));
+  }
   const bool needs_calibration = f.report || options.method != quant::Method::kRtn;
   if (needs_calibration && f.calibration.empty()) {
     return ExitFor("quantize",
@@ -261,6 +268,7 @@ int RunQuantize(int argc, char** argv) {
   options.awq.grid = static_cast<int>(f.awq_grid);
   options.awq.clip_grid = static_cast<int>(f.awq_clip_grid);
   options.gptq.damp = f.gptq_damp;
+  options.gptq.act_order = f.gptq_act_order;
   options.pool = &pool;
   options.progress = ProgressLine();
   gguf::GgufWriter writer;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/gguf/gguf.h"
 #include "common/gguf/types.h"
 #include "gtest/gtest.h"
 #include "tests/util/subprocess.h"
@@ -66,6 +67,11 @@ TEST(QuantizeCliTest, BadInputIsOneLineAndExit2) {
        "/nonexistent.txt"},
       {"quantize", "--report"},  // no --calibration
       {"quantize", "--type", "q4_0", "--out", out, "--calibration-tokens", "0"},
+      // act-order is a GPTQ option.
+      {"quantize", "--type", "q4_0", "--out", out, "--gptq-act-order"},
+      {"quantize", "--type", "q4_0", "--out", out, "--method", "awq", "--calibration", calib,
+       "--gptq-act-order"},
+      {"quantize", "--report", "--calibration", calib, "--gptq-act-order"},
   };
   for (const auto& args : cases) {
     ProcessResult r = Tandem(args);
@@ -116,16 +122,28 @@ TEST(QuantizeCliTest, QuantizedModelGenerates) {
 
 TEST(QuantizeCliTest, GptqAndAwqOnTheBundledModelGenerate) {
   const std::string calib = TestDataPath("calibration_text.txt");
-  for (const char* method : {"gptq", "awq"}) {
-    const std::string out = TempPath(std::string(method) + ".gguf");
-    ProcessResult q = Tandem({"quantize", "--type", "q4_0", "--method", method, "--calibration",
-                              calib, "--calibration-tokens", "64", "--awq-grid", "4",
-                              "--awq-clip-grid", "2", "--out", out, "--threads", "2"});
+  for (const auto& [method, act_order] :
+       std::vector<std::pair<std::string, bool>>{{"gptq", false}, {"gptq", true}, {"awq", false}}) {
+    const std::string out = TempPath(method + (act_order ? "-act" : "") + ".gguf");
+    std::vector<std::string> args = {"quantize", "--type", "q4_0", "--method", method,
+                                     "--calibration", calib, "--calibration-tokens", "64",
+                                     "--awq-grid", "4", "--awq-clip-grid", "2", "--out", out,
+                                     "--threads", "2"};
+    if (act_order) args.push_back("--gptq-act-order");
+    ProcessResult q = Tandem(args);
     ASSERT_EQ(q.exit_code, 0) << q.err;
     // Progress: the last update of the method's stage is "<method> 30 / 30".
     const size_t stage = q.err.rfind(std::string("\r") + method);
     ASSERT_NE(stage, std::string::npos) << q.err;
     EXPECT_NE(q.err.find("30 / 30", stage), std::string::npos) << q.err;
+    if (method == "gptq") {  // the file says how it was made
+      auto file = gguf::GgufFile::Open(out);
+      ASSERT_TRUE(file.ok()) << file.status();
+      const gguf::Value* v = (*file)->Find("tandem.quantize.gptq_act_order");
+      ASSERT_NE(v, nullptr);
+      ASSERT_TRUE(v->AsBool().ok());
+      EXPECT_EQ(*v->AsBool(), act_order);
+    }
     ProcessResult g = Tandem({"generate", "--model", out, "--prompt", "The capital of France is",
                               "--max-tokens", "8", "--threads", "2"});
     EXPECT_EQ(g.exit_code, 0) << g.err;

@@ -52,6 +52,27 @@ double OutputError(const std::vector<float>& w, const std::vector<float>& q,
   return total;
 }
 
+std::vector<float> Gaussian(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> w(n);
+  for (float& v : w) v = g(rng);
+  return w;
+}
+
+// w [rows, cols] quantized to `t` by the reference (round to nearest) and back.
+std::vector<float> RoundTrip(TensorType t, const std::vector<float>& w, int64_t rows,
+                             int64_t cols) {
+  const uint64_t row_bytes = *gguf::RowBytes(t, cols);
+  std::string bytes(rows * row_bytes, '\0');
+  std::vector<float> out(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    kernels::QuantizeRow(t, w.data() + r * cols, bytes.data() + r * row_bytes, cols);
+    kernels::DequantizeRow(t, bytes.data() + r * row_bytes, out.data() + r * cols, cols);
+  }
+  return out;
+}
+
 TEST(GptqTest, InverseCholeskyUpperInvertsH) {
   const int64_t n = 64;
   const std::vector<float> x = Inputs(256, n, 1);
@@ -83,20 +104,12 @@ TEST(GptqTest, BeatsRoundToNearestAndDecodesToItsResult) {
   const std::vector<double> h = Gram(x.data(), tokens, cols, nullptr);
   auto u = InverseCholeskyUpper(h, cols, 0.01, nullptr);
   ASSERT_TRUE(u.ok());
-  std::mt19937 rng(3);
-  std::normal_distribution<float> g(0.f, 1.f);
-  std::vector<float> w(rows * cols);
-  for (float& v : w) v = g(rng);
+  const std::vector<float> w = Gaussian(rows * cols, 3);
   for (TensorType t : {TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ5_0, TensorType::kQ8_0,
                        TensorType::kQ4_K, TensorType::kQ5_K, TensorType::kQ6_K}) {
     SCOPED_TRACE(static_cast<int>(t));
     const uint64_t row_bytes = *gguf::RowBytes(t, cols);
-    std::string rtn_bytes(rows * row_bytes, '\0');
-    std::vector<float> rtn(rows * cols);
-    for (int64_t r = 0; r < rows; ++r) {
-      kernels::QuantizeRow(t, w.data() + r * cols, rtn_bytes.data() + r * row_bytes, cols);
-      kernels::DequantizeRow(t, rtn_bytes.data() + r * row_bytes, rtn.data() + r * cols, cols);
-    }
+    const std::vector<float> rtn = RoundTrip(t, w, rows, cols);
     std::vector<float> q = w;
     std::string bytes;
     GptqQuantize(t, *u, q.data(), rows, cols, nullptr, &bytes);
@@ -110,6 +123,58 @@ TEST(GptqTest, BeatsRoundToNearestAndDecodesToItsResult) {
     const double e_gptq = OutputError(w, q, h, rows, cols);
     std::printf("type %d: output error rtn %.4g gptq %.4g\n", static_cast<int>(t), e_rtn, e_gptq);
     EXPECT_LT(e_gptq, 0.9 * e_rtn);
+  }
+}
+
+// Act-order: the permutation sorts diag(H) down, PermuteGram permutes both
+// axes, and GPTQ in that order with static block scales still writes blocks
+// that decode to its result and beats round-to-nearest for every grid type.
+TEST(GptqTest, ActOrderBeatsRoundToNearestAndDecodesToItsResult) {
+  const int64_t rows = 24, cols = 256, tokens = 1024;
+  const std::vector<float> x = Inputs(tokens, cols, 4);
+  const std::vector<double> h = Gram(x.data(), tokens, cols, nullptr);
+  const std::vector<int64_t> order = ActOrder(h, cols);
+  ASSERT_EQ(static_cast<int64_t>(order.size()), cols);
+  std::vector<int64_t> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < cols; ++i) ASSERT_EQ(sorted[i], i);  // a permutation
+  for (int64_t i = 1; i < cols; ++i) {
+    ASSERT_GE(h[order[i - 1] * cols + order[i - 1]], h[order[i] * cols + order[i]]);
+  }
+  EXPECT_EQ(order[0] % 37, 0);  // a loud channel leads
+  const std::vector<double> hp = PermuteGram(h, order);
+  for (int64_t i = 0; i < cols; i += 17) {
+    for (int64_t j = 0; j < cols; j += 13) {
+      ASSERT_EQ(hp[i * cols + j], h[order[i] * cols + order[j]]);
+    }
+  }
+  auto u = InverseCholeskyUpper(hp, cols, 0.01, nullptr);
+  auto u_plain = InverseCholeskyUpper(h, cols, 0.01, nullptr);
+  ASSERT_TRUE(u.ok() && u_plain.ok());
+  const std::vector<float> w = Gaussian(rows * cols, 5);
+  for (TensorType t : {TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ5_0, TensorType::kQ8_0,
+                       TensorType::kQ4_K, TensorType::kQ5_K, TensorType::kQ6_K}) {
+    SCOPED_TRACE(static_cast<int>(t));
+    const uint64_t row_bytes = *gguf::RowBytes(t, cols);
+    const std::vector<float> rtn = RoundTrip(t, w, rows, cols);
+    std::vector<float> q = w, plain = w;
+    std::string bytes, plain_bytes;
+    GptqQuantize(t, *u, q.data(), rows, cols, nullptr, &bytes, order);
+    GptqQuantize(t, *u_plain, plain.data(), rows, cols, nullptr, &plain_bytes);
+    ASSERT_EQ(bytes.size(), rows * row_bytes);
+    std::vector<float> decoded(rows * cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      kernels::DequantizeRow(t, bytes.data() + r * row_bytes, decoded.data() + r * cols, cols);
+    }
+    EXPECT_EQ(decoded, q);
+    EXPECT_NE(bytes, plain_bytes);  // the order matters
+    const double e_rtn = OutputError(w, rtn, h, rows, cols);
+    const double e_act = OutputError(w, q, h, rows, cols);
+    const double e_plain = OutputError(w, plain, h, rows, cols);
+    std::printf("type %d: output error rtn %.4g gptq %.4g gptq act-order %.4g\n",
+                static_cast<int>(t), e_rtn, e_plain, e_act);
+    EXPECT_LT(e_act, 0.9 * e_rtn);
+    EXPECT_LT(e_act, e_plain);  // loud channels first: what act-order is for
   }
 }
 

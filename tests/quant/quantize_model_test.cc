@@ -90,11 +90,12 @@ struct MethodRun {
 };
 
 MethodRun QuantizeAndMeasure(const std::string& model, const std::string& type, Method method,
-                             ThreadPool* pool) {
+                             ThreadPool* pool, bool act_order = false) {
   auto in = gguf::GgufFile::FromBuffer(model);
   QuantizeOptions o;
   o.target = *ParseTargetType(type);
   o.method = method;
+  o.gptq.act_order = act_order;
   // More calibration tokens than input channels (512 for ffn_down), so
   // GPTQ's Hessian is not rank deficient.
   o.calibration_tokens = RandomTokens(1024, 128, 11);
@@ -118,11 +119,13 @@ TEST_P(MethodsTest, AwqAndGptqBeatRtnOnHeldOutTokens) {
   const MethodRun rtn = QuantizeAndMeasure(model, GetParam(), Method::kRtn, &pool);
   const MethodRun awq = QuantizeAndMeasure(model, GetParam(), Method::kAwq, &pool);
   const MethodRun gptq = QuantizeAndMeasure(model, GetParam(), Method::kGptq, &pool);
-  std::printf("%s logits MSE: rtn %.5g awq %.5g gptq %.5g\n", GetParam().c_str(), rtn.error,
-              awq.error, gptq.error);
+  const MethodRun act = QuantizeAndMeasure(model, GetParam(), Method::kGptq, &pool, true);
+  std::printf("%s logits MSE: rtn %.5g awq %.5g gptq %.5g gptq act-order %.5g\n",
+              GetParam().c_str(), rtn.error, awq.error, gptq.error, act.error);
   EXPECT_GT(rtn.error, 0);
   EXPECT_LT(awq.error, rtn.error);
   EXPECT_LT(gptq.error, rtn.error);
+  EXPECT_LT(act.error, rtn.error);
   EXPECT_EQ(rtn.summary.calibration_tokens, 0);
   EXPECT_EQ(gptq.summary.calibration_tokens, 1024);
   EXPECT_EQ(awq.summary.awq_alphas.size(), 2u * 4u);
