@@ -28,7 +28,10 @@ absl::StatusOr<std::unique_ptr<KvCacheStorage>> KvCacheStorage::Create(
       kernels::KvHasScales(dtype) ? num_blocks * block_size * num_kv_heads : 0;
   // Zeroed by the kernel page by page as blocks are first written, not here.
   absl::StatusOr<ZeroedBuffer> data = ZeroedBuffer::Allocate(size_t(2 * num_layers * layer_bytes));
-  if (!data.ok()) return data.status();
+  if (!data.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV cache (--kv-cache-memory): ", data.status().message()));
+  }
   absl::StatusOr<ZeroedBuffer> scales =
       ZeroedBuffer::Allocate(size_t(2 * num_layers * layer_scales) * sizeof(float));
   if (!scales.ok()) return scales.status();
