@@ -71,9 +71,7 @@ class KvCacheStorage {
   int64_t block_floats() const {
     return layout_.block_size * layout_.num_kv_heads * layout_.head_dim;
   }
-  int64_t total_bytes() const {
-    return static_cast<int64_t>(data_.size() + scales_.size());
-  }
+  int64_t total_bytes() const { return static_cast<int64_t>(data_.size() + scales_.size()); }
 
   // One layer's K and V (and scales) for the kernels. REQUIRES: layer < num_layers().
   kernels::KvCacheView view(int64_t layer);

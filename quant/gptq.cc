@@ -113,9 +113,8 @@ absl::StatusOr<std::vector<float>> InverseCholeskyUpper(std::vector<double> h, i
 std::vector<int64_t> ActOrder(const std::vector<double>& h, int64_t cols) {
   std::vector<int64_t> order(static_cast<size_t>(cols));
   for (int64_t i = 0; i < cols; ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return h[a * cols + a] > h[b * cols + b];
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return h[a * cols + a] > h[b * cols + b]; });
   return order;
 }
 

@@ -125,10 +125,11 @@ TEST(QuantizeCliTest, GptqAndAwqOnTheBundledModelGenerate) {
   for (const auto& [method, act_order] :
        std::vector<std::pair<std::string, bool>>{{"gptq", false}, {"gptq", true}, {"awq", false}}) {
     const std::string out = TempPath(method + (act_order ? "-act" : "") + ".gguf");
-    std::vector<std::string> args = {"quantize", "--type", "q4_0", "--method", method,
-                                     "--calibration", calib, "--calibration-tokens", "64",
-                                     "--awq-grid", "4", "--awq-clip-grid", "2", "--out", out,
-                                     "--threads", "2"};
+    std::vector<std::string> args = {"quantize", "--type",        "q4_0", "--method",
+                                     method,     "--calibration", calib,  "--calibration-tokens",
+                                     "64",       "--awq-grid",    "4",    "--awq-clip-grid",
+                                     "2",        "--out",         out,    "--threads",
+                                     "2"};
     if (act_order) args.push_back("--gptq-act-order");
     ProcessResult q = Tandem(args);
     ASSERT_EQ(q.exit_code, 0) << q.err;
