@@ -27,13 +27,18 @@ absl::StatusOr<std::unique_ptr<KvCacheStorage>> KvCacheStorage::Create(
   const int64_t layer_scales =
       kernels::KvHasScales(dtype) ? num_blocks * block_size * num_kv_heads : 0;
   // Zeroed by the kernel page by page as blocks are first written, not here.
-  absl::StatusOr<ZeroedBuffer> data = ZeroedBuffer::Allocate(size_t(2 * num_layers * layer_bytes));
-  if (!data.ok()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("KV cache (--kv-cache-memory): ", data.status().message()));
-  }
+  auto allocate = [](size_t bytes) -> absl::StatusOr<ZeroedBuffer> {
+    absl::StatusOr<ZeroedBuffer> buf = ZeroedBuffer::Allocate(bytes);
+    if (!buf.ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("KV cache (--kv-cache-memory): ", buf.status().message()));
+    }
+    return buf;
+  };
+  absl::StatusOr<ZeroedBuffer> data = allocate(size_t(2 * num_layers * layer_bytes));
+  if (!data.ok()) return data.status();
   absl::StatusOr<ZeroedBuffer> scales =
-      ZeroedBuffer::Allocate(size_t(2 * num_layers * layer_scales) * sizeof(float));
+      allocate(size_t(2 * num_layers * layer_scales) * sizeof(float));
   if (!scales.ok()) return scales.status();
   return std::unique_ptr<KvCacheStorage>(new KvCacheStorage(
       num_layers, layout, dtype, layer_bytes, layer_scales, *std::move(data), *std::move(scales)));

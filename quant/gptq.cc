@@ -167,8 +167,8 @@ void GptqQuantize(gguf::TensorType type, const std::vector<float>& u, float* w, 
           kernels::QuantizeRow(type, wr + c, block, bs);
           GridOf(type, block, scale.data(), offset.data());
         }
-        const float s = act_order ? scale[c] : scale[in_block];
-        const float o = act_order ? offset[c] : offset[in_block];
+        const int64_t g = act_order ? c : in_block;  // the column's grid entry
+        const float s = scale[g], o = offset[g];
         // A zero scale decodes every integer to the offset: keep the
         // reference quantizer's integer, feed back the error all the same.
         float qv = o;
