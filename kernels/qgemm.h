@@ -6,8 +6,21 @@
 // one 64-byte register holds 4 consecutive quants of each of the 16 rows
 // (the operand layout of AVX-512 VNNI `vpdpbusd`, of two AVX2 `pmaddubsw`
 // halves and of AMX's B tile), then the 16 row scales. Every weight is
-// stored unsigned, q in [0, 15] (4-bit: Q4_0, Q4_1, Q4_K) or [0, 255]
-// (8-bit: Q5_x, Q8_0, Q5_K, Q6_K, expanded to bytes). Rows past `rows` are
+// stored unsigned, q in [0, 2^bits): 8-bit types (Q8_0) as bytes, the
+// others as 4-bit nibbles plus bit planes:
+//
+//  - register j (0..7) holds columns 4j..4j+3, its byte i = 4 r + c % 4
+//    the quant of row r, column c = 4j + i % 4;
+//  - 4-bit (Q4_0, Q4_1, Q4_K): 256 bytes, byte i of 64-byte word j % 4
+//    holds register j's byte i in its low (j < 4) or high (j >= 4) nibble;
+//  - 5-bit (Q5_0, Q5_1, Q5_K) and 6-bit (Q6_K): those 256 bytes, then one
+//    64-byte plane per high bit (bit 4: plane 0, bit 5: plane 1), plane p
+//    holding register j's bit 4 + p as a 64-bit mask (bit i = byte i) at
+//    256 + 64 p + 8 j: one masked byte add per register and plane restores
+//    the quant (AVX-512 `vpaddb` under a k-mask), and a 5-bit type reads
+//    5/8 of the bytes an 8-bit expansion would (decode is bandwidth-bound).
+//
+// The scales follow at byte bits * 64. Rows past `rows` are
 // zero padding. The scales come in three formats (ScaleFormat):
 //
 //  - kF16 (legacy types): d[16] f16 and, for Q4_1 / Q5_1, m[16] f16;
@@ -100,7 +113,7 @@ class PackedWeight {
   int64_t cols() const { return cols_; }
   int64_t num_groups() const { return (rows_ + kGroupRows - 1) / kGroupRows; }
   int64_t num_blocks() const { return cols_ / kQBlock; }
-  int bits() const { return bits_; }         // 4 or 8
+  int bits() const { return bits_; }         // 4, 5, 6 or 8 (see above)
   bool has_min() const { return has_min_; }  // Q4_1 / Q5_1 / Q4_K / Q5_K
   // The quant's offset o when !has_min (weight d * (q - o)): 8, 16 or 128;
   // 32 for Q6_K (kF32Halves); 0 with a min.
@@ -109,7 +122,7 @@ class PackedWeight {
   int64_t chunk_bytes() const { return chunk_bytes_; }  // one group x one block
   int64_t bytes() const { return num_groups() * num_blocks() * chunk_bytes_; }
   gguf::TensorType source_type() const { return type_; }
-  // Group g, block b: quants (bits * 64 B), then the scales: d[16] f16,
+  // Group g, block b: quants (bits * 64 B, see PackedQuantAt), then the scales: d[16] f16,
   // m[16] f16 (kF16); D[16], M[16] f32 (kF32); D_lo[16], D_hi[16] f32
   // (kF32Halves).
   const uint8_t* chunk(int64_t g, int64_t b) const {
@@ -129,6 +142,10 @@ class PackedWeight {
   std::unique_ptr<uint8_t[], Free> owned_;
   uint8_t* data_ = nullptr;  // 64-byte aligned: owned_ or caller storage
 };
+
+// Unsigned quant of row r (0..15), column k (0..31) in a packed chunk of
+// `bits` (the layout above; the scalar reference reads weights this way).
+int PackedQuantAt(const uint8_t* chunk, int bits, int r, int k);
 
 // int8 activations of n tokens, stored in tiles of kActTile tokens so that a
 // register tile reads one block of all its tokens from one place:

@@ -8,10 +8,10 @@
 // VNNI path (int32 block sums are exact).
 //
 // Loop order: per row group its weight blocks are unpacked once (4-bit:
-// nibbles to bytes) into a thread-local buffer with their f32 scales, then
-// every token tile runs over all blocks with its accumulators in registers.
-// Fewer than kAmxMinTokens tokens go to the VNNI kernel (decode GEMV is
-// bandwidth-bound; a mostly empty tile wastes the f32 work).
+// nibbles and bit planes to bytes, UnpackChunk) into a thread-local buffer with their f32 scales,
+// then every token tile runs over all blocks with its accumulators in registers. Fewer than
+// kAmxMinTokens tokens go to the VNNI kernel (decode GEMV is bandwidth-bound; a mostly empty tile
+// wastes the f32 work).
 //
 // Where the time goes (SmolLM2 gate|up, 512 tokens, two levels, one core):
 // the tile instructions alone (loads, dots, the stores of the int32 sums)
@@ -23,6 +23,7 @@
 // say no. Compiled with the AVX-512 flags plus -mamx-tile -mamx-int8
 // (kernels/CMakeLists.txt).
 #include "kernels/cpu/qgemm_impl.h"
+#include "kernels/cpu/qgemm_unpack_avx512.h"
 
 #if defined(__x86_64__) && defined(__AMX_INT8__) && defined(__AMX_TILE__) && \
     defined(__AVX512BW__) && defined(__linux__)
@@ -127,15 +128,15 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
   thread_local GroupBuffer buffer;
   const int64_t nb = w.num_blocks(), cb = w.chunk_bytes();
   // Types without a min run on signed weights q - offset (TDPBSSD), so the
-  // sums come out with the offset applied; 4-bit and signed weights are
-  // unpacked to bytes once per row group, 8-bit unsigned ones read in place.
+  // sums come out with the offset applied; nibble-packed (4-, 5-bit) and
+  // signed weights are unpacked to bytes once per row group (UnpackChunk,
+  // shared with the VNNI path), 8-bit unsigned ones read in place.
   constexpr bool kSigned = !kHasMin;
-  constexpr bool kUnpack = kBits == 4 || kSigned;
+  constexpr bool kUnpack = kBits != 8 || kSigned;
   const int64_t quant_bytes = kUnpack ? nb * 512 : 0;
   uint8_t* buf = buffer.Reserve(quant_bytes + nb * 128);
   float* scales = reinterpret_cast<float*>(buf + quant_bytes);
   const __m512i off8 = _mm512_set1_epi8(static_cast<char>(w.offset()));
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
   const int64_t tiles = (a.n + kTok - 1) / kTok;
   constexpr int64_t kStep = kActTile * kQBlock;  // bytes of one tile-block of quants
   alignas(64) int32_t cbuf[2][kTok * 16];
@@ -153,19 +154,11 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
       }
       // Unsigned q to the stored form: q - offset when signed (mod 256).
       auto form = [&](__m512i q) { return kSigned ? _mm512_sub_epi8(q, off8) : q; };
-      if constexpr (kBits == 4) {
+      if constexpr (kUnpack) {
         uint8_t* dst = buf + b * 512;
-        for (int j = 0; j < 4; ++j) {
-          const __m512i p = _mm512_loadu_si512(c + 64 * j);
-          _mm512_store_si512(dst + 64 * j, form(_mm512_and_si512(p, low4)));
-          _mm512_store_si512(dst + 64 * (4 + j),
-                             form(_mm512_and_si512(_mm512_srli_epi16(p, 4), low4)));
-        }
-      } else if constexpr (kSigned) {
-        uint8_t* dst = buf + b * 512;
-        for (int j = 0; j < 8; ++j) {
-          _mm512_store_si512(dst + 64 * j, form(_mm512_loadu_si512(c + 64 * j)));
-        }
+        __m512i wq[8];
+        UnpackChunk<kBits>(c, wq);
+        for (int j = 0; j < 8; ++j) _mm512_store_si512(dst + 64 * j, form(wq[j]));
       }
       const uint8_t* sc = c + kBits * 64;
       __m512 dv, mv = _mm512_setzero_ps();
@@ -262,19 +255,32 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
   _tile_release();
 }
 
+// GemmT for w's quant width (4, 5 or 8 bits; the 6-bit Q6_K runs on VNNI).
+template <int kTok, bool kHasMin, ScaleFormat kFmt, bool kTwo>
+void GemmB(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
+           int64_t ldy, bool accumulate) {
+  switch (w.bits()) {
+    case 4:
+      GemmT<kTok, 4, kHasMin, kFmt, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+      return;
+    case 5:
+      GemmT<kTok, 5, kHasMin, kFmt, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+      return;
+    default:
+      GemmT<kTok, 8, kHasMin, kFmt, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+      return;
+  }
+}
+
 template <int kTok, bool kTwo>
 void GemmL(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
            int64_t ldy, bool accumulate) {
   constexpr ScaleFormat kF16 = ScaleFormat::kF16, kF32 = ScaleFormat::kF32;
   if (w.scale_format() == kF32) {  // Q4_K, Q5_K
-    (w.bits() == 4 ? GemmT<kTok, 4, true, kF32, kTwo>
-                   : GemmT<kTok, 8, true, kF32, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
-  } else if (w.bits() == 4) {
-    (w.has_min() ? GemmT<kTok, 4, true, kF16, kTwo>
-                 : GemmT<kTok, 4, false, kF16, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
+    GemmB<kTok, true, kF32, kTwo>(w, a, g0, g1, y, ldy, accumulate);
   } else {
-    (w.has_min() ? GemmT<kTok, 8, true, kF16, kTwo>
-                 : GemmT<kTok, 8, false, kF16, kTwo>)(w, a, g0, g1, y, ldy, accumulate);
+    (w.has_min() ? GemmB<kTok, true, kF16, kTwo> : GemmB<kTok, false, kF16, kTwo>)(w, a, g0, g1, y,
+                                                                                   ldy, accumulate);
   }
 }
 

@@ -26,7 +26,8 @@ inline __m256i Bcast(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-// kKind: 0 = 4-bit, 1 = 8-bit with small quants (Q5_x), 2 = Q8_0 (offset 128).
+// kKind: 0 = 4-bit, 1 = small quants as bytes (5-bit Q5_x, 6-bit Q6_K),
+// 2 = Q8_0 (offset 128).
 // Exact sum over the block of w (8 rows x 32; unsigned, or for kKind 2 the
 // signed w - 128) times x (32, s8).
 template <int kKind>
@@ -81,13 +82,44 @@ inline __m256 LoadScales(const uint8_t* sc, int h, int i) {
   }
 }
 
-template <int kKind, bool kHasMin, ScaleFormat kFmt, bool kTwo, int kNt>
+// Bytes 32h..32h+31 of the chunk's 8 quant registers (kernels/qgemm.h):
+// nibbles, plus for 5- / 6-bit types each plane's 32 mask bits spread to
+// bytes (byte i takes mask byte i / 8, keeps bit i % 8, compares to 0xFF).
+template <int kBits>
+inline void Unpack(const uint8_t* c, int h, __m256i* wq) {
+  if constexpr (kBits == 8) {
+    for (int j = 0; j < 8; ++j) {
+      wq[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j + 32 * h));
+    }
+    return;
+  }
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  for (int j = 0; j < 4; ++j) {
+    const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j + 32 * h));
+    wq[j] = _mm256_and_si256(p, low4);
+    wq[4 + j] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low4);
+  }
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                          2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  for (int p = 0; p < kBits - 4; ++p) {
+    const __m256i add = _mm256_set1_epi8(static_cast<char>(16 << p));
+    for (int j = 0; j < 8; ++j) {
+      int32_t m;
+      std::memcpy(&m, c + 256 + 64 * p + 8 * j + 4 * h, 4);
+      const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(m), spread);
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+      wq[j] = _mm256_add_epi8(wq[j], _mm256_and_si256(set, add));
+    }
+  }
+}
+
+template <int kBits, bool kHasMin, ScaleFormat kFmt, bool kTwo, int kNt>
 void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, int h, float* y,
           int64_t ldy, bool accumulate) {
-  constexpr int kBits = kKind == 0 ? 4 : 8;
+  constexpr int kKind = kBits == 4 ? 0 : kBits == 8 ? 2 : 1;
   const int64_t nb = w.num_blocks(), cb = w.chunk_bytes();
   const int32_t ioff = w.offset();
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i flip = _mm256_set1_epi8(char(0x80));
   __m256 acc[kNt];
   for (int t = 0; t < kNt; ++t) acc[t] = _mm256_setzero_ps();
@@ -102,17 +134,9 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
   constexpr int64_t kStep = kActTile * kQBlock;
   for (int64_t b = 0; b < nb; ++b, c += cb) {
     __m256i wq[8];
-    if constexpr (kKind == 0) {
-      for (int j = 0; j < 4; ++j) {
-        const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j + 32 * h));
-        wq[j] = _mm256_and_si256(p, low4);
-        wq[4 + j] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low4);
-      }
-    } else {
-      for (int j = 0; j < 8; ++j) {
-        wq[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j + 32 * h));
-        if constexpr (kKind == 2) wq[j] = _mm256_xor_si256(wq[j], flip);  // back to s8
-      }
+    Unpack<kBits>(c, h, wq);
+    if constexpr (kKind == 2) {
+      for (int j = 0; j < 8; ++j) wq[j] = _mm256_xor_si256(wq[j], flip);  // back to s8
     }
     const uint8_t* sc = c + kBits * 64;
     const __m256 dv = LoadScales<kFmt>(sc, h, 0);
@@ -170,24 +194,24 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
   }
 }
 
-template <int kKind, bool kHasMin, ScaleFormat kFmt, bool kTwo>
+template <int kBits, bool kHasMin, ScaleFormat kFmt, bool kTwo>
 void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
            int64_t ldy, bool accumulate) {
   for (int64_t g = g0; g < g1; ++g) {
     for (int h = 0; h < 2 && g * kGroupRows + 8 * h < w.rows(); ++h) {
       int64_t t = 0;
       for (; t + kTile <= a.n; t += kTile) {
-        Tile<kKind, kHasMin, kFmt, kTwo, kTile>(w, a, g, t, h, y, ldy, accumulate);
+        Tile<kBits, kHasMin, kFmt, kTwo, kTile>(w, a, g, t, h, y, ldy, accumulate);
       }
       switch (a.n - t) {
         case 3:
-          Tile<kKind, kHasMin, kFmt, kTwo, 3>(w, a, g, t, h, y, ldy, accumulate);
+          Tile<kBits, kHasMin, kFmt, kTwo, 3>(w, a, g, t, h, y, ldy, accumulate);
           break;
         case 2:
-          Tile<kKind, kHasMin, kFmt, kTwo, 2>(w, a, g, t, h, y, ldy, accumulate);
+          Tile<kBits, kHasMin, kFmt, kTwo, 2>(w, a, g, t, h, y, ldy, accumulate);
           break;
         case 1:
-          Tile<kKind, kHasMin, kFmt, kTwo, 1>(w, a, g, t, h, y, ldy, accumulate);
+          Tile<kBits, kHasMin, kFmt, kTwo, 1>(w, a, g, t, h, y, ldy, accumulate);
           break;
         default:
           break;
@@ -201,25 +225,24 @@ void GemmL(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
            int64_t ldy, bool accumulate) {
   constexpr ScaleFormat kF16 = ScaleFormat::kF16, kF32 = ScaleFormat::kF32;
   switch (w.scale_format()) {
-    case ScaleFormat::kF32:  // Q4_K (4-bit), Q5_K (8-bit, quants <= 31)
-      (w.bits() == 4 ? GemmT<0, true, kF32, kTwo> : GemmT<1, true, kF32, kTwo>)(w, a, g0, g1, y,
+    case ScaleFormat::kF32:  // Q4_K (4-bit), Q5_K (5-bit)
+      (w.bits() == 4 ? GemmT<4, true, kF32, kTwo> : GemmT<5, true, kF32, kTwo>)(w, a, g0, g1, y,
                                                                                 ldy, accumulate);
       return;
     case ScaleFormat::kF32Halves:  // Q6_K: quants <= 63, no i16 overflow
-      GemmT<1, false, ScaleFormat::kF32Halves, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+      GemmT<6, false, ScaleFormat::kF32Halves, kTwo>(w, a, g0, g1, y, ldy, accumulate);
       return;
     case ScaleFormat::kF16:
       break;
   }
   if (w.bits() == 4) {
-    (w.has_min() ? GemmT<0, true, kF16, kTwo> : GemmT<0, false, kF16, kTwo>)(w, a, g0, g1, y, ldy,
+    (w.has_min() ? GemmT<4, true, kF16, kTwo> : GemmT<4, false, kF16, kTwo>)(w, a, g0, g1, y, ldy,
                                                                              accumulate);
-  } else if (w.has_min()) {
-    GemmT<1, true, kF16, kTwo>(w, a, g0, g1, y, ldy, accumulate);
-  } else if (w.offset() == 128) {
-    GemmT<2, false, kF16, kTwo>(w, a, g0, g1, y, ldy, accumulate);
-  } else {
-    GemmT<1, false, kF16, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+  } else if (w.bits() == 5) {  // Q5_0, Q5_1
+    (w.has_min() ? GemmT<5, true, kF16, kTwo> : GemmT<5, false, kF16, kTwo>)(w, a, g0, g1, y, ldy,
+                                                                             accumulate);
+  } else {  // Q8_0
+    GemmT<8, false, kF16, kTwo>(w, a, g0, g1, y, ldy, accumulate);
   }
 }
 

@@ -7,6 +7,7 @@
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c
 // (kernels/CMakeLists.txt); only called when CPUID reports them.
 #include "kernels/cpu/qgemm_impl.h"
+#include "kernels/cpu/qgemm_unpack_avx512.h"
 
 #if defined(__x86_64__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 // GCC 12 false positive inside its own AVX-512 headers (see simd.h).
@@ -72,7 +73,6 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
           int64_t ldy, bool accumulate) {
   const int64_t nb = w.num_blocks(), cb = w.chunk_bytes();
   const int32_t ioff = w.offset();
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 acc[kNt];
 #pragma GCC unroll 8
   for (int t = 0; t < kNt; ++t) acc[t] = _mm512_setzero_ps();
@@ -94,17 +94,7 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
       _mm_prefetch(reinterpret_cast<const char*>(c + kPrefetchBlocks * cb + off), _MM_HINT_T0);
     }
     __m512i wq[8];
-    if constexpr (kBits == 4) {
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
-        const __m512i p = _mm512_loadu_si512(c + 64 * j);
-        wq[j] = _mm512_and_si512(p, low4);
-        wq[4 + j] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low4);
-      }
-    } else {
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) wq[j] = _mm512_loadu_si512(c + 64 * j);
-    }
+    UnpackChunk<kBits>(c, wq);
     const uint8_t* sc = c + kBits * 64;
     const __m512 dv = LoadScales<kFmt>(sc, 0);
     __m512 mv = _mm512_setzero_ps();
@@ -194,28 +184,40 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
   }
 }
 
+// GemmT for w's quant width (4, 5, 6 or 8 bits; Q6_K is the only 6-bit type
+// and the only kF32Halves one).
+template <bool kHasMin, ScaleFormat kFmt, bool kTwo>
+void GemmB(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
+           int64_t ldy, bool accumulate) {
+  switch (w.bits()) {
+    case 4:
+      GemmT<4, kHasMin, kFmt, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+      return;
+    case 5:
+      GemmT<5, kHasMin, kFmt, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+      return;
+    default:
+      GemmT<8, kHasMin, kFmt, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+      return;
+  }
+}
+
 template <bool kTwo>
 void GemmL(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
            int64_t ldy, bool accumulate) {
   constexpr ScaleFormat kF16 = ScaleFormat::kF16, kF32 = ScaleFormat::kF32;
   switch (w.scale_format()) {
     case ScaleFormat::kF32:  // Q4_K, Q5_K
-      (w.bits() == 4 ? GemmT<4, true, kF32, kTwo> : GemmT<8, true, kF32, kTwo>)(w, a, g0, g1, y,
-                                                                                ldy, accumulate);
+      GemmB<true, kF32, kTwo>(w, a, g0, g1, y, ldy, accumulate);
       return;
     case ScaleFormat::kF32Halves:  // Q6_K
-      GemmT<8, false, ScaleFormat::kF32Halves, kTwo>(w, a, g0, g1, y, ldy, accumulate);
+      GemmT<6, false, ScaleFormat::kF32Halves, kTwo>(w, a, g0, g1, y, ldy, accumulate);
       return;
     case ScaleFormat::kF16:
       break;
   }
-  if (w.bits() == 4) {
-    (w.has_min() ? GemmT<4, true, kF16, kTwo> : GemmT<4, false, kF16, kTwo>)(w, a, g0, g1, y, ldy,
-                                                                             accumulate);
-  } else {
-    (w.has_min() ? GemmT<8, true, kF16, kTwo> : GemmT<8, false, kF16, kTwo>)(w, a, g0, g1, y, ldy,
-                                                                             accumulate);
-  }
+  (w.has_min() ? GemmB<true, kF16, kTwo> : GemmB<false, kF16, kTwo>)(w, a, g0, g1, y, ldy,
+                                                                     accumulate);
 }
 
 void Gemm(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,

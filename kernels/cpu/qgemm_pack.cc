@@ -32,17 +32,17 @@ Format FormatOf(TensorType t) {
     case TensorType::kQ4_1:
       return {4, true, 0};
     case TensorType::kQ5_0:
-      return {8, false, 16};
+      return {5, false, 16};
     case TensorType::kQ5_1:
-      return {8, true, 0};
+      return {5, true, 0};
     case TensorType::kQ8_0:
       return {8, false, 128};
     case TensorType::kQ4_K:
       return {4, true, 0, ScaleFormat::kF32, 256, 144};
     case TensorType::kQ5_K:
-      return {8, true, 0, ScaleFormat::kF32, 256, 176};
+      return {5, true, 0, ScaleFormat::kF32, 256, 176};
     case TensorType::kQ6_K:
-      return {8, false, 32, ScaleFormat::kF32Halves, 256, 210};
+      return {6, false, 32, ScaleFormat::kF32Halves, 256, 210};
     default:
       return {0, false, 0};
   }
@@ -137,12 +137,40 @@ void DecodeKBlock(TensorType t, const uint8_t* sb, int j, uint8_t* q, float* s0,
   }
 }
 
-// Unsigned quant k (0..31) of row r (0..15) in a packed chunk.
-int QuantAt(const uint8_t* chunk, int bits, int r, int k) {
-  if (bits == 8) return chunk[(k / 4) * 64 + r * 4 + k % 4];
-  const int kk = k % 16;
-  const uint8_t byte = chunk[(kk / 4) * 64 + r * 4 + kk % 4];
-  return k < 16 ? (byte & 0x0F) : (byte >> 4);
+}  // namespace
+
+// Unsigned quant k (0..31) of row r (0..15) in a packed chunk (the layout
+// of kernels/qgemm.h: byte i = 4 r + k % 4 of register j = k / 4).
+int PackedQuantAt(const uint8_t* chunk, int bits, int r, int k) {
+  const int j = k / 4, i = r * 4 + k % 4;
+  if (bits == 8) return chunk[64 * j + i];
+  const uint8_t byte = chunk[64 * (j % 4) + i];
+  int q = j < 4 ? (byte & 0x0F) : (byte >> 4);
+  for (int p = 0; p < bits - 4; ++p) {
+    uint64_t plane;
+    std::memcpy(&plane, chunk + 256 + 64 * p + 8 * j, 8);
+    q |= int((plane >> i) & 1) << (4 + p);
+  }
+  return q;
+}
+
+namespace {
+
+// Stores unsigned quant q (< 2^bits) as k of row r in a zeroed chunk.
+void PutQuant(uint8_t* chunk, int bits, int r, int k, int q) {
+  const int j = k / 4, i = r * 4 + k % 4;
+  if (bits == 8) {
+    chunk[64 * j + i] = uint8_t(q);
+    return;
+  }
+  chunk[64 * (j % 4) + i] |= uint8_t(j < 4 ? (q & 0x0F) : (q & 0x0F) << 4);
+  for (int p = 0; p < bits - 4; ++p) {
+    if (((q >> (4 + p)) & 1) == 0) continue;
+    uint64_t plane;
+    std::memcpy(&plane, chunk + 256 + 64 * p + 8 * j, 8);
+    plane |= uint64_t{1} << i;
+    std::memcpy(chunk + 256 + 64 * p + 8 * j, &plane, 8);
+  }
 }
 
 // q = round(x * id) clamped to [-127, 127]; returns sum(q), the sum of
@@ -192,10 +220,10 @@ int32_t IntDotRef(const uint8_t* c, int bits, int rr, const QuantizedActs& a, in
                   int k0, int k1) {
   int32_t isum = 0, isum2 = 0;
   const int8_t* xq = a.q(t, b);
-  for (int k = k0; k < k1; ++k) isum += QuantAt(c, bits, rr, k) * xq[k];
+  for (int k = k0; k < k1; ++k) isum += PackedQuantAt(c, bits, rr, k) * xq[k];
   if (a.levels == 2) {
     const int8_t* xq2 = a.q2(t, b);
-    for (int k = k0; k < k1; ++k) isum2 += QuantAt(c, bits, rr, k) * xq2[k];
+    for (int k = k0; k < k1; ++k) isum2 += PackedQuantAt(c, bits, rr, k) * xq2[k];
     isum = isum * 256 + isum2;
   }
   return isum;
@@ -319,14 +347,7 @@ PackedWeight PackedWeight::Pack(const WeightView* views, int num_views, ThreadPo
             std::memcpy(sc + rr * 4, &s0, 4);
             std::memcpy(sc + 64 + rr * 4, &s1, 4);
           }
-          for (int k = 0; k < 32; ++k) {
-            if (f.bits == 8) {
-              c[(k / 4) * 64 + rr * 4 + k % 4] = q[k];
-            } else {
-              const int kk = k % 16;
-              c[(kk / 4) * 64 + rr * 4 + kk % 4] |= uint8_t(k < 16 ? q[k] : q[k] << 4);
-            }
-          }
+          for (int k = 0; k < 32; ++k) PutQuant(c, f.bits, int(rr), k, q[k]);
         }
       }
     }

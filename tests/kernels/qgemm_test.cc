@@ -205,13 +205,7 @@ INSTANTIATE_TEST_SUITE_P(Types, QGemmTest,
 float PackedWeightAt(const PackedWeight& p, int64_t r, int64_t c) {
   const uint8_t* chunk = p.chunk(r / kGroupRows, c / kQBlock);
   const int rr = int(r % kGroupRows), k = int(c % kQBlock);
-  int q;
-  if (p.bits() == 8) {
-    q = chunk[(k / 4) * 64 + rr * 4 + k % 4];
-  } else {
-    const uint8_t byte = chunk[((k % 16) / 4) * 64 + rr * 4 + k % 4];
-    q = k < 16 ? byte & 0x0F : byte >> 4;
-  }
+  const int q = PackedQuantAt(chunk, p.bits(), rr, k);
   float s0, s1;
   std::memcpy(&s0, chunk + p.bits() * 64 + rr * 4, 4);
   std::memcpy(&s1, chunk + p.bits() * 64 + 64 + rr * 4, 4);
@@ -238,6 +232,45 @@ TEST(QGemmKQuantTest, PackedWeightsEqualDequantizeRow) {
 }
 
 // A stack of two views of one K type equals the two packed apart.
+// The legacy types' repack (nibbles, bit planes, bytes) keeps every quant:
+// d * (q - offset) is exactly DequantizeRow's weight (f16 d times a small
+// integer is exact in f32); with a min, d * q + m rounds once or (fused)
+// not at all.
+TEST(QGemmLegacyTest, PackedWeightsEqualDequantizeRow) {
+  for (TensorType type : {TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ5_0,
+                          TensorType::kQ5_1, TensorType::kQ8_0}) {
+    const int64_t rows = 21, cols = 96;
+    const QuantMatrix m = MakeMatrix(type, rows, cols, 5);
+    const PackedWeight p = PackedWeight::Pack(m.view, nullptr);
+    const int want_bits = type == TensorType::kQ8_0                                ? 8
+                          : type == TensorType::kQ5_0 || type == TensorType::kQ5_1 ? 5
+                                                                                   : 4;
+    ASSERT_EQ(p.bits(), want_bits);
+    std::vector<float> row(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      DequantizeRow(type, m.view.row(r), row.data(), cols);
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint8_t* chunk = p.chunk(r / kGroupRows, c / kQBlock);
+        const int rr = int(r % kGroupRows);
+        const int q = PackedQuantAt(chunk, p.bits(), rr, int(c % kQBlock));
+        ASSERT_GE(q, 0);
+        ASSERT_LT(q, 1 << p.bits());
+        uint16_t hd, hm;
+        std::memcpy(&hd, chunk + p.bits() * 64 + 2 * rr, 2);
+        std::memcpy(&hm, chunk + p.bits() * 64 + 32 + 2 * rr, 2);
+        const float d = Fp16ToFp32(hd);
+        if (p.has_min()) {
+          const float mn = Fp16ToFp32(hm);
+          ASSERT_TRUE(row[c] == d * float(q) + mn || row[c] == std::fma(d, float(q), mn))
+              << int(type) << " r " << r << " c " << c;
+        } else {
+          ASSERT_EQ(d * float(q - p.offset()), row[c]) << int(type) << " r " << r << " c " << c;
+        }
+      }
+    }
+  }
+}
+
 TEST(QGemmKQuantTest, StackedQ6KEqualsSeparate) {
   const QuantMatrix a = MakeMatrix(TensorType::kQ6_K, 20, 256, 1);
   const QuantMatrix b = MakeMatrix(TensorType::kQ6_K, 9, 256, 2);
