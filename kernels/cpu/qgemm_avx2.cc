@@ -26,28 +26,36 @@ inline __m256i Bcast(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-// kKind: 0 = 4-bit, 1 = small quants as bytes (5-bit Q5_x, 6-bit Q6_K),
-// 2 = Q8_0 (offset 128).
-// Exact sum over the block of w (8 rows x 32; unsigned, or for kKind 2 the
-// signed w - 128) times x (32, s8).
-template <int kKind>
-inline __m256i BlockDot(const __m256i* wq, const int8_t* x) {
+// Exact sum over registers [j0, j1) of w (8 rows x 4 columns each, small
+// unsigned quants) times x (s8): pmaddubsw pairs added in i16 kGroup
+// registers at a time, then widened. A pair is at most 2 x qmax x 127 and
+// kGroup pairs stay below 2^15 (4-bit: 8 x 3810, 5-bit: 4 x 7874, 6-bit:
+// 2 x 16002), so nothing saturates.
+template <int kGroup>
+inline __m256i SmallDot(const __m256i* wq, const int8_t* x, int j0, int j1) {
   const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (kKind == 0) {
-    // 8 products of <= 2 * 15 * 127 each: the i16 sum cannot overflow.
-    __m256i s16 = _mm256_maddubs_epi16(wq[0], Bcast(x));
-    for (int j = 1; j < 8; ++j) {
-      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wq[j], Bcast(x + 4 * j)));
+  __m256i isum = _mm256_setzero_si256();
+  for (int j = j0; j < j1; j += kGroup) {
+    __m256i s16 = _mm256_maddubs_epi16(wq[j], Bcast(x + 4 * j));
+    for (int k = 1; k < kGroup; ++k) {
+      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wq[j + k], Bcast(x + 4 * (j + k))));
     }
-    return _mm256_madd_epi16(s16, ones);
-  } else if constexpr (kKind == 1) {
-    __m256i isum = _mm256_setzero_si256();
-    for (int j = 0; j < 8; ++j) {
-      isum = _mm256_add_epi32(
-          isum, _mm256_madd_epi16(_mm256_maddubs_epi16(wq[j], Bcast(x + 4 * j)), ones));
-    }
-    return isum;
+    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(s16, ones));
+  }
+  return isum;
+}
+
+// i16 group size of SmallDot for a quant width.
+constexpr int GroupOf(int bits) { return bits == 4 ? 8 : bits == 5 ? 4 : 2; }
+
+// Exact sum over the block of w (8 rows x 32; unsigned, or for Q8_0 the
+// signed w - 128 through the sign trick) times x (32, s8).
+template <int kBits>
+inline __m256i BlockDot(const __m256i* wq, const int8_t* x) {
+  if constexpr (kBits != 8) {
+    return SmallDot<GroupOf(kBits)>(wq, x, 0, 8);
   } else {
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256i isum = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
       const __m256i xs = _mm256_sign_epi8(Bcast(x + 4 * j), wq[j]);
@@ -58,18 +66,11 @@ inline __m256i BlockDot(const __m256i* wq, const int8_t* x) {
   }
 }
 
-// kKind 1, the two 16-column halves apart (kF32Halves): wq[0..3] hold
+// Q6_K (6-bit), the two 16-column halves apart (kF32Halves): wq[0..3] hold
 // columns 0-15, wq[4..7] columns 16-31.
 inline void HalfDots(const __m256i* wq, const int8_t* x, __m256i* lo, __m256i* hi) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256i l = _mm256_setzero_si256(), h = _mm256_setzero_si256();
-  for (int j = 0; j < 4; ++j) {
-    l = _mm256_add_epi32(l, _mm256_madd_epi16(_mm256_maddubs_epi16(wq[j], Bcast(x + 4 * j)), ones));
-    h = _mm256_add_epi32(
-        h, _mm256_madd_epi16(_mm256_maddubs_epi16(wq[4 + j], Bcast(x + 16 + 4 * j)), ones));
-  }
-  *lo = l;
-  *hi = h;
+  *lo = SmallDot<GroupOf(6)>(wq, x, 0, 4);
+  *hi = SmallDot<GroupOf(6)>(wq, x, 4, 8);
 }
 
 // Scale words 0 and 1 of rows 8h..8h+7 of a chunk as f32 (kernels/qgemm.h).
@@ -117,7 +118,6 @@ inline void Unpack(const uint8_t* c, int h, __m256i* wq) {
 template <int kBits, bool kHasMin, ScaleFormat kFmt, bool kTwo, int kNt>
 void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, int h, float* y,
           int64_t ldy, bool accumulate) {
-  constexpr int kKind = kBits == 4 ? 0 : kBits == 8 ? 2 : 1;
   const int64_t nb = w.num_blocks(), cb = w.chunk_bytes();
   const int32_t ioff = w.offset();
   const __m256i flip = _mm256_set1_epi8(char(0x80));
@@ -135,7 +135,7 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
   for (int64_t b = 0; b < nb; ++b, c += cb) {
     __m256i wq[8];
     Unpack<kBits>(c, h, wq);
-    if constexpr (kKind == 2) {
+    if constexpr (kBits == 8) {                                           // Q8_0
       for (int j = 0; j < 8; ++j) wq[j] = _mm256_xor_si256(wq[j], flip);  // back to s8
     }
     const uint8_t* sc = c + kBits * 64;
@@ -145,7 +145,7 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
       mv = LoadScales<kFmt>(sc, h, 1);  // M, or D_hi
     }
     if constexpr (kFmt == ScaleFormat::kF32Halves) {
-      static_assert(kKind == 1);
+      static_assert(kBits == 6);
       for (int t = 0; t < kNt; ++t) {
         const int64_t k = b * kActTile + t;
         const int64_t off = b * kStep + t * kQBlock;
@@ -171,14 +171,14 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
       const int64_t k = b * kActTile + t;
       const int64_t off = b * kStep + t * kQBlock;
       const __m256 ddx = _mm256_mul_ps(dv, _mm256_set1_ps(xd[k]));
-      __m256i is = BlockDot<kKind>(wq, xq + off);
+      __m256i is = BlockDot<kBits>(wq, xq + off);
       if constexpr (kTwo) {
-        is = _mm256_add_epi32(_mm256_slli_epi32(is, 8), BlockDot<kKind>(wq, xq2 + off));
+        is = _mm256_add_epi32(_mm256_slli_epi32(is, 8), BlockDot<kBits>(wq, xq2 + off));
       }
-      // Q8_0 (kind 2) is already the signed sum (u - 128) x.
+      // Q8_0 (8-bit) is already the signed sum (u - 128) x.
       if constexpr (kHasMin) {
         acc[t] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xsd[k]), acc[t]);
-      } else if constexpr (kKind != 2) {
+      } else if constexpr (kBits != 8) {
         is = _mm256_sub_epi32(is, _mm256_set1_epi32(ioff * xs[k]));
       }
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), ddx, acc[t]);
