@@ -220,9 +220,9 @@ void LlamaModel::RunLayer(int64_t layer, const ForwardBatch& b,
   const int64_t T = b.num_tokens();
   kernels::RmsNorm(s.x.data(), w.attn_norm.data(), T, c.hidden_size, c.rms_eps, s.h.data());
   Observe(layer, LinearInput::kAttnIn, s.h.data(), T, c.hidden_size);
-  kernels::MatMul(w.wq, s.h.data(), T, s.q.data(), pool_);
-  kernels::MatMul(w.wk, s.h.data(), T, s.k.data(), pool_);
-  kernels::MatMul(w.wv, s.h.data(), T, s.v.data(), pool_);
+  const kernels::WeightView qkv[3] = {w.wq, w.wk, w.wv};
+  float* const qkv_out[3] = {s.q.data(), s.k.data(), s.v.data()};
+  kernels::MatMulShared(qkv, qkv_out, 3, s.h.data(), T, pool_);
   if (c.has_qkv_bias) {
     for (int64_t t = 0; t < T; ++t) {
       kernels::Add(s.q.data() + t * c.q_dim(), w.bq.data(), c.q_dim(), s.q.data() + t * c.q_dim());
@@ -239,8 +239,9 @@ void LlamaModel::RunLayer(int64_t layer, const ForwardBatch& b,
 
   kernels::RmsNorm(s.x.data(), w.ffn_norm.data(), T, c.hidden_size, c.rms_eps, s.h.data());
   Observe(layer, LinearInput::kFfnIn, s.h.data(), T, c.hidden_size);
-  kernels::MatMul(w.w_gate, s.h.data(), T, s.gate.data(), pool_);
-  kernels::MatMul(w.w_up, s.h.data(), T, s.up.data(), pool_);
+  const kernels::WeightView gate_up[2] = {w.w_gate, w.w_up};
+  float* const gate_up_out[2] = {s.gate.data(), s.up.data()};
+  kernels::MatMulShared(gate_up, gate_up_out, 2, s.h.data(), T, pool_);
   kernels::SiluMul(s.gate.data(), s.up.data(), T * c.ffn_size, s.gate.data());
   Observe(layer, LinearInput::kDownIn, s.gate.data(), T, c.ffn_size);
   kernels::MatMul(w.w_down, s.gate.data(), T, s.h.data(), pool_);

@@ -48,6 +48,13 @@ void MatMul(const WeightView& w,  // [rows, cols]
             float* y,  // [n, rows]
             ThreadPool* pool);
 
+// MatMul of `count` matrices that share x (same cols; types may differ),
+// e.g. q / k / v or gate / up, split over the pool as one job: ys[i] is
+// bit-identical to MatMul(ws[i], x, n, ys[i], pool), for one pool dispatch
+// instead of `count` (decode of an unpacked model is dispatch-bound).
+void MatMulShared(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n,
+                  ThreadPool* pool);
+
 // out[t, :] = dequantized row ids[t] of `table`. REQUIRES: 0 <= ids[t] < rows.
 void EmbeddingLookup(const WeightView& table,  // [vocab, dim]
                      const int32_t* ids,       // [n]

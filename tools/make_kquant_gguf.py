@@ -23,7 +23,7 @@ import tempfile
 import numpy as np
 import gguf
 
-FTYPES = {"Q4_K_M": 15, "Q4_K_S": 14, "Q5_K_M": 17, "Q5_K_S": 16, "Q6_K": 18, "F16": 1}
+FTYPES = {"Q4_K_M": 15, "Q4_K_S": 14, "Q5_K_M": 17, "Q5_K_S": 16, "Q6_K": 18, "F16": 1, "BF16": 32}
 
 
 def dequantize_to_f32(src: str, dst: str) -> None:

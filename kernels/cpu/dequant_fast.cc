@@ -63,6 +63,16 @@ void DequantF16(const uint8_t* src, float* dst, int64_t n) {
   }
   for (; i < n; ++i) dst[i] = Half(src + 2 * i);
 }
+// bf16 -> f32 is the 16 bits shifted up (exact).
+void DequantBf16(const uint8_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i));
+    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+  if (i < n) DequantizeRow(gguf::TensorType::kBF16, src + 2 * i, dst + i, n - i);
+}
+
 template <gguf::TensorType kType>
 float FusedDot(const uint8_t* src, const float* x, int64_t n) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
@@ -133,6 +143,9 @@ void DequantizeRowFast(gguf::TensorType type, const void* src, float* dst, int64
 #if TANDEM_KERNELS_AVX512
     case gguf::TensorType::kF16:
       DequantF16(p, dst, n);
+      return;
+    case gguf::TensorType::kBF16:
+      DequantBf16(p, dst, n);
       return;
     case gguf::TensorType::kQ8_0:
       DequantQ8_0(p, dst, n);

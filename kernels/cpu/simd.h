@@ -8,6 +8,7 @@
 #define TANDEM_KERNELS_CPU_SIMD_H_
 
 #include <cstdint>
+#include <cstring>
 
 #include "common/gguf/types.h"
 
@@ -91,60 +92,161 @@ inline float DotF32(const float* a, const float* b, int64_t n) {
 #endif
 }
 
-// Four dots sharing x: out[r] = DotF32(w[r], x, n), bit-identical to four
-// separate DotF32 calls (each row keeps its own two accumulators).
-inline void Dot4F32(const float* const w[4], const float* x, int64_t n, float out[4]) {
+// Weight rows as stored: f32, or f16 / bf16 widened to f32 on load (exact).
+enum class RowKind { kF32, kF16, kBf16 };
+
 #if TANDEM_KERNELS_AVX512
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;  // even chunks
-  __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0;                   // odd chunks
-  const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+// 16 weights of a row from element i as f32.
+template <RowKind kKind>
+inline __m512 LoadRow16(const void* row, int64_t i) {
+  if constexpr (kKind == RowKind::kF32) {
+    return _mm512_loadu_ps(static_cast<const float*>(row) + i);
+  } else {
+    const __m256i h =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + i));
+    if constexpr (kKind == RowKind::kF16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+// The first `rem` (< 16) weights from element i, the other lanes +0 (as a
+// zero-masked load).
+template <RowKind kKind>
+inline __m512 LoadRowTail(const void* row, int64_t i, int64_t rem) {
+  if constexpr (kKind == RowKind::kF32) {
+    return _mm512_maskz_loadu_ps(TailMask(rem), static_cast<const float*>(row) + i);
+  } else {
+    uint16_t tmp[16] = {};
+    std::memcpy(tmp, static_cast<const uint16_t*>(row) + i, rem * sizeof(uint16_t));
+    return LoadRow16<kKind>(tmp, 0);
+  }
+}
+#endif
+
+// Four dots sharing x: out[r] = DotF32(w[r] as f32, x, n), bit-identical to
+// four separate DotF32 calls on the widened rows (each row keeps its own two
+// accumulators; f16 / bf16 rows are widened in registers).
+template <RowKind kKind>
+inline void Dot4Rows(const void* const w[4], const float* x, int64_t n, float out[4]) {
+#if TANDEM_KERNELS_AVX512
+  __m512 a[4], b[4];  // even / odd chunks
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) a[r] = b[r] = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i), x0, a0);
-    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + i), x0, a1);
-    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + i), x0, a2);
-    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + i), x0, a3);
-    b0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i + 16), x1, b0);
-    b1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + i + 16), x1, b1);
-    b2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + i + 16), x1, b2);
-    b3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + i + 16), x1, b3);
+    __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
+    // In registers, not folded into each FMA (see Dot4x2Rows): with a
+    // run-time n GCC folds them, and f16 rows then decode at a third of
+    // the speed.
+    asm("" : "+v"(x0), "+v"(x1));
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      a[r] = _mm512_fmadd_ps(LoadRow16<kKind>(w[r], i), x0, a[r]);
+      b[r] = _mm512_fmadd_ps(LoadRow16<kKind>(w[r], i + 16), x1, b[r]);
+    }
+  }
+  // At most 1.x chunks left: chunk parity decides the accumulator.
+  bool odd = false;
+  if (i + 16 <= n) {
+    const __m512 x0 = _mm512_loadu_ps(x + i);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) a[r] = _mm512_fmadd_ps(LoadRow16<kKind>(w[r], i), x0, a[r]);
+    i += 16;
+    odd = true;
   }
   if (i < n) {
-    // At most 1.x chunks left: finish each row with the scalar-order helper
-    // semantics (chunk parity decides the accumulator).
-    bool odd = false;
-    if (i + 16 <= n) {
-      const __m512 x0 = _mm512_loadu_ps(x + i);
-      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w0 + i), x0, a0);
-      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w1 + i), x0, a1);
-      a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w2 + i), x0, a2);
-      a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w3 + i), x0, a3);
-      i += 16;
-      odd = true;
-    }
-    if (i < n) {
-      const __mmask16 m = TailMask(n - i);
-      const __m512 xt = _mm512_maskz_loadu_ps(m, x + i);
-      if (odd) {
-        b0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + i), xt, b0);
-        b1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w1 + i), xt, b1);
-        b2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w2 + i), xt, b2);
-        b3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w3 + i), xt, b3);
-      } else {
-        a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w0 + i), xt, a0);
-        a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w1 + i), xt, a1);
-        a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w2 + i), xt, a2);
-        a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, w3 + i), xt, a3);
+    const __m512 xt = _mm512_maskz_loadu_ps(TailMask(n - i), x + i);
+    // (Two loops, no selected reference: the accumulators stay in registers.)
+    if (odd) {
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        b[r] = _mm512_fmadd_ps(LoadRowTail<kKind>(w[r], i, n - i), xt, b[r]);
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        a[r] = _mm512_fmadd_ps(LoadRowTail<kKind>(w[r], i, n - i), xt, a[r]);
       }
     }
   }
-  out[0] = Reduce16(_mm512_add_ps(a0, b0));
-  out[1] = Reduce16(_mm512_add_ps(a1, b1));
-  out[2] = Reduce16(_mm512_add_ps(a2, b2));
-  out[3] = Reduce16(_mm512_add_ps(a3, b3));
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) out[r] = Reduce16(_mm512_add_ps(a[r], b[r]));
 #else
-  for (int r = 0; r < 4; ++r) out[r] = DotF32(w[r], x, n);
+  static_assert(kKind == RowKind::kF32, "f16 / bf16 rows need the AVX-512 build");
+  for (int r = 0; r < 4; ++r) out[r] = DotF32(static_cast<const float*>(w[r]), x, n);
+#endif
+}
+
+inline void Dot4F32(const float* const w[4], const float* x, int64_t n, float out[4]) {
+  const void* rows[4] = {w[0], w[1], w[2], w[3]};
+  Dot4Rows<RowKind::kF32>(rows, x, n, out);
+}
+
+// Dot4Rows for two tokens at once: out0[r] = DotF32(w[r], x0, n), out1[r] =
+// DotF32(w[r], x1, n), bit-identical (16 accumulators, each row's weights
+// loaded once for both tokens).
+template <RowKind kKind>
+inline void Dot4x2Rows(const void* const w[4], const float* x0, const float* x1, int64_t n,
+                       float out0[4], float out1[4]) {
+#if TANDEM_KERNELS_AVX512
+  __m512 a0[4], b0[4], a1[4], b1[4];  // token 0 / 1, even / odd chunks
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) a0[r] = b0[r] = a1[r] = b1[r] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m512 x00 = _mm512_loadu_ps(x0 + i), x01 = _mm512_loadu_ps(x0 + i + 16);
+    __m512 x10 = _mm512_loadu_ps(x1 + i), x11 = _mm512_loadu_ps(x1 + i + 16);
+    // Keeps the activations in registers: GCC would otherwise fold them into
+    // every FMA as memory operands (24 loads per 16 FMAs instead of 12).
+    asm("" : "+v"(x00), "+v"(x01), "+v"(x10), "+v"(x11));
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m512 w0 = LoadRow16<kKind>(w[r], i), w1 = LoadRow16<kKind>(w[r], i + 16);
+      a0[r] = _mm512_fmadd_ps(w0, x00, a0[r]);
+      a1[r] = _mm512_fmadd_ps(w0, x10, a1[r]);
+      b0[r] = _mm512_fmadd_ps(w1, x01, b0[r]);
+      b1[r] = _mm512_fmadd_ps(w1, x11, b1[r]);
+    }
+  }
+  bool odd = false;
+  if (i + 16 <= n) {
+    const __m512 x00 = _mm512_loadu_ps(x0 + i), x10 = _mm512_loadu_ps(x1 + i);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m512 w0 = LoadRow16<kKind>(w[r], i);
+      a0[r] = _mm512_fmadd_ps(w0, x00, a0[r]);
+      a1[r] = _mm512_fmadd_ps(w0, x10, a1[r]);
+    }
+    i += 16;
+    odd = true;
+  }
+  if (i < n) {
+    const __mmask16 m = TailMask(n - i);
+    const __m512 xt0 = _mm512_maskz_loadu_ps(m, x0 + i), xt1 = _mm512_maskz_loadu_ps(m, x1 + i);
+    if (odd) {
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        const __m512 wt = LoadRowTail<kKind>(w[r], i, n - i);
+        b0[r] = _mm512_fmadd_ps(wt, xt0, b0[r]);
+        b1[r] = _mm512_fmadd_ps(wt, xt1, b1[r]);
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        const __m512 wt = LoadRowTail<kKind>(w[r], i, n - i);
+        a0[r] = _mm512_fmadd_ps(wt, xt0, a0[r]);
+        a1[r] = _mm512_fmadd_ps(wt, xt1, a1[r]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+    out0[r] = Reduce16(_mm512_add_ps(a0[r], b0[r]));
+    out1[r] = Reduce16(_mm512_add_ps(a1[r], b1[r]));
+  }
+#else
+  Dot4Rows<kKind>(w, x0, n, out0);
+  Dot4Rows<kKind>(w, x1, n, out1);
 #endif
 }
 

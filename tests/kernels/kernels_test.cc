@@ -74,7 +74,7 @@ TEST_P(MatMulTest, MatchesReference) {
   const int64_t block = gguf::GetTypeTraits(type)->block_size;
   for (int64_t cols : {block * 3, block * 18 + (block == 1 ? 5 : 0)}) {
     for (int64_t rows : {1, 13, 37}) {
-      for (int64_t n : {1, 5}) {
+      for (int64_t n : {1, 2, 5}) {
         QuantMatrix m = MakeMatrix(type, rows, cols, uint32_t(rows * 7 + cols));
         const std::vector<float> x = Random(n * cols, 99);
         std::vector<float> got(n * rows), want(n * rows);
@@ -111,21 +111,53 @@ TEST_P(MatMulTest, DeterministicAcrossBatchAndThreads) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, MatMulTest,
-                         ::testing::Values(TensorType::kF32, TensorType::kF16, TensorType::kQ8_0,
-                                           TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ5_0,
-                                           TensorType::kQ5_1),
+                         ::testing::Values(TensorType::kF32, TensorType::kF16, TensorType::kBF16,
+                                           TensorType::kQ8_0, TensorType::kQ4_0, TensorType::kQ4_1,
+                                           TensorType::kQ5_0, TensorType::kQ5_1),
                          [](const auto& info) {
                            return std::string(gguf::GetTypeTraits(info.param)->name);
                          });
 
+// One dispatch for several matrices sharing x (mixed types, rows that are
+// not a multiple of the tile) gives each matrix's MatMul bit for bit.
+TEST(MatMulSharedTest, EqualsSeparateMatMuls) {
+  const int64_t cols = 96;
+  const QuantMatrix a = MakeMatrix(TensorType::kF16, 37, cols, 1);
+  const QuantMatrix b = MakeMatrix(TensorType::kQ8_0, 5, cols, 2);
+  const QuantMatrix c = MakeMatrix(TensorType::kBF16, 64, cols, 3);
+  const WeightView ws[3] = {a.view, b.view, c.view};
+  ThreadPool pool(3);
+  for (int64_t n : {1, 2, 7}) {
+    const std::vector<float> x = Random(n * cols, uint32_t(n));
+    std::vector<float> y[3], want[3];
+    float* ys[3];
+    for (int i = 0; i < 3; ++i) {
+      y[i].assign(n * ws[i].rows, -1.f);
+      want[i].assign(n * ws[i].rows, -2.f);
+      ys[i] = y[i].data();
+      MatMul(ws[i], x.data(), n, want[i].data(), nullptr);
+    }
+    MatMulShared(ws, ys, 3, x.data(), n, &pool);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(y[i], want[i]) << "matrix " << i << " n " << n;
+  }
+}
+
 TEST(DequantTest, FastPathMatchesReference) {
-  for (TensorType type : {TensorType::kF16, TensorType::kQ8_0, TensorType::kQ4_0, TensorType::kQ4_1,
-                          TensorType::kQ5_1}) {
+  for (TensorType type : {TensorType::kF16, TensorType::kBF16, TensorType::kQ8_0, TensorType::kQ4_0,
+                          TensorType::kQ4_1, TensorType::kQ5_1}) {
     QuantMatrix m = MakeMatrix(type, 1, 32 * 7, 3);
     std::vector<float> fast(32 * 7), want(32 * 7);
     cpu::DequantizeRowFast(type, m.view.data, fast.data(), 32 * 7);
     DequantizeRow(type, m.view.data, want.data(), 32 * 7);
     ExpectClose(fast, want, 1e-6f);
+  }
+  // f16 / bf16 widen exactly, tails included.
+  for (TensorType type : {TensorType::kF16, TensorType::kBF16}) {
+    QuantMatrix m = MakeMatrix(type, 1, 37, 4);
+    std::vector<float> fast(37), want(37);
+    cpu::DequantizeRowFast(type, m.view.data, fast.data(), 37);
+    DequantizeRow(type, m.view.data, want.data(), 37);
+    EXPECT_EQ(fast, want);
   }
 }
 
