@@ -255,11 +255,12 @@ TEST(QGemmLegacyTest, PackedWeightsEqualDequantizeRow) {
         const int q = PackedQuantAt(chunk, p.bits(), rr, int(c % kQBlock));
         ASSERT_GE(q, 0);
         ASSERT_LT(q, 1 << p.bits());
-        uint16_t hd, hm;
+        uint16_t hd;
         std::memcpy(&hd, chunk + p.bits() * 64 + 2 * rr, 2);
-        std::memcpy(&hm, chunk + p.bits() * 64 + 32 + 2 * rr, 2);
         const float d = Fp16ToFp32(hd);
-        if (p.has_min()) {
+        if (p.has_min()) {  // m[16] follows d[16] only in types with a min
+          uint16_t hm;
+          std::memcpy(&hm, chunk + p.bits() * 64 + 32 + 2 * rr, 2);
           const float mn = Fp16ToFp32(hm);
           ASSERT_TRUE(row[c] == d * float(q) + mn || row[c] == std::fma(d, float(q), mn))
               << int(type) << " r " << r << " c " << c;
