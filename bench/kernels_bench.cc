@@ -5,6 +5,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -47,7 +48,8 @@ Matrix Make(TensorType type, int64_t rows, int64_t cols) {
   const int64_t rb = int64_t(*gguf::RowBytes(type, cols));
   m.bytes.resize(rows * rb);
   const std::vector<float> row = Random(cols, 1);
-  for (int64_t r = 0; r < rows; ++r) QuantizeRow(type, row.data(), m.bytes.data() + r * rb, cols);
+  QuantizeRow(type, row.data(), m.bytes.data(), cols);  // every row the same
+  for (int64_t r = 1; r < rows; ++r) std::memcpy(m.bytes.data() + r * rb, m.bytes.data(), rb);
   m.view = WeightView{type, m.bytes.data(), rows, cols, rb};
   m.packed = PackedWeight::Pack(m.view, Pool());
   return m;
@@ -175,7 +177,8 @@ void BM_PagedAttentionChunk(benchmark::State& state) {
 }
 
 constexpr int64_t kQ41 = int64_t(TensorType::kQ4_1), kQ80 = int64_t(TensorType::kQ8_0),
-                  kQ40 = int64_t(TensorType::kQ4_0);
+                  kQ40 = int64_t(TensorType::kQ4_0), kQ4K = int64_t(TensorType::kQ4_K),
+                  kQ6K = int64_t(TensorType::kQ6_K);
 
 BENCHMARK(BM_QGemm)
     ->ArgNames({"type", "rows", "cols", "n", "levels"})
@@ -184,8 +187,10 @@ BENCHMARK(BM_QGemm)
     ->Args({kQ41, 3072, 576, 1, 2})
     ->Args({kQ41, 576, 1536, 1, 2})  // down decode
     ->Args({kQ40, 3072, 576, 1, 2})
-    ->Args({kQ80, 49152, 576, 1, 2})  // LM head decode (out of cache)
-    ->Args({kQ41, 3072, 576, 2, 2})   // speculative verification (k + 1 tokens)
+    ->Args({kQ80, 49152, 576, 1, 2})   // LM head decode (out of cache)
+    ->Args({kQ4K, 16384, 4096, 1, 2})  // a 7B-class Q4_K / Q6_K matrix (out of cache)
+    ->Args({kQ6K, 16384, 4096, 1, 2})
+    ->Args({kQ41, 3072, 576, 2, 2})  // speculative verification (k + 1 tokens)
     ->Args({kQ41, 3072, 576, 5, 2})
     ->Args({kQ80, 49152, 576, 5, 2})
     ->Args({kQ41, 3072, 576, 8, 2})

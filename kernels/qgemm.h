@@ -26,15 +26,21 @@
 //  - kF16 (legacy types): d[16] f16 and, for Q4_1 / Q5_1, m[16] f16;
 //    w = d * q + m, types without a min use m = -offset * d (offset 8, 16
 //    or 128).
-//  - kF32 (Q4_K, Q5_K): D[16] f32, M[16] f32 with D = d * sc and
-//    M = -(dmin * m) of the block's 6-bit sub-block scale and min. Both
-//    products are exact in f32 (11-bit f16 mantissa x 6-bit integer), so
-//    the packed matrix is exactly the one DequantizeRow describes:
+//  - kF32 (Q4_K, Q5_K): the chunk holds sc[16] u8 and m[16] u8, the
+//    block's 6-bit sub-block scale and min; the super-block (8 blocks of
+//    256 columns) holds d[16] f32 and nmin[16] f32 = -dmin once for its 8
+//    chunks (super_scales). The kernels form D = d * sc and M = nmin * m
+//    in f32: both products are exact (11-bit f16 mantissa x 6-bit integer),
+//    so the packed matrix is exactly the one DequantizeRow describes:
 //    w = D * q + M with the same D and M (DequantizeRow then rounds
 //    D * q - dmin * m once to f32; the kernel never forms w).
-//  - kF32Halves (Q6_K): D_lo[16] f32 for columns 0-15 of the block and
-//    D_hi[16] f32 for columns 16-31, D = d * sc of the int8 sub-block scale
-//    (exact in f32); w = D * (q - 32), q in [0, 63].
+//  - kF32Halves (Q6_K): the chunk holds sc_lo[16] s8 for columns 0-15 and
+//    sc_hi[16] s8 for columns 16-31, the super-block d[16] f32; D_lo =
+//    d * sc_lo and D_hi = d * sc_hi (exact in f32); w = D * (q - 32), q in
+//    [0, 63].
+//  The K types thus read 32 scale bytes per chunk plus 128 (64 for Q6_K)
+//  per 8 chunks: Q4_K 4.75 bits per weight, Q5_K 5.75, Q6_K 6.63 (the
+//  GGUF blocks: 4.5, 5.5, 6.56); decode reads every byte once per token.
 //
 // Activations are quantized on the fly to int8 per 32-column block (the
 // Q8_0 rule: dx = max|x| / 127, q = round-to-nearest-even(x / dx)), with the
@@ -120,21 +126,34 @@ class PackedWeight {
   int32_t offset() const { return offset_; }
   ScaleFormat scale_format() const { return scales_; }
   int64_t chunk_bytes() const { return chunk_bytes_; }  // one group x one block
-  int64_t bytes() const { return num_groups() * num_blocks() * chunk_bytes_; }
+  // All of it: the chunks, then (K types) the super-block scales.
+  int64_t bytes() const { return super_offset() + num_groups() * num_super() * super_bytes_; }
   gguf::TensorType source_type() const { return type_; }
   // Group g, block b: quants (bits * 64 B, see PackedQuantAt), then the scales: d[16] f16,
-  // m[16] f16 (kF16); D[16], M[16] f32 (kF32); D_lo[16], D_hi[16] f32
-  // (kF32Halves).
+  // m[16] f16 (kF16); sc[16], m[16] u8 (kF32); sc_lo[16], sc_hi[16] s8
+  // (kF32Halves). PackedScaleAt reads them as f32.
   const uint8_t* chunk(int64_t g, int64_t b) const {
     return data_ + (g * num_blocks() + b) * chunk_bytes_;
   }
+  // K types: the f32 super-block scales of group g's block b (d[16], then
+  // nmin[16] for kF32; d[16] for kF32Halves), shared by blocks 8s..8s+7
+  // and stored by group in block order after the chunks. Null for kF16.
+  const float* super_scales(int64_t g, int64_t b) const {
+    if (super_bytes_ == 0) return nullptr;
+    return reinterpret_cast<const float*>(data_ + super_offset() +
+                                          (g * num_super() + b / kSuperBlocks) * super_bytes_);
+  }
+  static constexpr int64_t kSuperBlocks = 8;  // 32-column blocks per K super-block
 
  private:
   struct Free {
     void operator()(uint8_t* p) const;
   };
+  int64_t num_super() const { return num_blocks() / kSuperBlocks; }
+  int64_t super_offset() const { return num_groups() * num_blocks() * chunk_bytes_; }
   gguf::TensorType type_ = gguf::TensorType::kF32;
   int64_t rows_ = 0, cols_ = 0, chunk_bytes_ = 0;
+  int64_t super_bytes_ = 0;  // per group and super-block (K types)
   int bits_ = 0;
   bool has_min_ = false;
   int32_t offset_ = 0;
@@ -146,6 +165,10 @@ class PackedWeight {
 // Unsigned quant of row r (0..15), column k (0..31) in a packed chunk of
 // `bits` (the layout above; the scalar reference reads weights this way).
 int PackedQuantAt(const uint8_t* chunk, int bits, int r, int k);
+// The f32 scale word i (0: d / D / D_lo; 1: m / M / D_hi) of row r (0..15)
+// of group g, block b (the formats above; the scalar reference reads
+// scales this way).
+float PackedScaleAt(const PackedWeight& w, int64_t g, int64_t b, int i, int r);
 
 // int8 activations of n tokens, stored in tiles of kActTile tokens so that a
 // register tile reads one block of all its tokens from one place:

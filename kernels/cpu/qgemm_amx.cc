@@ -160,17 +160,8 @@ void GemmT(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1
         UnpackChunk<kBits>(c, wq);
         for (int j = 0; j < 8; ++j) _mm512_store_si512(dst + 64 * j, form(wq[j]));
       }
-      const uint8_t* sc = c + kBits * 64;
-      __m512 dv, mv = _mm512_setzero_ps();
-      if constexpr (kFmt == ScaleFormat::kF32) {  // Q4_K / Q5_K: D, M as f32
-        dv = _mm512_loadu_ps(sc);
-        mv = _mm512_loadu_ps(sc + 64);
-      } else {
-        dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
-        if constexpr (kHasMin) {
-          mv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)));
-        }
-      }
+      __m512 dv, mv;
+      ChunkScales<kFmt, kHasMin>(c + kBits * 64, w.super_scales(g, b), &dv, &mv);
       _mm512_store_ps(scales + b * 32, dv);
       if constexpr (kHasMin) _mm512_store_ps(scales + b * 32 + 16, mv);
     }

@@ -73,13 +73,18 @@ inline void HalfDots(const __m256i* wq, const int8_t* x, __m256i* lo, __m256i* h
   *hi = SmallDot<GroupOf(6)>(wq, x, 4, 8);
 }
 
-// Scale words 0 and 1 of rows 8h..8h+7 of a chunk as f32 (kernels/qgemm.h).
+// Scale word i (0 or 1) of rows 8h..8h+7 of a chunk as f32 (kernels/qgemm.h):
+// sc, the chunk's scale bytes; sup, its super-block scales (K types).
 template <ScaleFormat kFmt>
-inline __m256 LoadScales(const uint8_t* sc, int h, int i) {
+inline __m256 LoadScales(const uint8_t* sc, const float* sup, int h, int i) {
   if constexpr (kFmt == ScaleFormat::kF16) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 32 * i + 16 * h)));
   } else {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(sc + 64 * i + 32 * h));
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 16 * i + 8 * h));
+    const __m256 small = _mm256_cvtepi32_ps(kFmt == ScaleFormat::kF32 ? _mm256_cvtepu8_epi32(v)
+                                                                      : _mm256_cvtepi8_epi32(v));
+    const int word = kFmt == ScaleFormat::kF32 ? i : 0;  // Q6_K: one d for both halves
+    return _mm256_mul_ps(_mm256_loadu_ps(sup + 16 * word + 8 * h), small);
   }
 }
 
@@ -139,10 +144,11 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
       for (int j = 0; j < 8; ++j) wq[j] = _mm256_xor_si256(wq[j], flip);  // back to s8
     }
     const uint8_t* sc = c + kBits * 64;
-    const __m256 dv = LoadScales<kFmt>(sc, h, 0);
+    const float* sup = w.super_scales(g, b);
+    const __m256 dv = LoadScales<kFmt>(sc, sup, h, 0);
     __m256 mv = _mm256_setzero_ps();
     if constexpr (kHasMin || kFmt == ScaleFormat::kF32Halves) {
-      mv = LoadScales<kFmt>(sc, h, 1);  // M, or D_hi
+      mv = LoadScales<kFmt>(sc, sup, h, 1);  // M, or D_hi
     }
     if constexpr (kFmt == ScaleFormat::kF32Halves) {
       static_assert(kBits == 6);

@@ -58,16 +58,6 @@ inline void HalfDots(const __m512i* wq, const int8_t* x, __m512i* lo, __m512i* h
   *hi = Dp(Dp(Dp(Dp(*hi, wq[4], x + 16), wq[5], x + 20), wq[6], x + 24), wq[7], x + 28);
 }
 
-// Scale words 0 and 1 of a chunk's 16 rows as f32 (kernels/qgemm.h).
-template <ScaleFormat kFmt>
-inline __m512 LoadScales(const uint8_t* sc, int i) {
-  if constexpr (kFmt == ScaleFormat::kF16) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32 * i)));
-  } else {
-    return _mm512_loadu_ps(sc + 64 * i);
-  }
-}
-
 template <int kBits, bool kHasMin, ScaleFormat kFmt, bool kTwo, int kNt>
 void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, float* y,
           int64_t ldy, bool accumulate) {
@@ -95,12 +85,8 @@ void Tile(const PackedWeight& w, const QuantizedActs& a, int64_t g, int64_t t0, 
     }
     __m512i wq[8];
     UnpackChunk<kBits>(c, wq);
-    const uint8_t* sc = c + kBits * 64;
-    const __m512 dv = LoadScales<kFmt>(sc, 0);
-    __m512 mv = _mm512_setzero_ps();
-    if constexpr (kHasMin || kFmt == ScaleFormat::kF32Halves) {
-      mv = LoadScales<kFmt>(sc, 1);  // M, or D_hi
-    }
+    __m512 dv, mv;  // mv: M, or D_hi
+    ChunkScales<kFmt, kHasMin>(c + kBits * 64, w.super_scales(g, b), &dv, &mv);
     if constexpr (kFmt == ScaleFormat::kF32Halves) {
 #pragma GCC unroll 8
       for (int t = 0; t < kNt; ++t) {

@@ -49,8 +49,21 @@ Format FormatOf(TensorType t) {
 }
 
 int64_t ChunkBytes(const Format& f) {
-  if (f.scales != ScaleFormat::kF16) return f.bits * 64 + 128;
+  if (f.scales != ScaleFormat::kF16) return f.bits * 64 + 32;
   return f.bits * 64 + 32 + (f.has_min ? 32 : 0);
+}
+
+// Bytes of one group's super-block scales (K types; see kernels/qgemm.h).
+int64_t SuperBytes(const Format& f) {
+  switch (f.scales) {
+    case ScaleFormat::kF32:
+      return 128;
+    case ScaleFormat::kF32Halves:
+      return 64;
+    case ScaleFormat::kF16:
+      break;
+  }
+  return 0;
 }
 
 // One ggml block as unsigned quants q[32] and f16 bits of d and m.
@@ -101,33 +114,37 @@ void ScaleMinK4(int j, const uint8_t* q, int* sc, int* m) {
 }
 
 // Sub-block j (0..7, 32 columns) of a K-quant super-block `sb` as unsigned
-// quants q[32] and two f32 scales: (D, M) for Q4_K / Q5_K, (D_lo, D_hi) for
-// Q6_K. The products are those of DequantizeRow (exact in f32).
-void DecodeKBlock(TensorType t, const uint8_t* sb, int j, uint8_t* q, float* s0, float* s1) {
+// quants q[32], its two small scales (sc, m for Q4_K / Q5_K; sc_lo, sc_hi
+// for Q6_K) and the super-block's f32 d and nmin = -dmin (0 for Q6_K).
+struct KScales {
+  int s0 = 0, s1 = 0;
+  float d = 0.f, nmin = 0.f;
+};
+KScales DecodeKBlock(TensorType t, const uint8_t* sb, int j, uint8_t* q) {
+  KScales k;
   if (t == TensorType::kQ6_K) {
     const uint8_t* ql = sb;
     const uint8_t* qh = sb + 128;
     const auto* scales = reinterpret_cast<const int8_t*>(sb + 192);
     uint16_t hd;
     std::memcpy(&hd, sb + 208, 2);
-    const float d = Fp16ToFp32(hd);
+    k.d = Fp16ToFp32(hd);
     for (int l = 0; l < 32; ++l) {
       const int i = 32 * j + l, h = i / 128, s = (i / 32) % 4;
       const int low = (ql[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0x0F;
       const int high = (qh[32 * h + l] >> (2 * s)) & 3;
       q[l] = uint8_t(low | (high << 4));
     }
-    *s0 = d * static_cast<float>(scales[2 * j]);
-    *s1 = d * static_cast<float>(scales[2 * j + 1]);
-    return;
+    k.s0 = scales[2 * j];
+    k.s1 = scales[2 * j + 1];
+    return k;
   }
   uint16_t hd, hm;
   std::memcpy(&hd, sb, 2);
   std::memcpy(&hm, sb + 2, 2);
-  int sc, m;
-  ScaleMinK4(j, sb + 4, &sc, &m);
-  *s0 = Fp16ToFp32(hd) * static_cast<float>(sc);
-  *s1 = -(Fp16ToFp32(hm) * static_cast<float>(m));
+  ScaleMinK4(j, sb + 4, &k.s0, &k.s1);
+  k.d = Fp16ToFp32(hd);
+  k.nmin = -Fp16ToFp32(hm);
   const bool q5 = t == TensorType::kQ5_K;
   const uint8_t* qs = sb + (q5 ? 48 : 16) + 32 * (j / 2);
   const int shift = 4 * (j % 2);
@@ -135,6 +152,7 @@ void DecodeKBlock(TensorType t, const uint8_t* sb, int j, uint8_t* q, float* s0,
     q[l] = uint8_t((qs[l] >> shift) & 0x0F);
     if (q5) q[l] |= uint8_t(((sb[16 + l] >> j) & 1) << 4);
   }
+  return k;
 }
 
 }  // namespace
@@ -152,6 +170,21 @@ int PackedQuantAt(const uint8_t* chunk, int bits, int r, int k) {
     q |= int((plane >> i) & 1) << (4 + p);
   }
   return q;
+}
+
+float PackedScaleAt(const PackedWeight& w, int64_t g, int64_t b, int i, int r) {
+  const uint8_t* sc = w.chunk(g, b) + w.bits() * 64;
+  if (w.scale_format() == ScaleFormat::kF16) {
+    uint16_t h;
+    std::memcpy(&h, sc + 32 * i + r * 2, 2);
+    return Fp16ToFp32(h);
+  }
+  // D = d * sc, M = nmin * m (kF32); D_lo / D_hi = d * sc_lo / sc_hi (Q6_K).
+  const float* sup = w.super_scales(g, b);
+  if (w.scale_format() == ScaleFormat::kF32) {
+    return sup[16 * i + r] * float(sc[16 * i + r]);
+  }
+  return sup[r] * float(int8_t(sc[16 * i + r]));
 }
 
 namespace {
@@ -229,19 +262,6 @@ int32_t IntDotRef(const uint8_t* c, int bits, int rr, const QuantizedActs& a, in
   return isum;
 }
 
-// The f32 value of scale word `i` (0 or 1) of row rr in chunk c.
-float ScaleAt(const PackedWeight& w, const uint8_t* c, int i, int rr) {
-  const uint8_t* sc = c + w.bits() * 64;
-  if (w.scale_format() == ScaleFormat::kF16) {
-    uint16_t h;
-    std::memcpy(&h, sc + 32 * i + rr * 2, 2);
-    return Fp16ToFp32(h);
-  }
-  float f;
-  std::memcpy(&f, sc + 64 * i + rr * 4, 4);
-  return f;
-}
-
 void GemmGroupsRef(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1, float* y,
                    int64_t ldy, bool accumulate) {
   const int64_t nb = w.num_blocks();
@@ -254,20 +274,20 @@ void GemmGroupsRef(const PackedWeight& w, const QuantizedActs& a, int64_t g0, in
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* c = w.chunk(g, b);
         const int64_t i = a.Index(t, b);
-        const float d = ScaleAt(w, c, 0, rr);
+        const float d = PackedScaleAt(w, g, b, 0, rr);
         if (halves) {
           const int32_t lo = IntDotRef(c, w.bits(), rr, a, t, b, 0, 16) - 32 * a.s_lo[i];
           const int32_t hi =
               IntDotRef(c, w.bits(), rr, a, t, b, 16, 32) - 32 * (a.s[i] - a.s_lo[i]);
           const float ddx_lo = d * a.d[i];
-          const float ddx_hi = ScaleAt(w, c, 1, rr) * a.d[i];
+          const float ddx_hi = PackedScaleAt(w, g, b, 1, rr) * a.d[i];
           acc = acc + std::fma(float(lo), ddx_lo, float(hi) * ddx_hi);
           continue;
         }
         const int32_t isum = IntDotRef(c, w.bits(), rr, a, t, b, 0, 32);
         const float ddx = d * a.d[i];
         if (w.has_min()) {
-          acc = std::fma(float(isum), ddx, std::fma(ScaleAt(w, c, 1, rr), a.sd[i], acc));
+          acc = std::fma(float(isum), ddx, std::fma(PackedScaleAt(w, g, b, 1, rr), a.sd[i], acc));
         } else {
           acc = std::fma(float(isum - w.offset() * a.s[i]), ddx, acc);
         }
@@ -294,8 +314,8 @@ int64_t PackedWeight::PackedBytes(const WeightView* views, int num_views) {
   const Format f = FormatOf(views[0].type);
   int64_t rows = 0;
   for (int v = 0; v < num_views; ++v) rows += views[v].rows;
-  const int64_t chunk = ChunkBytes(f);
-  return (rows + kGroupRows - 1) / kGroupRows * (views[0].cols / kQBlock) * chunk;
+  const int64_t groups = (rows + kGroupRows - 1) / kGroupRows, nb = views[0].cols / kQBlock;
+  return groups * (nb * ChunkBytes(f) + nb / PackedWeight::kSuperBlocks * SuperBytes(f));
 }
 
 PackedWeight PackedWeight::Pack(const WeightView* views, int num_views, ThreadPool* pool,
@@ -317,6 +337,7 @@ PackedWeight PackedWeight::Pack(const WeightView* views, int num_views, ThreadPo
   p.offset_ = f.offset;
   p.scales_ = f.scales;
   p.chunk_bytes_ = ChunkBytes(f);
+  p.super_bytes_ = SuperBytes(f);
   const size_t total = size_t(p.bytes());
   TANDEM_CHECK(int64_t(total) == PackedBytes(views, num_views));
   if (storage == nullptr) {
@@ -342,10 +363,13 @@ PackedWeight PackedWeight::Pack(const WeightView* views, int num_views, ThreadPo
             std::memcpy(sc + rr * 2, &d, 2);
             if (f.has_min) std::memcpy(sc + 32 + rr * 2, &m, 2);
           } else {
-            float s0, s1;
-            DecodeKBlock(p.type_, view->row(r) + (b / 8) * f.type_size, int(b % 8), q, &s0, &s1);
-            std::memcpy(sc + rr * 4, &s0, 4);
-            std::memcpy(sc + 64 + rr * 4, &s1, 4);
+            const KScales k = DecodeKBlock(p.type_, view->row(r) + (b / kSuperBlocks) * f.type_size,
+                                           int(b % kSuperBlocks), q);
+            sc[rr] = uint8_t(k.s0);  // s8 for Q6_K
+            sc[16 + rr] = uint8_t(k.s1);
+            auto* sup = const_cast<float*>(p.super_scales(g, b));
+            sup[rr] = k.d;
+            if (f.scales == ScaleFormat::kF32) sup[16 + rr] = k.nmin;
           }
           for (int k = 0; k < 32; ++k) PutQuant(c, f.bits, int(rr), k, q[k]);
         }

@@ -1,6 +1,6 @@
-// A packed chunk's quants as 8 byte registers (the layout of kernels/qgemm.h),
-// shared by the AVX-512 VNNI and AMX translation units (internal; include
-// only from TUs compiled with -mavx512f -mavx512bw).
+// A packed chunk's quants as 8 byte registers and its scales as f32 (the
+// layout of kernels/qgemm.h), shared by the AVX-512 VNNI and AMX translation units (internal;
+// include only from TUs compiled with -mavx512f -mavx512bw).
 #ifndef TANDEM_KERNELS_CPU_QGEMM_UNPACK_AVX512_H_
 #define TANDEM_KERNELS_CPU_QGEMM_UNPACK_AVX512_H_
 
@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <cstring>
+
+#include "kernels/qgemm.h"
 
 namespace tandem::kernels::cpu {
 
@@ -38,6 +40,31 @@ inline void UnpackChunk(const uint8_t* c, __m512i* wq) {
         wq[j] = _mm512_mask_add_epi8(wq[j], _cvtu64_mask64(m), wq[j], bit);
       }
     }
+  }
+}
+
+// The chunk's scale words 0 and 1 of its 16 rows as f32 (kernels/qgemm.h):
+// (d, m) for kF16 (m = 0 without a min), (D, M) for kF32, (D_lo, D_hi) for
+// kF32Halves. sc: the chunk's scale bytes; sup: PackedWeight::super_scales
+// (K types). The K products are exact, the values of PackedScaleAt.
+template <ScaleFormat kFmt, bool kHasMin>
+inline void ChunkScales(const uint8_t* sc, const float* sup, __m512* dv, __m512* mv) {
+  auto small = [&](int i) {  // the 16 small scales of word i as f32
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16 * i));
+    return _mm512_cvtepi32_ps(kFmt == ScaleFormat::kF32 ? _mm512_cvtepu8_epi32(v)
+                                                        : _mm512_cvtepi8_epi32(v));
+  };
+  if constexpr (kFmt == ScaleFormat::kF16) {
+    *dv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
+    *mv = kHasMin ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)))
+                  : _mm512_setzero_ps();
+  } else if constexpr (kFmt == ScaleFormat::kF32) {
+    *dv = _mm512_mul_ps(_mm512_loadu_ps(sup), small(0));
+    *mv = _mm512_mul_ps(_mm512_loadu_ps(sup + 16), small(1));
+  } else {
+    const __m512 d = _mm512_loadu_ps(sup);
+    *dv = _mm512_mul_ps(d, small(0));
+    *mv = _mm512_mul_ps(d, small(1));
   }
 }
 

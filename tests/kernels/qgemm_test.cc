@@ -206,9 +206,8 @@ float PackedWeightAt(const PackedWeight& p, int64_t r, int64_t c) {
   const uint8_t* chunk = p.chunk(r / kGroupRows, c / kQBlock);
   const int rr = int(r % kGroupRows), k = int(c % kQBlock);
   const int q = PackedQuantAt(chunk, p.bits(), rr, k);
-  float s0, s1;
-  std::memcpy(&s0, chunk + p.bits() * 64 + rr * 4, 4);
-  std::memcpy(&s1, chunk + p.bits() * 64 + 64 + rr * 4, 4);
+  const float s0 = PackedScaleAt(p, r / kGroupRows, c / kQBlock, 0, rr);
+  const float s1 = PackedScaleAt(p, r / kGroupRows, c / kQBlock, 1, rr);
   if (p.scale_format() == ScaleFormat::kF32Halves) return (k < 16 ? s0 : s1) * float(q - 32);
   return s0 * float(q) + s1;
 }
@@ -228,6 +227,21 @@ TEST(QGemmKQuantTest, PackedWeightsEqualDequantizeRow) {
         ASSERT_EQ(PackedWeightAt(p, r, c), row[c]) << int(type) << " r " << r << " c " << c;
       }
     }
+  }
+}
+
+// The K types' packed size: 32 scale bytes per chunk plus the super-block
+// scales once per 8 chunks (kernels/qgemm.h), close to the GGUF sizes.
+TEST(QGemmKQuantTest, PackedBitsPerWeight) {
+  const struct {
+    TensorType type;
+    double bits;
+  } cases[] = {{TensorType::kQ4_K, 4.75}, {TensorType::kQ5_K, 5.75}, {TensorType::kQ6_K, 6.625}};
+  for (const auto& c : cases) {
+    const QuantMatrix m = MakeMatrix(c.type, 32, 768, 3);
+    const PackedWeight p = PackedWeight::Pack(m.view, nullptr);
+    EXPECT_EQ(double(p.bytes()) * 8.0 / (32.0 * 768.0), c.bits) << int(c.type);
+    EXPECT_EQ(p.bytes(), PackedWeight::PackedBytes(&m.view, 1));
   }
 }
 
