@@ -178,7 +178,7 @@ void BM_PagedAttentionChunk(benchmark::State& state) {
 
 constexpr int64_t kQ41 = int64_t(TensorType::kQ4_1), kQ80 = int64_t(TensorType::kQ8_0),
                   kQ40 = int64_t(TensorType::kQ4_0), kQ4K = int64_t(TensorType::kQ4_K),
-                  kQ6K = int64_t(TensorType::kQ6_K);
+                  kQ6K = int64_t(TensorType::kQ6_K), kQ50 = int64_t(TensorType::kQ5_0);
 
 BENCHMARK(BM_QGemm)
     ->ArgNames({"type", "rows", "cols", "n", "levels"})
@@ -196,9 +196,11 @@ BENCHMARK(BM_QGemm)
     ->Args({kQ41, 3072, 576, 8, 2})
     ->Args({kQ41, 3072, 576, 32, 2})  // batched decode
     ->Args({kQ80, 49152, 576, 32, 2})
+    ->Args({kQ50, 3072, 576, 32, 2})  // the Q4_K_M file's fallback rows
     ->Args({kQ41, 3072, 576, 512, 1})  // prefill
     ->Args({kQ41, 3072, 576, 512, 2})
     ->Args({kQ41, 576, 1536, 512, 2})
+    ->Args({kQ50, 3072, 576, 512, 2})
     ->UseRealTime();
 BENCHMARK(BM_MatMulF32Path)
     ->ArgNames({"type", "rows", "cols", "n"})
