@@ -31,6 +31,10 @@
 #include "kernels/kv_dtype.h"
 
 #if defined(__AVX512F__)
+// GCC 12's false positive inside its own AVX-512 headers (see kernels/cpu/simd.h).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #endif
 

@@ -136,10 +136,8 @@ void MatMulTiles(const WeightView& w, const float* x, int64_t n, float* y, int64
 }  // namespace
 
 void MatMul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
-  if (n <= 0 || w.rows <= 0) return;
-  const int64_t num_tiles = (w.rows + kTileRows - 1) / kTileRows;
-  ThreadPool::Run(
-      pool, num_tiles, [&](int64_t begin, int64_t end) { MatMulTiles(w, x, n, y, begin, end); }, 4);
+  if (w.rows <= 0) return;
+  MatMulShared(&w, &y, 1, x, n, pool);  // one matrix: the same tiles and split
 }
 
 void MatMulShared(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n,
