@@ -196,7 +196,7 @@ BENCHMARK(BM_QGemm)
     ->Args({kQ41, 3072, 576, 8, 2})
     ->Args({kQ41, 3072, 576, 32, 2})  // batched decode
     ->Args({kQ80, 49152, 576, 32, 2})
-    ->Args({kQ50, 3072, 576, 32, 2})  // the Q4_K_M file's fallback rows
+    ->Args({kQ50, 3072, 576, 32, 2})   // the Q4_K_M file's fallback rows
     ->Args({kQ41, 3072, 576, 512, 1})  // prefill
     ->Args({kQ41, 3072, 576, 512, 2})
     ->Args({kQ41, 576, 1536, 512, 2})
