@@ -211,12 +211,47 @@ void Gemm(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1,
   (a.levels == 2 ? GemmL<true> : GemmL<false>)(w, a, g0, g1, y, ldy, accumulate);
 }
 
+// Lane i < n of the result = v[i] reduced over its 16 lanes by `op` (exact
+// in any order: f32 max of |x|, or int32 add on the bits; zero must be
+// neutral): a transpose-reduce, about 3 operations per vector where a
+// separate horizontal reduction takes 8 in a dependent chain. Merges that
+// only involve v[n..15] are skipped (their lanes are not used).
+template <typename Op>
+inline __m512 TransposeReduce16(const __m512* v, int n, Op op) {
+  const __m512 z = _mm512_setzero_ps();
+  __m512 s[8], t[4], u[2];
+  for (int i = 0; i < 8; ++i) {
+    s[i] = 2 * i < n ? op(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                          _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]))
+                     : z;
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(s[2 * i]), y = _mm512_castps_pd(s[2 * i + 1]);
+    t[i] = 4 * i < n ? op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                          _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)))
+                     : z;
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[i] = 8 * i < n ? op(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)))
+                     : z;
+  }
+  return op(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+            _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+inline __m512 MaxF32(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
+// int32 lanes carried in __m512 registers.
+inline __m512 AddI32(__m512 a, __m512 b) {
+  return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+}
+
 // QuantizeBlockRef on 2 x 16 lanes: lane-wise, so the quants are
-// bit-identical to the reference.
-inline int32_t QuantizeBlock(__m512 x0, __m512 x1, float id, int8_t* q, __m512* q0f, __m512* q1f,
-                             int32_t* lo) {
+// bit-identical to the reference. The sums are left as int32 vectors (in
+// __m512 registers): *lo holds q[0..15], *all q[0..15] + q[16..31].
+inline void QuantizeBlock(__m512 x0, __m512 x1, __m512 iv, int8_t* q, __m512* q0f, __m512* q1f,
+                          __m512* lo, __m512* all) {
   const __m512 lim = _mm512_set1_ps(127.f), nlim = _mm512_set1_ps(-127.f);
-  const __m512 iv = _mm512_set1_ps(id);
   auto quant = [&](__m512 v) {
     v = _mm512_roundscale_ps(_mm512_mul_ps(v, iv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     return _mm512_min_ps(lim, _mm512_max_ps(nlim, v));
@@ -226,37 +261,77 @@ inline int32_t QuantizeBlock(__m512 x0, __m512 x1, float id, int8_t* q, __m512* 
   const __m512i q0 = _mm512_cvtps_epi32(*q0f), q1 = _mm512_cvtps_epi32(*q1f);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
-  *lo = _mm512_reduce_add_epi32(q0);
-  return _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+  *lo = _mm512_castsi512_ps(q0);
+  *all = _mm512_castsi512_ps(_mm512_add_epi32(q0, q1));
 }
 
+// QuantizeRowRef, 16 blocks at a time: their max|x| and quant sums are
+// reduced together (TransposeReduce16); every value is the reference's
+// (max and integer sums are exact in any order, dx and 1 / dx the same
+// IEEE divisions lane-wise).
 void QuantizeRow(const float* x, int64_t cols, const ActRow& o) {
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    const int64_t k = b * kActTile;
-    const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
-    // max is exact in any order.
-    const float amax = o.row_amax >= 0.f
-                           ? o.row_amax
-                           : _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, absmask),
-                                                                _mm512_and_ps(x1, absmask)));
-    const float dx = amax / 127.f;
-    const float id = dx != 0.f ? 1.f / dx : 0.f;
-    __m512 q0f, q1f;
-    int32_t lo, lo2;
-    int32_t sum = QuantizeBlock(x0, x1, id, o.q + k * kQBlock, &q0f, &q1f, &lo);
-    float d = dx;
-    if (o.q2 != nullptr) {
-      const __m512 ndx = _mm512_set1_ps(-dx);
-      const __m512 r0 = _mm512_fmadd_ps(ndx, q0f, x0), r1 = _mm512_fmadd_ps(ndx, q1f, x1);
-      sum = sum * 256 + QuantizeBlock(r0, r1, id * 256.f, o.q2 + k * kQBlock, &q0f, &q1f, &lo2);
-      lo = lo * 256 + lo2;
-      d = dx * (1.f / 256.f);
+  const bool two = o.q2 != nullptr;
+  const int64_t nb = cols / 32;
+  for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+    const int n = int(std::min<int64_t>(16, nb - b0));
+    const float* xb = x + b0 * 32;
+    __m512 amax = _mm512_set1_ps(o.row_amax);
+    if (o.row_amax < 0.f) {
+      __m512 m[16];
+      for (int i = 0; i < 16; ++i) {
+        m[i] = i < n ? _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(xb + 32 * i), absmask),
+                                     _mm512_and_ps(_mm512_loadu_ps(xb + 32 * i + 16), absmask))
+                     : _mm512_setzero_ps();
+      }
+      amax = TransposeReduce16(m, n, MaxF32);
     }
-    o.d[k] = d;
-    o.s[k] = sum;
-    o.s_lo[k] = lo;
-    o.sd[k] = d * float(sum);
+    const __m512 dxv = _mm512_div_ps(amax, _mm512_set1_ps(127.f));
+    const __mmask16 nz = _mm512_cmp_ps_mask(dxv, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+    const __m512 idv = _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.f), dxv);
+    alignas(64) float dxs[16], ids[16];
+    _mm512_store_ps(dxs, dxv);
+    _mm512_store_ps(ids, idv);
+    // [level][block]: the lane-wise sums of q[0..15] and of all 32 quants.
+    __m512 lo[2][16], all[2][16];
+    for (int i = 0; i < 16; ++i) {
+      if (i < n) {
+        const int64_t k = (b0 + i) * kActTile;
+        const __m512 x0 = _mm512_loadu_ps(xb + 32 * i), x1 = _mm512_loadu_ps(xb + 32 * i + 16);
+        __m512 q0f, q1f;
+        QuantizeBlock(x0, x1, _mm512_set1_ps(ids[i]), o.q + k * kQBlock, &q0f, &q1f, &lo[0][i],
+                      &all[0][i]);
+        if (two) {
+          const __m512 ndx = _mm512_set1_ps(-dxs[i]);
+          const __m512 r0 = _mm512_fmadd_ps(ndx, q0f, x0), r1 = _mm512_fmadd_ps(ndx, q1f, x1);
+          QuantizeBlock(r0, r1, _mm512_set1_ps(ids[i] * 256.f), o.q2 + k * kQBlock, &q0f, &q1f,
+                        &lo[1][i], &all[1][i]);
+        }
+      } else {
+        lo[0][i] = all[0][i] = lo[1][i] = all[1][i] = _mm512_setzero_ps();
+      }
+    }
+    alignas(64) int32_t lo1[16], all1[16], lo2[16], all2[16];  // written as f32 bits
+    _mm512_store_ps(lo1, TransposeReduce16(lo[0], n, AddI32));
+    _mm512_store_ps(all1, TransposeReduce16(all[0], n, AddI32));
+    if (two) {
+      _mm512_store_ps(lo2, TransposeReduce16(lo[1], n, AddI32));
+      _mm512_store_ps(all2, TransposeReduce16(all[1], n, AddI32));
+    }
+    for (int i = 0; i < n; ++i) {
+      const int64_t k = (b0 + i) * kActTile;
+      int32_t sum = all1[i], slo = lo1[i];
+      float d = dxs[i];
+      if (two) {
+        sum = sum * 256 + all2[i];
+        slo = slo * 256 + lo2[i];
+        d = dxs[i] * (1.f / 256.f);
+      }
+      o.d[k] = d;
+      o.s[k] = sum;
+      o.s_lo[k] = slo;
+      o.sd[k] = d * float(sum);
+    }
   }
 }
 

@@ -323,6 +323,38 @@ TEST(QGemmStackTest, StackedViewsEqualSeparate) {
   }
 }
 
+// Activation quantization alone, on rows of 1..50 blocks (AVX-512 reduces 16
+// blocks at a time), with all-zero blocks (dx = 0) and both scale modes:
+// every ISA path gives the reference's quants, scales and sums.
+TEST(QuantizeActsTest, EveryIsaMatchesReferenceOnAnyRowLength) {
+  IsaGuard guard;
+  for (int64_t cols : {32, 480, 512, 544, 576, 1536, 1600}) {
+    const int64_t n = 3;
+    std::vector<float> x = Random(n * cols, uint32_t(cols), 4.f);
+    std::fill(x.begin() + cols, x.begin() + cols + 32, 0.f);  // token 1, block 0
+    if (cols > 512) std::fill(x.begin() + 2 * cols + 480, x.begin() + 2 * cols + 512, 0.f);
+    for (int levels : kLevels) {
+      for (ActScale scale : {ActScale::kPerBlock, ActScale::kPerToken}) {
+        QuantizedActs want, got;
+        ref::QuantizeActs(x.data(), n, cols, &want, levels, scale);
+        for (const std::string& isa : Isas()) {
+          ASSERT_TRUE(SetQGemmIsaForTesting(isa));
+          QuantizeActs(x.data(), n, cols, &got, levels, nullptr, scale);
+          const std::string where = isa + " cols " + std::to_string(cols) + " levels " +
+                                    std::to_string(levels) + " per-token " +
+                                    std::to_string(scale == ActScale::kPerToken);
+          ASSERT_EQ(got.qs, want.qs) << where;
+          ASSERT_EQ(got.qs2, want.qs2) << where;
+          ASSERT_EQ(got.d, want.d) << where;
+          ASSERT_EQ(got.s, want.s) << where;
+          ASSERT_EQ(got.s_lo, want.s_lo) << where;
+          ASSERT_EQ(got.sd, want.sd) << where;
+        }
+      }
+    }
+  }
+}
+
 // ActScale::kPerToken: every block of a token has dx = max|x_t| / 127, the
 // quants are round(x / dx) on that one grid, and every ISA path (and the
 // fused RmsNorm op) gives the same bytes as the scalar reference.
