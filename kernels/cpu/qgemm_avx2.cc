@@ -257,7 +257,110 @@ void Gemm(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1,
   (a.levels == 2 ? GemmL<true> : GemmL<false>)(w, a, g0, g1, y, ldy, accumulate);
 }
 
-const QGemmImpl kImpl = {"avx2", Gemm, nullptr, nullptr};
+inline int32_t SumI32(__m256i v) {  // exact in any order
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
+}
+
+// QuantizeBlockRef on 4 x 8 lanes (lane-wise, so the quants are the
+// reference's): stores q[32], the quants as floats in qf[4], returns the sum
+// of all 32 and the sum of q[0..15] in *lo.
+inline int32_t QuantizeBlock(const __m256* x, float id, int8_t* q, __m256* qf, int32_t* lo) {
+  const __m256 lim = _mm256_set1_ps(127.f), nlim = _mm256_set1_ps(-127.f);
+  const __m256 iv = _mm256_set1_ps(id);
+  __m256i qi[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 v =
+        _mm256_round_ps(_mm256_mul_ps(x[i], iv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    qf[i] = _mm256_min_ps(lim, _mm256_max_ps(nlim, v));
+    qi[i] = _mm256_cvtps_epi32(qf[i]);
+  }
+  // i32 -> i8 (in range, no saturation). The packs work per 128-bit lane,
+  // leaving the 4-quant dwords in the order 0, 2, 4, 6, 1, 3, 5, 7.
+  const __m256i b8 =
+      _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  const __m256i lo_v = _mm256_add_epi32(qi[0], qi[1]);
+  *lo = SumI32(lo_v);
+  return SumI32(_mm256_add_epi32(lo_v, _mm256_add_epi32(qi[2], qi[3])));
+}
+
+// QuantizeRowRef with 8-lane vectors; every value is the reference's (max
+// and integer sums are exact in any order, the rest is lane-wise).
+void QuantizeRow(const float* x, int64_t cols, const ActRow& o) {
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const int64_t k = b * kActTile;
+    __m256 xv[4];
+    for (int i = 0; i < 4; ++i) xv[i] = _mm256_loadu_ps(x + b * 32 + 8 * i);
+    float amax = o.row_amax;
+    if (amax < 0.f) {
+      const __m256 m = _mm256_max_ps(
+          _mm256_max_ps(_mm256_and_ps(xv[0], absmask), _mm256_and_ps(xv[1], absmask)),
+          _mm256_max_ps(_mm256_and_ps(xv[2], absmask), _mm256_and_ps(xv[3], absmask)));
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    }
+    const float dx = amax / 127.f;
+    const float id = dx != 0.f ? 1.f / dx : 0.f;
+    __m256 qf[4];
+    int32_t lo, lo2;
+    int32_t sum = QuantizeBlock(xv, id, o.q + k * kQBlock, qf, &lo);
+    float d = dx;
+    if (o.q2 != nullptr) {
+      const __m256 ndx = _mm256_set1_ps(-dx);
+      __m256 r[4];
+      for (int i = 0; i < 4; ++i) r[i] = _mm256_fmadd_ps(ndx, qf[i], xv[i]);
+      sum = sum * 256 + QuantizeBlock(r, id * 256.f, o.q2 + k * kQBlock, qf, &lo2);
+      lo = lo * 256 + lo2;
+      d = dx * (1.f / 256.f);
+    }
+    o.d[k] = d;
+    o.s[k] = sum;
+    o.s_lo[k] = lo;
+    o.sd[k] = d * float(sum);
+  }
+}
+
+// The AVX-512 path's exp (Cephes polynomial) step for step on 8 lanes, so
+// SiLU gives the same bits on both: 2^n is built in the exponent field
+// (n in [-126, 127] after the clamp: a normal float), and p * 2^n rounds
+// exactly as AVX-512's scalef(p, n).
+inline __m256 Exp(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)), _mm256_set1_ps(88.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
+  int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.f);
+  // 16 at a time with the same scalar tail as the AVX-512 path.
+  for (const int64_t vec = n / 16 * 16; i < vec; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = Exp(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+}
+
+const QGemmImpl kImpl = {"avx2", Gemm, QuantizeRow, SiluMul};
 
 }  // namespace
 
