@@ -307,21 +307,15 @@ void QuantizeRow(const float* x, int64_t cols, const ActRow& o) {
     const float dx = amax / 127.f;
     const float id = dx != 0.f ? 1.f / dx : 0.f;
     __m256 qf[4];
-    int32_t lo, lo2;
-    int32_t sum = QuantizeBlock(xv, id, o.q + k * kQBlock, qf, &lo);
-    float d = dx;
+    int32_t lo, lo2 = 0, sum2 = 0;
+    const int32_t sum = QuantizeBlock(xv, id, o.q + k * kQBlock, qf, &lo);
     if (o.q2 != nullptr) {
       const __m256 ndx = _mm256_set1_ps(-dx);
       __m256 r[4];
       for (int i = 0; i < 4; ++i) r[i] = _mm256_fmadd_ps(ndx, qf[i], xv[i]);
-      sum = sum * 256 + QuantizeBlock(r, id * 256.f, o.q2 + k * kQBlock, qf, &lo2);
-      lo = lo * 256 + lo2;
-      d = dx * (1.f / 256.f);
+      sum2 = QuantizeBlock(r, id * 256.f, o.q2 + k * kQBlock, qf, &lo2);
     }
-    o.d[k] = d;
-    o.s[k] = sum;
-    o.s_lo[k] = lo;
-    o.sd[k] = d * float(sum);
+    StoreActBlock(o, k, dx, sum, lo, o.q2 != nullptr, sum2, lo2);
   }
 }
 

@@ -319,18 +319,8 @@ void QuantizeRow(const float* x, int64_t cols, const ActRow& o) {
       _mm512_store_ps(all2, TransposeReduce16(all[1], n, AddI32));
     }
     for (int i = 0; i < n; ++i) {
-      const int64_t k = (b0 + i) * kActTile;
-      int32_t sum = all1[i], slo = lo1[i];
-      float d = dxs[i];
-      if (two) {
-        sum = sum * 256 + all2[i];
-        slo = slo * 256 + lo2[i];
-        d = dxs[i] * (1.f / 256.f);
-      }
-      o.d[k] = d;
-      o.s[k] = sum;
-      o.s_lo[k] = slo;
-      o.sd[k] = d * float(sum);
+      StoreActBlock(o, (b0 + i) * kActTile, dxs[i], all1[i], lo1[i], two, two ? all2[i] : 0,
+                    two ? lo2[i] : 0);
     }
   }
 }

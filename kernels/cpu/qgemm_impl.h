@@ -53,6 +53,23 @@ inline ActRow RowOf(QuantizedActs* a, int64_t t, const float* x, bool per_token)
   return row;
 }
 
+// Stores block slot k of `o` from the level sums (kernels/qgemm.h): one
+// level (sum, lo of q), or with `two` the second level's too, combined as
+// 256 * level 1 + level 2 on the grid e = dx / 256.
+inline void StoreActBlock(const ActRow& o, int64_t k, float dx, int32_t sum, int32_t lo, bool two,
+                          int32_t sum2, int32_t lo2) {
+  float d = dx;
+  if (two) {
+    sum = sum * 256 + sum2;
+    lo = lo * 256 + lo2;
+    d = dx * (1.f / 256.f);
+  }
+  o.d[k] = d;
+  o.s[k] = sum;
+  o.s_lo[k] = lo;
+  o.sd[k] = d * float(sum);
+}
+
 struct QGemmImpl {
   const char* name;
   // Row groups [g0, g1) for all tokens of `acts` (see QGemm).

@@ -231,19 +231,13 @@ void QuantizeRowRef(const float* x, int64_t cols, const cpu::ActRow& o) {
     if (o.row_amax >= 0.f) amax = o.row_amax;
     const float dx = amax / 127.f;
     const float id = dx != 0.f ? 1.f / dx : 0.f;
-    int32_t lo = 0, lo2 = 0;
-    int32_t sum = QuantizeBlockRef(xb, id, o.q + k * kQBlock, qf, &lo);
-    float d = dx;
+    int32_t lo = 0, lo2 = 0, sum2 = 0;
+    const int32_t sum = QuantizeBlockRef(xb, id, o.q + k * kQBlock, qf, &lo);
     if (o.q2 != nullptr) {
       for (int i = 0; i < kQBlock; ++i) r[i] = std::fma(-dx, qf[i], xb[i]);
-      sum = sum * 256 + QuantizeBlockRef(r, id * 256.f, o.q2 + k * kQBlock, qf, &lo2);
-      lo = lo * 256 + lo2;
-      d = dx * (1.f / 256.f);
+      sum2 = QuantizeBlockRef(r, id * 256.f, o.q2 + k * kQBlock, qf, &lo2);
     }
-    o.d[k] = d;
-    o.s[k] = sum;
-    o.s_lo[k] = lo;
-    o.sd[k] = d * float(sum);
+    cpu::StoreActBlock(o, k, dx, sum, lo, o.q2 != nullptr, sum2, lo2);
   }
 }
 
