@@ -27,7 +27,7 @@
 //    w = d * q + m, types without a min use m = -offset * d (offset 8, 16
 //    or 128).
 //  - kF32 (Q4_K, Q5_K): the chunk holds sc[16] u8 and m[16] u8, the
-//    block's 6-bit sub-block scale and min; the super-block (8 blocks of
+//    block's 6-bit sub-block scale and min; the super-block (8 blocks,
 //    256 columns) holds d[16] f32 and nmin[16] f32 = -dmin once for its 8
 //    chunks (super_scales). The kernels form D = d * sc and M = nmin * m
 //    in f32: both products are exact (11-bit f16 mantissa x 6-bit integer),
