@@ -174,27 +174,9 @@ constexpr int64_t kFastHeadDim = 64;
 
 // out[i] = sum of the 16 lanes of v[i]. Each output's lanes are added in
 // the same tree, whatever i: within each 128-bit quarter (e0 + e2) + (e1 +
-// e3), then quarters (q0 + q1) + (q2 + q3).
+// e3), then quarters (q0 + q1) + (q2 + q3) (cpu::TransposeReduce16).
 inline __m512 TransposeSum16(const __m512* v) {
-  __m512 s[8], t[4], u[2];
-  for (int i = 0; i < 8; ++i) {
-    s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  }
-  // s[i], quarter L: keys 2i, 2i+1 interleaved: [a02, b02, a13, b13].
-  for (int i = 0; i < 4; ++i) {
-    const __m512d x = _mm512_castps_pd(s[2 * i]), y = _mm512_castps_pd(s[2 * i + 1]);
-    t[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  // t[i], quarter L: the quarter-L sums of keys 4i .. 4i+3.
-  for (int i = 0; i < 2; ++i) {
-    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  }
-  // u[i]: quarters (keys 8i..8i+3: q0+q1, q2+q3, keys 8i+4..: q0+q1, q2+q3).
-  return _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return cpu::TransposeReduce16(v, 16, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
 }
 
 // K and V rows of keys 0, 1, ... of one KV head as AttendGroup64 reads them:

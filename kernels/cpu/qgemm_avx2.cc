@@ -319,7 +319,7 @@ void QuantizeRow(const float* x, int64_t cols, const ActRow& o) {
   }
 }
 
-// The AVX-512 path's exp (Cephes polynomial) step for step on 8 lanes, so
+// cpu::Exp16 (simd.h, the AVX-512 path's exp) step for step on 8 lanes, so
 // SiLU gives the same bits on both: 2^n is built in the exponent field
 // (n in [-126, 127] after the clamp: a normal float), and p * 2^n rounds
 // exactly as AVX-512's scalef(p, n).

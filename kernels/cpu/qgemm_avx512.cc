@@ -8,6 +8,8 @@
 // (kernels/CMakeLists.txt); only called when CPUID reports them.
 #include "kernels/cpu/qgemm_impl.h"
 #include "kernels/cpu/qgemm_unpack_avx512.h"
+// Only its AVX-512 helpers (Exp16, TransposeReduce16) are used here.
+#include "kernels/cpu/simd.h"
 
 #if defined(__x86_64__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 // GCC 12 false positive inside its own AVX-512 headers (see simd.h).
@@ -211,35 +213,6 @@ void Gemm(const PackedWeight& w, const QuantizedActs& a, int64_t g0, int64_t g1,
   (a.levels == 2 ? GemmL<true> : GemmL<false>)(w, a, g0, g1, y, ldy, accumulate);
 }
 
-// Lane i < n of the result = v[i] reduced over its 16 lanes by `op` (exact
-// in any order: f32 max of |x|, or int32 add on the bits; zero must be
-// neutral): a transpose-reduce, about 3 operations per vector where a
-// separate horizontal reduction takes 8 in a dependent chain. Merges that
-// only involve v[n..15] are skipped (their lanes are not used).
-template <typename Op>
-inline __m512 TransposeReduce16(const __m512* v, int n, Op op) {
-  const __m512 z = _mm512_setzero_ps();
-  __m512 s[8], t[4], u[2];
-  for (int i = 0; i < 8; ++i) {
-    s[i] = 2 * i < n ? op(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                          _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]))
-                     : z;
-  }
-  for (int i = 0; i < 4; ++i) {
-    const __m512d x = _mm512_castps_pd(s[2 * i]), y = _mm512_castps_pd(s[2 * i + 1]);
-    t[i] = 4 * i < n ? op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                          _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)))
-                     : z;
-  }
-  for (int i = 0; i < 2; ++i) {
-    u[i] = 8 * i < n ? op(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                          _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)))
-                     : z;
-  }
-  return op(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
-            _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
 inline __m512 MaxF32(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
 // int32 lanes carried in __m512 registers.
 inline __m512 AddI32(__m512 a, __m512 b) {
@@ -325,29 +298,12 @@ void QuantizeRow(const float* x, int64_t cols, const ActRow& o) {
   }
 }
 
-// exp(x) to about 2 ulp (Cephes polynomial, 2^n by scalef).
-inline __m512 Exp(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(88.f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, n);
-}
-
 void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
   int64_t i = 0;
   const __m512 one = _mm512_set1_ps(1.f);
   for (; i + 16 <= n; i += 16) {
     const __m512 g = _mm512_loadu_ps(gate + i);
-    const __m512 e = Exp(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    const __m512 e = Exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
     const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, e));
     _mm512_storeu_ps(out + i, _mm512_mul_ps(s, _mm512_loadu_ps(up + i)));
   }

@@ -361,9 +361,11 @@ PackedWeight PackedWeight::Pack(const WeightView* views, int num_views, ThreadPo
                                            int(b % kSuperBlocks), q);
             sc[rr] = uint8_t(k.s0);  // s8 for Q6_K
             sc[16 + rr] = uint8_t(k.s1);
-            auto* sup = const_cast<float*>(p.super_scales(g, b));
-            sup[rr] = k.d;
-            if (f.scales == ScaleFormat::kF32) sup[16 + rr] = k.nmin;
+            if (b % kSuperBlocks == 0) {  // once per super-block
+              auto* sup = const_cast<float*>(p.super_scales(g, b));
+              sup[rr] = k.d;
+              if (f.scales == ScaleFormat::kF32) sup[16 + rr] = k.nmin;
+            }
           }
           for (int k = 0; k < 32; ++k) PutQuant(c, f.bits, int(rr), k, q[k]);
         }

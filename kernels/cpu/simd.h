@@ -55,6 +55,35 @@ inline __m512 Exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
   return _mm512_scalef_ps(p, n);
 }
+
+// Lane i < n of the result = v[i] reduced over its 16 lanes by `op` (exact
+// in any order: f32 max of |x|, or int32 add on the bits; zero must be
+// neutral): a transpose-reduce, about 3 operations per vector where a
+// separate horizontal reduction takes 8 in a dependent chain. Merges that
+// only involve v[n..15] are skipped (their lanes are not used).
+template <typename Op>
+inline __m512 TransposeReduce16(const __m512* v, int n, Op op) {
+  const __m512 z = _mm512_setzero_ps();
+  __m512 s[8], t[4], u[2];
+  for (int i = 0; i < 8; ++i) {
+    s[i] = 2 * i < n ? op(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                          _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]))
+                     : z;
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(s[2 * i]), y = _mm512_castps_pd(s[2 * i + 1]);
+    t[i] = 4 * i < n ? op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                          _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)))
+                     : z;
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[i] = 8 * i < n ? op(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)))
+                     : z;
+  }
+  return op(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+            _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
 #endif
 
 // Dot product of n floats with the canonical order above.
