@@ -51,7 +51,7 @@ Matrix Make(TensorType type, int64_t rows, int64_t cols) {
   QuantizeRow(type, row.data(), m.bytes.data(), cols);  // every row the same
   for (int64_t r = 1; r < rows; ++r) std::memcpy(m.bytes.data() + r * rb, m.bytes.data(), rb);
   m.view = WeightView{type, m.bytes.data(), rows, cols, rb};
-  m.packed = PackedWeight::Pack(m.view, Pool());
+  if (IsPackable(type)) m.packed = PackedWeight::Pack(m.view, Pool());
   return m;
 }
 
@@ -178,7 +178,9 @@ void BM_PagedAttentionChunk(benchmark::State& state) {
 
 constexpr int64_t kQ41 = int64_t(TensorType::kQ4_1), kQ80 = int64_t(TensorType::kQ8_0),
                   kQ40 = int64_t(TensorType::kQ4_0), kQ4K = int64_t(TensorType::kQ4_K),
-                  kQ6K = int64_t(TensorType::kQ6_K), kQ50 = int64_t(TensorType::kQ5_0);
+                  kQ6K = int64_t(TensorType::kQ6_K), kQ50 = int64_t(TensorType::kQ5_0),
+                  kF16 = int64_t(TensorType::kF16), kBF16 = int64_t(TensorType::kBF16),
+                  kF32 = int64_t(TensorType::kF32);
 
 BENCHMARK(BM_QGemm)
     ->ArgNames({"type", "rows", "cols", "n", "levels"})
@@ -206,6 +208,11 @@ BENCHMARK(BM_MatMulF32Path)
     ->ArgNames({"type", "rows", "cols", "n"})
     ->Args({kQ41, 3072, 576, 1})
     ->Args({kQ80, 49152, 576, 1})
+    ->Args({kF16, 3072, 576, 512})  // prefill of an F16 / BF16 file: gate|up, down
+    ->Args({kF16, 576, 1536, 512})
+    ->Args({kBF16, 3072, 576, 512})
+    ->Args({kF32, 576, 576, 512})
+    ->Args({kQ41, 3072, 576, 512})  // --kernels reference prefill
     ->UseRealTime();
 BENCHMARK(BM_QuantizeActs)
     ->ArgNames({"cols", "n", "levels"})

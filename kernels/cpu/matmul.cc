@@ -1,13 +1,14 @@
 // Dispatched MatMul and EmbeddingLookup.
 //
-// Rows are processed in tiles of kTileRows: a tile is dequantized once into a
-// per-thread f32 buffer and then applied to every token, four rows at a time
-// (Dot4F32); for one or two tokens, f32 / f16 / bf16 rows
-// are read in place four at a time (Dot4Rows, f16 / bf16 widened in
-// registers) and quantized rows with a fused path are dequantized in
-// registers and dotted directly (FusedRowDot, same bits). Each (token, row) dot uses the canonical
-// DotF32 order, so y does not depend on n, on the other tokens, or on how rows are split over
-// threads.
+// Rows are split over threads in tiles of kTileRows. For one or two tokens,
+// f32 / f16 / bf16 rows are read in place four at a time (Dot4Rows, f16 /
+// bf16 widened in registers) and quantized rows with a fused path are
+// dequantized in registers and dotted directly (FusedRowDot, same bits).
+// For more tokens (prefill, and every matmul of --kernels reference),
+// kGemmRows rows are dequantized once into a per-thread f32 buffer and
+// blocks of tokens run against them, 4 rows x up to 6 tokens per DotTile4.
+// Each (token, row) dot uses the canonical DotF32 order, so y does not depend
+// on n, on the other tokens, or on how rows are split over threads.
 #include <algorithm>
 #include <vector>
 
@@ -72,17 +73,66 @@ void MatMulRowsInPlace(const WeightView& w, const float* x, int64_t n, float* y,
   }
 }
 
-// Every token against rows[0..nr) (f32, nr <= kTileRows) at r0, four rows
-// at a time. (Two tokens per pass, Dot4x2Rows, measured 8% slower here: the
-// rows are in L1 and its 16 accumulators leave the reductions exposed.)
-void TileDots(const float* const* rows, int64_t nr, const float* x, int64_t n, int64_t cols,
-              float* y, int64_t ldy, int64_t r0) {
-  for (int64_t t = 0; t < n; ++t) {
-    const float* xt = x + t * cols;
-    float* yt = y + t * ldy + r0;
-    int64_t i = 0;
-    for (; i + 4 <= nr; i += 4) cpu::Dot4F32(rows + i, xt, cols, yt + i);
-    for (; i < nr; ++i) yt[i] = cpu::DotF32(rows[i], xt, cols);
+// Rows dequantized (f32: addressed in place) together for the GEMM path,
+// and the tokens one DotTile4 call serves.
+constexpr int64_t kGemmRows = 32;
+constexpr int kGemmTokens = 6;
+
+template <int kT>
+void DotTile(const float* const w[4], const float* x, int64_t cols, float* y, int64_t ldy, int nr) {
+  const float* xs[kT];
+  for (int t = 0; t < kT; ++t) xs[t] = x + t * cols;
+  cpu::DotTile4<kT>(w, xs, cols, y, ldy, nr);
+}
+
+// y[t, r] for every token and rows [r0, r1): kGemmRows rows at a time, each
+// block of kGemmTokens tokens (about 14-37 KB, kept in L1 / L2) against all
+// of them, four rows per DotTile4.
+void GemmRows(const WeightView& w, const float* x, int64_t n, float* y, int64_t r0, int64_t r1) {
+  const bool direct = w.type == gguf::TensorType::kF32;
+  std::vector<float> buf(direct ? 0 : kGemmRows * w.cols);
+  for (int64_t s0 = r0; s0 < r1; s0 += kGemmRows) {
+    const int64_t ns = std::min(kGemmRows, r1 - s0);
+    const float* rows[kGemmRows];
+    for (int64_t i = 0; i < ns; ++i) {
+      if (direct) {
+        rows[i] = reinterpret_cast<const float*>(w.row(s0 + i));
+      } else {
+        cpu::DequantizeRowFast(w.type, w.row(s0 + i), buf.data() + i * w.cols, w.cols);
+        rows[i] = buf.data() + i * w.cols;
+      }
+    }
+    for (int64_t t = 0; t < n; t += kGemmTokens) {
+      const int64_t nt = std::min<int64_t>(kGemmTokens, n - t);
+      const float* xt = x + t * w.cols;
+      for (int64_t g = 0; g < ns; g += 4) {
+        // A short last group repeats its last row; the copies are dropped.
+        const float* w4[4];
+        for (int64_t i = 0; i < 4; ++i) w4[i] = rows[std::min(g + i, ns - 1)];
+        const int nr = static_cast<int>(std::min<int64_t>(4, ns - g));
+        float* yt = y + t * w.rows + s0 + g;
+        switch (nt) {
+          case 6:
+            DotTile<6>(w4, xt, w.cols, yt, w.rows, nr);
+            break;
+          case 5:
+            DotTile<5>(w4, xt, w.cols, yt, w.rows, nr);
+            break;
+          case 4:
+            DotTile<4>(w4, xt, w.cols, yt, w.rows, nr);
+            break;
+          case 3:
+            DotTile<3>(w4, xt, w.cols, yt, w.rows, nr);
+            break;
+          case 2:
+            DotTile<2>(w4, xt, w.cols, yt, w.rows, nr);
+            break;
+          default:
+            DotTile<1>(w4, xt, w.cols, yt, w.rows, nr);
+            break;
+        }
+      }
+    }
   }
 }
 
@@ -116,21 +166,7 @@ void MatMulTiles(const WeightView& w, const float* x, int64_t n, float* y, int64
       return;
     }
   }
-  std::vector<float> buf(direct ? 0 : kTileRows * w.cols);
-  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-    const int64_t tr0 = tile * kTileRows;
-    const int64_t nr = std::min(kTileRows, w.rows - tr0);
-    const float* rows[kTileRows];
-    for (int64_t i = 0; i < nr; ++i) {
-      if (direct) {
-        rows[i] = reinterpret_cast<const float*>(w.row(tr0 + i));
-      } else {
-        cpu::DequantizeRowFast(w.type, w.row(tr0 + i), buf.data() + i * w.cols, w.cols);
-        rows[i] = buf.data() + i * w.cols;
-      }
-    }
-    TileDots(rows, nr, x, n, w.cols, y, w.rows, tr0);
-  }
+  GemmRows(w, x, n, y, r0, r1);
 }
 
 }  // namespace

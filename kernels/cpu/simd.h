@@ -206,11 +206,6 @@ inline void Dot4Rows(const void* const w[4], const float* x, int64_t n, float ou
 #endif
 }
 
-inline void Dot4F32(const float* const w[4], const float* x, int64_t n, float out[4]) {
-  const void* rows[4] = {w[0], w[1], w[2], w[3]};
-  Dot4Rows<RowKind::kF32>(rows, x, n, out);
-}
-
 // Dot4Rows for two tokens at once: out0[r] = DotF32(w[r], x0, n), out1[r] =
 // DotF32(w[r], x1, n), bit-identical (16 accumulators, each row's weights
 // loaded once for both tokens).
@@ -276,6 +271,79 @@ inline void Dot4x2Rows(const void* const w[4], const float* x0, const float* x1,
 #else
   Dot4Rows<kKind>(w, x0, n, out0);
   Dot4Rows<kKind>(w, x1, n, out1);
+#endif
+}
+
+// The GEMM form of DotF32 for 4 f32 rows x kT tokens: out[t * ldo + r] =
+// DotF32(w[r], x[t], n) for r < nr, bit-identical. DotF32 sends chunk c to
+// accumulator c % 2 and adds the two at the end, so the even chunks run in
+// one pass and the odd chunks in a second, each with 4 x kT accumulators in
+// registers: per chunk 4 + kT loads feed 4 * kT FMAs (Dot4Rows: 5 loads per
+// 4 FMAs, which bounds prefill of f32 / f16 / bf16 weights on the loads).
+template <int kT>
+inline void DotTile4(const float* const w[4], const float* const x[kT], int64_t n, float* out,
+                     int64_t ldo, int nr) {
+#if TANDEM_KERNELS_AVX512
+  const int64_t full = n / 16;  // chunks [0, full) are whole; chunk `full` is the tail, if any
+  const int64_t rem = n - 16 * full;
+  __m512 even[4][kT];
+  for (int pass = 0; pass < 2; ++pass) {
+    __m512 acc[4][kT];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+#pragma GCC unroll 8
+      for (int t = 0; t < kT; ++t) acc[r][t] = _mm512_setzero_ps();
+    }
+    for (int64_t c = pass; c < full; c += 2) {
+      const int64_t i = 16 * c;
+      __m512 wv[4];
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) wv[r] = _mm512_loadu_ps(w[r] + i);
+#pragma GCC unroll 8
+      for (int t = 0; t < kT; ++t) {
+        __m512 xv = _mm512_loadu_ps(x[t] + i);
+        asm("" : "+v"(xv));  // one load per token, not one per FMA
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+      }
+    }
+    if (rem > 0 && full % 2 == pass) {
+      const int64_t i = 16 * full;
+      const __mmask16 m = TailMask(rem);
+      __m512 wv[4];
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) wv[r] = _mm512_maskz_loadu_ps(m, w[r] + i);
+#pragma GCC unroll 8
+      for (int t = 0; t < kT; ++t) {
+        const __m512 xv = _mm512_maskz_loadu_ps(m, x[t] + i);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+      }
+    }
+    if (pass == 0) {
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+#pragma GCC unroll 8
+        for (int t = 0; t < kT; ++t) even[r][t] = acc[r][t];
+      }
+      continue;
+    }
+    // Constant indices only: a run-time one (r < nr) would make GCC keep
+    // the accumulators in memory and store all of them every iteration.
+    float sums[kT][4];
+#pragma GCC unroll 8
+    for (int t = 0; t < kT; ++t) {
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) sums[t][r] = Reduce16(_mm512_add_ps(even[r][t], acc[r][t]));
+    }
+    for (int t = 0; t < kT; ++t) {
+      for (int r = 0; r < nr; ++r) out[t * ldo + r] = sums[t][r];
+    }
+  }
+#else
+  for (int t = 0; t < kT; ++t) {
+    for (int r = 0; r < nr; ++r) out[t * ldo + r] = DotF32(w[r], x[t], n);
+  }
 #endif
 }
 

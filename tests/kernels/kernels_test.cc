@@ -110,6 +110,41 @@ TEST_P(MatMulTest, DeterministicAcrossBatchAndThreads) {
   EXPECT_EQ(batched, other);
 }
 
+// The GEMM path (more than two tokens: 32-row blocks, 4 rows x up to 6
+// tokens per DotTile4, even and odd chunks in two passes) gives every
+// (token, row) exactly DotF32 of the dequantized row: chunk counts odd and
+// even, with and without a tail, below one chunk, token counts that leave
+// every tile width, rows that leave short row groups and blocks.
+TEST_P(MatMulTest, GemmPathIsDotF32OfEveryRow) {
+  const TensorType type = GetParam();
+  const int64_t block = gguf::GetTypeTraits(type)->block_size;
+  const std::vector<int64_t> cols_list = block == 1
+                                             ? std::vector<int64_t>{5, 16, 31, 32, 48, 99, 581}
+                                             : std::vector<int64_t>{block, block * 3, block * 18};
+  for (int64_t cols : cols_list) {
+    for (int64_t rows : {3, 45, 70}) {
+      QuantMatrix m = MakeMatrix(type, rows, cols, uint32_t(rows + cols));
+      std::vector<float> deq(rows * cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        DequantizeRow(type, m.view.row(r), deq.data() + r * cols, cols);
+      }
+      for (int64_t n : {3, 6, 7, 13}) {
+        const std::vector<float> x = Random(n * cols, uint32_t(n * 31 + cols), 2.f);
+        std::vector<float> got(n * rows);
+        ThreadPool pool(2);
+        MatMul(m.view, x.data(), n, got.data(), &pool);
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const float want = cpu::DotF32(deq.data() + r * cols, x.data() + t * cols, cols);
+            ASSERT_EQ(0, std::memcmp(&want, &got[t * rows + r], sizeof(float)))
+                << "cols " << cols << " rows " << rows << " n " << n << " t " << t << " r " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, MatMulTest,
                          ::testing::Values(TensorType::kF32, TensorType::kF16, TensorType::kBF16,
                                            TensorType::kQ8_0, TensorType::kQ4_0, TensorType::kQ4_1,
