@@ -177,6 +177,30 @@ TEST(MatMulSharedTest, EqualsSeparateMatMuls) {
   }
 }
 
+#if TANDEM_KERNELS_AVX512
+// The transposed reduction is 16 Reduce16 calls bit for bit, on values whose
+// sum depends on the order (magnitudes from 1e-8 to 1e8, both signs).
+TEST(SimdTest, Reduce16x16IsReduce16OfEachVector) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> mant(-1.f, 1.f);
+  std::uniform_int_distribution<int> expo(-27, 27);
+  for (int rep = 0; rep < 200; ++rep) {
+    alignas(64) float in[16][16];
+    for (auto& row : in) {
+      for (float& x : row) x = std::ldexp(mant(rng), expo(rng));
+    }
+    __m512 v[16];
+    for (int j = 0; j < 16; ++j) v[j] = _mm512_load_ps(in[j]);
+    alignas(64) float got[16];
+    _mm512_store_ps(got, cpu::Reduce16x16(v));
+    for (int j = 0; j < 16; ++j) {
+      const float want = cpu::Reduce16(v[j]);
+      ASSERT_EQ(0, std::memcmp(&want, &got[4 * (j % 4) + j / 4], sizeof(float))) << "vector " << j;
+    }
+  }
+}
+#endif
+
 TEST(DequantTest, FastPathMatchesReference) {
   for (TensorType type : {TensorType::kF16, TensorType::kBF16, TensorType::kQ8_0, TensorType::kQ4_0,
                           TensorType::kQ4_1, TensorType::kQ5_1}) {
