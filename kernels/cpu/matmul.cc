@@ -85,6 +85,11 @@ void DotTile(const float* const w[4], const float* x, int64_t cols, float* y, in
   cpu::DotTile4<kT>(w, xs, cols, y, ldy, nr);
 }
 
+using DotTileFn = void (*)(const float* const*, const float*, int64_t, float*, int64_t, int);
+// kDotTiles[k - 1] serves k tokens.
+constexpr DotTileFn kDotTiles[kGemmTokens] = {DotTile<1>, DotTile<2>, DotTile<3>,
+                                              DotTile<4>, DotTile<5>, DotTile<6>};
+
 // y[t, r] for every token and rows [r0, r1): kGemmRows rows at a time, each
 // block of kGemmTokens tokens (about 14-37 KB, kept in L1 / L2) against all
 // of them, four rows per DotTile4.
@@ -111,26 +116,7 @@ void GemmRows(const WeightView& w, const float* x, int64_t n, float* y, int64_t 
         for (int64_t i = 0; i < 4; ++i) w4[i] = rows[std::min(g + i, ns - 1)];
         const int nr = static_cast<int>(std::min<int64_t>(4, ns - g));
         float* yt = y + t * w.rows + s0 + g;
-        switch (nt) {
-          case 6:
-            DotTile<6>(w4, xt, w.cols, yt, w.rows, nr);
-            break;
-          case 5:
-            DotTile<5>(w4, xt, w.cols, yt, w.rows, nr);
-            break;
-          case 4:
-            DotTile<4>(w4, xt, w.cols, yt, w.rows, nr);
-            break;
-          case 3:
-            DotTile<3>(w4, xt, w.cols, yt, w.rows, nr);
-            break;
-          case 2:
-            DotTile<2>(w4, xt, w.cols, yt, w.rows, nr);
-            break;
-          default:
-            DotTile<1>(w4, xt, w.cols, yt, w.rows, nr);
-            break;
-        }
+        kDotTiles[nt - 1](w4, xt, w.cols, yt, w.rows, nr);
       }
     }
   }
