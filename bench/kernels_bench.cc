@@ -208,6 +208,10 @@ BENCHMARK(BM_MatMulF32Path)
     ->ArgNames({"type", "rows", "cols", "n"})
     ->Args({kQ41, 3072, 576, 1})
     ->Args({kQ80, 49152, 576, 1})
+    ->Args({kF16, 3072, 576, 3})  // an F16 file's batched decode / verification
+    ->Args({kF16, 3072, 576, 4})
+    ->Args({kF16, 3072, 576, 5})
+    ->Args({kF16, 49152, 576, 3})   // ... and its LM head
     ->Args({kF16, 3072, 576, 512})  // prefill of an F16 / BF16 file: gate|up, down
     ->Args({kF16, 576, 1536, 512})
     ->Args({kBF16, 3072, 576, 512})

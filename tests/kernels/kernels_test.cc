@@ -110,11 +110,12 @@ TEST_P(MatMulTest, DeterministicAcrossBatchAndThreads) {
   EXPECT_EQ(batched, other);
 }
 
-// The GEMM path (more than two tokens: 32-row blocks, 4 rows x up to 6
-// tokens per DotTile4, even and odd chunks in two passes) gives every
-// (token, row) exactly DotF32 of the dequantized row: chunk counts odd and
-// even, with and without a tail, below one chunk, token counts that leave
-// every tile width, rows that leave short row groups and blocks.
+// The GEMM path (3-4 tokens: 8-row tiles, Dot4Rows per token; 5 or more:
+// 32-row blocks, 4 rows x up to 6 tokens per DotTile4, even and odd chunks
+// in two passes) gives every (token, row) exactly DotF32 of the dequantized
+// row: chunk counts odd and even, with and without a tail, below one chunk,
+// token counts that take both forms and leave every tile width, rows that
+// leave short row groups and blocks.
 TEST_P(MatMulTest, GemmPathIsDotF32OfEveryRow) {
   const TensorType type = GetParam();
   const int64_t block = gguf::GetTypeTraits(type)->block_size;
@@ -128,7 +129,7 @@ TEST_P(MatMulTest, GemmPathIsDotF32OfEveryRow) {
       for (int64_t r = 0; r < rows; ++r) {
         DequantizeRow(type, m.view.row(r), deq.data() + r * cols, cols);
       }
-      for (int64_t n : {3, 6, 7, 13}) {
+      for (int64_t n : {3, 4, 5, 6, 7, 13}) {
         const std::vector<float> x = Random(n * cols, uint32_t(n * 31 + cols), 2.f);
         std::vector<float> got(n * rows);
         ThreadPool pool(2);
