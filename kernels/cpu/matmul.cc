@@ -4,9 +4,11 @@
 // f32 / f16 / bf16 rows are read in place four at a time (Dot4Rows, f16 /
 // bf16 widened in registers) and quantized rows with a fused path are
 // dequantized in registers and dotted directly (FusedRowDot, same bits).
-// For more tokens (prefill, and every matmul of --kernels reference),
-// kGemmRows rows are dequantized once into a per-thread f32 buffer and
-// blocks of tokens run against them, 4 rows x up to 6 tokens per DotTile4.
+// For more tokens (prefill, and every matmul of --kernels reference), rows
+// are dequantized once into a per-thread f32 buffer and the tokens run
+// against them: from kGemmMinTokens on, kGemmRows rows at a time and 4 rows
+// x up to 6 tokens per DotTile4; below it, kTileRows rows and one token per
+// Dot4Rows (GemmRows).
 // Each (token, row) dot uses the canonical DotF32 order, so y does not depend
 // on n, on the other tokens, or on how rows are split over threads.
 #include <algorithm>
