@@ -19,6 +19,7 @@
 #define TANDEM_KERNELS_KERNELS_H_
 
 #include <cstdint>
+#include <string>
 
 #include "common/gguf/types.h"
 #include "kernels/kv_dtype.h"
@@ -171,6 +172,13 @@ void PagedAttention(const PagedAttentionArgs& args, const float* q, const KvCach
                     float* out, ThreadPool* pool);
 
 // Scalar references with the same contracts (single-threaded, no SIMD).
+// Which build of the kernels above runs: "avx512" or "base" (on x86-64
+// every build carries both, kernels/cpu/variant.h; elsewhere "base").
+std::string SimdKernelsVariant();
+// Tests: use `variant` from now on; false (nothing changed) when the CPU
+// cannot run it or the build does not have it.
+bool SetSimdKernelsVariantForTesting(const std::string& variant);
+
 namespace ref {
 void MatMul(const WeightView& w, const float* x, int64_t n, float* y);
 void EmbeddingLookup(const WeightView& table, const int32_t* ids, int64_t n, float* out);

@@ -28,9 +28,11 @@
 
 #include "common/thread_pool.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/variant.h"
 #include "kernels/kernels.h"
 
 namespace tandem::kernels {
+TANDEM_KERNELS_VARIANT_BEGIN
 
 void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,
              const int64_t* slot_mapping, int64_t n, const KvCacheView& cache) {
@@ -60,14 +62,6 @@ void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,
       }
     }
   }
-}
-
-void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,
-             const int64_t* slot_mapping, int64_t n, float* k_cache, float* v_cache) {
-  KvCacheView view;
-  view.k = k_cache;
-  view.v = v_cache;
-  WriteKv(layout, k, v, slot_mapping, n, view);
 }
 
 namespace {
@@ -449,6 +443,18 @@ void PagedAttention(const PagedAttentionArgs& a, const float* q, const KvCacheVi
   });
 }
 
+TANDEM_KERNELS_VARIANT_END
+
+#if TANDEM_KERNELS_VARIANT_PRIMARY
+// f32 caches: the KvCacheView entry points (the chosen variant's).
+void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,
+             const int64_t* slot_mapping, int64_t n, float* k_cache, float* v_cache) {
+  KvCacheView view;
+  view.k = k_cache;
+  view.v = v_cache;
+  WriteKv(layout, k, v, slot_mapping, n, view);
+}
+
 void PagedAttention(const PagedAttentionArgs& a, const float* q, const float* k_cache,
                     const float* v_cache, float* out, ThreadPool* pool) {
   KvCacheView view;
@@ -456,5 +462,5 @@ void PagedAttention(const PagedAttentionArgs& a, const float* q, const float* k_
   view.v = const_cast<float*>(v_cache);
   PagedAttention(a, q, view, out, pool);
 }
-
+#endif
 }  // namespace tandem::kernels

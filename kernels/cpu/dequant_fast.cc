@@ -1,9 +1,17 @@
 #include <cstring>
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/variant.h"
 #include "kernels/quant.h"
 
-namespace tandem::kernels::cpu {
+namespace tandem::kernels {
+TANDEM_KERNELS_VARIANT_BEGIN
+namespace cpu {
+using namespace ::tandem::kernels::cpu;  // simd.h, from a variant's namespace
 namespace {
 
 inline float Half(const uint8_t* p) {
@@ -162,4 +170,6 @@ void DequantizeRowFast(gguf::TensorType type, const void* src, float* dst, int64
   }
 }
 
-}  // namespace tandem::kernels::cpu
+}  // namespace cpu
+TANDEM_KERNELS_VARIANT_END
+}  // namespace tandem::kernels

@@ -6,10 +6,12 @@
 #include <cstring>
 
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/variant.h"
 #include "kernels/quant.h"
 
 namespace tandem::kernels {
 
+#if TANDEM_KERNELS_VARIANT_PRIMARY
 namespace {
 constexpr const char* kNames[] = {"f32", "f16", "bf16", "int8", "fp8"};
 }  // namespace
@@ -54,6 +56,10 @@ uint8_t Fp32ToFp8E4m3(float f) {
   const int bits = std::min<int>(((int(u >> 23) - 127 + 7) << 3) | int((u >> 20) & 7u), 0x7e);
   return sign | static_cast<uint8_t>(bits);
 }
+
+#endif  // TANDEM_KERNELS_VARIANT_PRIMARY
+
+TANDEM_KERNELS_VARIANT_BEGIN
 
 float QuantizeKvHead(KvDtype dtype, const float* x, int64_t n, void* dst) {
   switch (dtype) {
@@ -154,4 +160,5 @@ void DequantizeKvHead(KvDtype dtype, const void* src, float scale, int64_t n, fl
   }
 }
 
+TANDEM_KERNELS_VARIANT_END
 }  // namespace tandem::kernels

@@ -6,9 +6,11 @@
 #include <vector>
 
 #include "kernels/cpu/simd.h"
+#include "kernels/cpu/variant.h"
 #include "kernels/kernels.h"
 
 namespace tandem::kernels {
+TANDEM_KERNELS_VARIANT_BEGIN
 
 void RmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* y) {
 #if TANDEM_KERNELS_AVX512
@@ -107,4 +109,5 @@ void Add(const float* a, const float* b, int64_t n, float* out) {
 
 void Softmax(float* x, int64_t n, int64_t dim) { ref::Softmax(x, n, dim); }
 
+TANDEM_KERNELS_VARIANT_END
 }  // namespace tandem::kernels

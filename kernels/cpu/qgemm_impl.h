@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cpu/variant.h"
 #include "kernels/qgemm.h"
 
 namespace tandem::kernels::cpu {
@@ -26,8 +27,11 @@ struct ActRow {
   float row_amax = -1.f;
 };
 
-// max|x_i| over n floats (exact in any order), the per-token amax.
-inline float RowAbsMax(const float* x, int64_t n) {
+TANDEM_KERNELS_ABI_BEGIN  // per-ISA symbols (kernels/cpu/variant.h)
+
+    // max|x_i| over n floats (exact in any order), the per-token amax.
+    inline float
+    RowAbsMax(const float* x, int64_t n) {
   float amax = 0.f;
   for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
   return amax;
@@ -69,6 +73,8 @@ inline void StoreActBlock(const ActRow& o, int64_t k, float dx, int32_t sum, int
   o.s_lo[k] = lo;
   o.sd[k] = d * float(sum);
 }
+
+TANDEM_KERNELS_ABI_END
 
 struct QGemmImpl {
   const char* name;

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/gguf/types.h"
+#include "kernels/cpu/variant.h"
 
 #if defined(__AVX512F__)
 // GCC 12 warns inside its own AVX-512 intrinsics (the _mm512_undefined_*
@@ -24,8 +25,10 @@
 
 namespace tandem::kernels::cpu {
 
+TANDEM_KERNELS_ABI_BEGIN  // per-ISA symbols (kernels/cpu/variant.h)
 #if TANDEM_KERNELS_AVX512
-inline float Reduce16(__m512 v) {
+    inline float
+    Reduce16(__m512 v) {
   const __m256 lo = _mm512_castps512_ps256(v);
   const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
   const __m256 a = _mm256_add_ps(lo, hi);
@@ -138,9 +141,23 @@ inline float DotF32(const float* a, const float* b, int64_t n) {
   }
   return Reduce16(_mm512_add_ps(acc0, acc1));
 #else
-  float acc = 0.f;
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
+  // The same lanes, fused multiply-adds and tree, one float at a time (a
+  // base build on a CPU without AVX-512 gives the AVX-512 build's bits).
+  // Past n a lane adds 0 * 0, as the masked loads do.
+  float acc[2][16] = {};
+  for (int64_t c = 0; 16 * c < n; ++c) {
+    for (int64_t l = 0; l < 16; ++l) {
+      const int64_t i = 16 * c + l;
+      acc[c % 2][l] = i < n ? __builtin_fmaf(a[i], b[i], acc[c % 2][l])
+                            : __builtin_fmaf(0.f, 0.f, acc[c % 2][l]);
+    }
+  }
+  float v[16];
+  for (int l = 0; l < 16; ++l) v[l] = acc[0][l] + acc[1][l];
+  for (int l = 0; l < 8; ++l) v[l] += v[l + 8];  // Reduce16's tree
+  for (int l = 0; l < 4; ++l) v[l] += v[l + 4];
+  for (int l = 0; l < 2; ++l) v[l] += v[l + 2];
+  return v[0] + v[1];
 #endif
 }
 
@@ -321,7 +338,12 @@ inline void DotTile4(const float* const w[4], const float* const x[kT], int64_t 
       const int64_t i = 16 * c;
       __m512 wv[4];
 #pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r) wv[r] = _mm512_loadu_ps(w[r] + i);
+      for (int r = 0; r < 4; ++r) {
+        wv[r] = _mm512_loadu_ps(w[r] + i);
+        // Held in a register: without it GCC folds the load into every
+        // FMA, 4 * kT loads per chunk where 4 do.
+        asm("" : "+v"(wv[r]));
+      }
 #pragma GCC unroll 8
       for (int t = 0; t < kT; ++t) {
         __m512 xv = _mm512_loadu_ps(x[t] + i);
@@ -389,6 +411,8 @@ inline void AxpyF32(float a, const float* x, int64_t n, float* y) {
 #endif
   for (; i < n; ++i) y[i] = __builtin_fmaf(a, x[i], y[i]);
 }
+
+TANDEM_KERNELS_ABI_END
 
 // DotF32(dequantized row, x, n) without materializing the row, for F32-free
 // decode: bit-identical to dequantizing with DequantizeRowFast first (same

@@ -352,6 +352,76 @@ TEST(PagedAttentionTest, MatchesReferenceAndIsBatchInvariant) {
   EXPECT_EQ(0, std::memcmp(single.data(), got.data() + width, 4 * width * sizeof(float)));
 }
 
+// Both builds of the kernels (kernels/cpu/variant.h), on a CPU that runs
+// both: the dispatch really switches code (FusedRowDot exists only in the
+// AVX-512 build), f32 / f16 / Q4_1 MatMul, RmsNorm and SiLU give the same
+// bits, head_dim-64 GQA attention over an f16 cache the same values.
+TEST(SimdVariantTest, BaseAndAvx512BuildsAgree) {
+  const std::string was = SimdKernelsVariant();
+  if (!SetSimdKernelsVariantForTesting("avx512")) GTEST_SKIP() << "CPU without AVX-512";
+  struct Out {
+    bool fused;
+    std::vector<float> mm, norm, silu, attn;
+  };
+  const int64_t rows = 37, cols = 96;
+  std::vector<QuantMatrix> ms;
+  for (TensorType t : {TensorType::kF32, TensorType::kF16, TensorType::kQ4_1}) {
+    ms.push_back(MakeMatrix(t, rows, cols, 5));
+  }
+  const std::vector<float> x = Random(7 * cols, 6, 2.f), w = Random(cols, 7);
+  // 9 query heads over 3 KV heads of dim 64, block size 16, f16 cache; one
+  // sequence of 5 tokens at positions 30..34 (a tile) and one of 1 at 40.
+  const PagedKvLayout layout{6, 16, 3, 64};
+  const int64_t width = 3 * 64, slots = 6 * 16, qwidth = 9 * 64;
+  std::vector<uint16_t> kc(slots * width), vc(slots * width);
+  const std::vector<float> kv = Random(2 * slots * width, 8);
+  for (int64_t i = 0; i < slots * width; ++i) {
+    kc[i] = Fp32ToFp16(kv[i]);
+    vc[i] = Fp32ToFp16(kv[slots * width + i]);
+  }
+  KvCacheView view;
+  view.dtype = KvDtype::kF16;
+  view.k = kc.data();
+  view.v = vc.data();
+  const std::vector<int32_t> query_start = {0, 5, 6}, positions = {30, 31, 32, 33, 34, 40};
+  const std::vector<int32_t> context_lens = {35, 41}, tables = {4, 1, 5, 0, 3, 2};
+  const PagedAttentionArgs args{
+      layout,        9, 0.125f, 2, query_start.data(), positions.data(), context_lens.data(),
+      tables.data(), 3};
+  const std::vector<float> q = Random(6 * qwidth, 9);
+  ThreadPool pool(2);
+  auto run = [&](const std::string& variant) {
+    EXPECT_TRUE(SetSimdKernelsVariantForTesting(variant));
+    EXPECT_EQ(variant, SimdKernelsVariant());
+    Out o;
+    float unused;
+    o.fused = cpu::FusedRowDot(TensorType::kQ4_1, ms[2].view.row(0), x.data(), cols, &unused);
+    for (const QuantMatrix& m : ms) {
+      for (int64_t n : {1, 2, 3, 7}) {
+        std::vector<float> y(n * rows);
+        MatMul(m.view, x.data(), n, y.data(), &pool);
+        o.mm.insert(o.mm.end(), y.begin(), y.end());
+      }
+    }
+    o.norm.resize(7 * cols);
+    RmsNorm(x.data(), w.data(), 7, cols, 1e-5f, o.norm.data());
+    o.silu.resize(7 * cols);
+    SiluMul(x.data(), x.data() + cols, 6 * cols, o.silu.data());
+    o.attn.resize(6 * qwidth);
+    PagedAttention(args, q.data(), view, o.attn.data(), &pool);
+    return o;
+  };
+  const Out fast = run("avx512"), base = run("base");
+  EXPECT_TRUE(SetSimdKernelsVariantForTesting(was));
+  EXPECT_TRUE(fast.fused);
+  EXPECT_FALSE(base.fused);
+  ASSERT_EQ(fast.mm.size(), base.mm.size());
+  EXPECT_EQ(0, std::memcmp(fast.mm.data(), base.mm.data(), fast.mm.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(fast.norm.data(), base.norm.data(), fast.norm.size() * sizeof(float)));
+  ExpectClose(base.silu, fast.silu, 1e-6f);
+  ExpectClose(base.attn, fast.attn, 1e-5f);
+}
+
 TEST(WriteKvTest, StoresAtSlots) {
   AttnFixture f;
   const int64_t width = f.layout.num_kv_heads * f.layout.head_dim;

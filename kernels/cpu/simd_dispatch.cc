@@ -1,0 +1,164 @@
+// The public entry points of the kernels built per ISA (kernels/cpu/variant.h):
+// each calls the avx512 or the base variant, chosen once per process.
+//
+// avx512 needs what qgemm_avx512.cc needs (AVX-512 F/BW/VL/DQ/VNNI, FMA,
+// F16C). TANDEM_KERNEL_ISA=avx2|scalar, which forces QGemm's lesser paths,
+// also selects base here, so a forced run is what a CPU without AVX-512
+// runs. Both variants give the same tokens; bits can differ where the base
+// build has no FMA (std::fma then is a library call with the same result,
+// but the compiler contracts other a * b + c only with FMA).
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "kernels/cpu/simd.h"
+#include "kernels/kernels.h"
+#include "kernels/kv_dtype.h"
+
+#if defined(TANDEM_KERNELS_HAVE_VARIANTS)
+#include <cpuid.h>
+#endif
+
+namespace tandem::kernels {
+
+#if !defined(TANDEM_KERNELS_HAVE_VARIANTS)
+// One build of the kernels (not x86-64): nothing to choose.
+std::string SimdKernelsVariant() { return "base"; }
+bool SetSimdKernelsVariantForTesting(const std::string& variant) { return variant == "base"; }
+#else
+
+#define TANDEM_VARIANT_DECLARATIONS                                                               \
+  void MatMul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool* pool);        \
+  void MatMulShared(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n, \
+                    ThreadPool* pool);                                                            \
+  void EmbeddingLookup(const WeightView& table, const int32_t* ids, int64_t n, float* out);       \
+  void RmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* y); \
+  void Rope(float* x, const int32_t* positions, int64_t n, int64_t num_heads, int64_t head_dim,   \
+            const RopeParams& params);                                                            \
+  void RopeQK(float* q, float* k, const int32_t* positions, int64_t n, int64_t num_heads,         \
+              int64_t num_kv_heads, int64_t head_dim, const RopeParams& params);                  \
+  void SiluMul(const float* gate, const float* up, int64_t n, float* out);                        \
+  void Add(const float* a, const float* b, int64_t n, float* out);                                \
+  void Softmax(float* x, int64_t n, int64_t dim);                                                 \
+  void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,                       \
+               const int64_t* slot_mapping, int64_t n, const KvCacheView& cache);                 \
+  void PagedAttention(const PagedAttentionArgs& args, const float* q, const KvCacheView& cache,   \
+                      float* out, ThreadPool* pool);                                              \
+  float QuantizeKvHead(KvDtype dtype, const float* x, int64_t n, void* dst);                      \
+  void DequantizeKvHead(KvDtype dtype, const void* src, float scale, int64_t n, float* dst);      \
+  namespace cpu {                                                                                 \
+  bool FusedRowDot(gguf::TensorType type, const void* row, const float* x, int64_t n,             \
+                   float* out);                                                                   \
+  void DequantizeRowFast(gguf::TensorType type, const void* src, float* dst, int64_t n);          \
+  }
+
+namespace avx512 {
+TANDEM_VARIANT_DECLARATIONS
+}  // namespace avx512
+namespace base {
+TANDEM_VARIANT_DECLARATIONS
+}  // namespace base
+
+#undef TANDEM_VARIANT_DECLARATIONS
+
+namespace {
+
+bool CpuHasAvx512Kernels() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+  return f16c && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+}
+
+bool DetectAvx512() {
+  const char* env = std::getenv("TANDEM_KERNEL_ISA");
+  const std::string forced = env != nullptr ? env : "";
+  if (forced == "avx2" || forced == "scalar") return false;
+  return CpuHasAvx512Kernels();
+}
+
+// -1: not chosen yet; else 1 (avx512) or 0 (base).
+std::atomic<int> g_avx512{-1};
+
+bool UseAvx512() {
+  int v = g_avx512.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = DetectAvx512() ? 1 : 0;
+    g_avx512.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+}  // namespace
+
+#define TANDEM_DISPATCH(fn, ...) (UseAvx512() ? avx512::fn(__VA_ARGS__) : base::fn(__VA_ARGS__))
+
+std::string SimdKernelsVariant() { return UseAvx512() ? "avx512" : "base"; }
+
+bool SetSimdKernelsVariantForTesting(const std::string& variant) {
+  if (variant == "base") {
+    g_avx512.store(0, std::memory_order_relaxed);
+    return true;
+  }
+  if (variant != "avx512" || !CpuHasAvx512Kernels()) return false;
+  g_avx512.store(1, std::memory_order_relaxed);
+  return true;
+}
+
+void MatMul(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool* pool) {
+  TANDEM_DISPATCH(MatMul, w, x, n, y, pool);
+}
+void MatMulShared(const WeightView* ws, float* const* ys, int count, const float* x, int64_t n,
+                  ThreadPool* pool) {
+  TANDEM_DISPATCH(MatMulShared, ws, ys, count, x, n, pool);
+}
+void EmbeddingLookup(const WeightView& table, const int32_t* ids, int64_t n, float* out) {
+  TANDEM_DISPATCH(EmbeddingLookup, table, ids, n, out);
+}
+void RmsNorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps, float* y) {
+  TANDEM_DISPATCH(RmsNorm, x, weight, n, dim, eps, y);
+}
+void Rope(float* x, const int32_t* positions, int64_t n, int64_t num_heads, int64_t head_dim,
+          const RopeParams& params) {
+  TANDEM_DISPATCH(Rope, x, positions, n, num_heads, head_dim, params);
+}
+void RopeQK(float* q, float* k, const int32_t* positions, int64_t n, int64_t num_heads,
+            int64_t num_kv_heads, int64_t head_dim, const RopeParams& params) {
+  TANDEM_DISPATCH(RopeQK, q, k, positions, n, num_heads, num_kv_heads, head_dim, params);
+}
+void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
+  TANDEM_DISPATCH(SiluMul, gate, up, n, out);
+}
+void Add(const float* a, const float* b, int64_t n, float* out) {
+  TANDEM_DISPATCH(Add, a, b, n, out);
+}
+void Softmax(float* x, int64_t n, int64_t dim) { TANDEM_DISPATCH(Softmax, x, n, dim); }
+void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,
+             const int64_t* slot_mapping, int64_t n, const KvCacheView& cache) {
+  TANDEM_DISPATCH(WriteKv, layout, k, v, slot_mapping, n, cache);
+}
+void PagedAttention(const PagedAttentionArgs& args, const float* q, const KvCacheView& cache,
+                    float* out, ThreadPool* pool) {
+  TANDEM_DISPATCH(PagedAttention, args, q, cache, out, pool);
+}
+float QuantizeKvHead(KvDtype dtype, const float* x, int64_t n, void* dst) {
+  return TANDEM_DISPATCH(QuantizeKvHead, dtype, x, n, dst);
+}
+void DequantizeKvHead(KvDtype dtype, const void* src, float scale, int64_t n, float* dst) {
+  TANDEM_DISPATCH(DequantizeKvHead, dtype, src, scale, n, dst);
+}
+
+namespace cpu {
+bool FusedRowDot(gguf::TensorType type, const void* row, const float* x, int64_t n, float* out) {
+  return TANDEM_DISPATCH(cpu::FusedRowDot, type, row, x, n, out);
+}
+void DequantizeRowFast(gguf::TensorType type, const void* src, float* dst, int64_t n) {
+  TANDEM_DISPATCH(cpu::DequantizeRowFast, type, src, dst, n);
+}
+}  // namespace cpu
+
+#undef TANDEM_DISPATCH
+#endif  // TANDEM_KERNELS_HAVE_VARIANTS
+
+}  // namespace tandem::kernels
