@@ -333,7 +333,8 @@ int Main(int argc, char** argv) {
                   "\": " + std::to_string(Median(v));
   }
   std::printf(
-      "{\"kernels\": \"%s\", \"isa\": \"%s\", \"kv_cache_dtype\": \"%s\", "
+      "{\"kernels\": \"%s\", \"isa\": \"%s\", \"simd_variant\": \"%s\", "
+      "\"kv_cache_dtype\": \"%s\", "
       "\"threads\": %d, \"reps\": %d, "
       "\"pp\": %d, \"pp_tok_s\": %.2f, \"tg\": %d, \"tg_tok_s\": %.2f, "
       "\"batch_steps\": %d, \"decode_batch_tok_s\": {%s}, "
@@ -341,8 +342,9 @@ int Main(int argc, char** argv) {
       "\"tg_fraction_of_bound\": %.3f}\n",
       a.kernels.c_str(),
       mode == engine::KernelMode::kReference ? "f32" : kernels::QGemmIsa().c_str(),
-      kernels::KvDtypeName(kv_dtype), a.threads, a.reps, a.pp, Median(pp), a.tg, Median(tg),
-      a.steps, batch_json.c_str(), bw, bytes_per_token, bound, Median(tg) / bound);
+      kernels::SimdKernelsVariant().c_str(), kernels::KvDtypeName(kv_dtype), a.threads, a.reps,
+      a.pp, Median(pp), a.tg, Median(tg), a.steps, batch_json.c_str(), bw, bytes_per_token, bound,
+      Median(tg) / bound);
   return 0;
 }
 

@@ -141,14 +141,15 @@ std::string LlamaModel::Summary() const {
       c.rope_freq_base, c.rope_freq_scale, c.rms_eps, c.tied_embeddings ? "tied" : "separate",
       c.has_qkv_bias ? ", qkv bias" : "", c.NumParameters(), c.NumParameters() / 1e6, types,
       KvBytesPerTokenSummary(c),
-      mode_ == KernelMode::kReference
-          ? std::string("reference (exact f32)")
-          : absl::StrFormat("%s (%s, activation levels qkv/o/gu/down/head %s), %d/%d layers "
-                            "packed%s, %.1f MB repacked weights",
-                            KernelModeName(mode_), kernels::QGemmIsa(), levels_.ToString(),
-                            weights_.num_packed_layers(), c.num_layers,
-                            weights_.lm_head_p.empty() ? "" : " + LM head",
-                            weights_.packed_bytes() / 1e6));
+      (mode_ == KernelMode::kReference
+           ? std::string("reference (exact f32)")
+           : absl::StrFormat("%s (%s, activation levels qkv/o/gu/down/head %s), %d/%d layers "
+                             "packed%s, %.1f MB repacked weights",
+                             KernelModeName(mode_), kernels::QGemmIsa(), levels_.ToString(),
+                             weights_.num_packed_layers(), c.num_layers,
+                             weights_.lm_head_p.empty() ? "" : " + LM head",
+                             weights_.packed_bytes() / 1e6)) +
+          ", attention / f32 kernels: " + kernels::SimdKernelsVariant() + " build");
 }
 
 absl::Status LlamaModel::ValidateBatch(const ForwardBatch& b, const KvCacheStorage& cache) const {

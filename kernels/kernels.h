@@ -172,8 +172,9 @@ void PagedAttention(const PagedAttentionArgs& args, const float* q, const KvCach
                     float* out, ThreadPool* pool);
 
 // Scalar references with the same contracts (single-threaded, no SIMD).
-// Which build of the kernels above runs: "avx512" or "base" (on x86-64
-// every build carries both, kernels/cpu/variant.h; elsewhere "base").
+// Which build of the kernels above runs: "avx512", "avx2" or "base" (on
+// x86-64 every binary carries all three, kernels/cpu/variant.h; elsewhere
+// "base").
 std::string SimdKernelsVariant();
 // Tests: use `variant` from now on; false (nothing changed) when the CPU
 // cannot run it or the build does not have it.

@@ -26,10 +26,15 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__F16C__) && !defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "common/thread_pool.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/variant.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 
 namespace tandem::kernels {
 TANDEM_KERNELS_VARIANT_BEGIN
@@ -90,6 +95,51 @@ inline __m512 Load16(const char* row, int c) {
         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * c)));
     return _mm512_cvtph_ps(
         _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(int16_t(0xbfff))));
+  }
+}
+
+// Load16, stored to dst[0..16).
+template <KvDtype D>
+inline void Store16(const char* row, int c, float* dst) {
+  _mm512_storeu_ps(dst, Load16<D>(row, c));
+}
+#else
+// 16 binary16 values as f32 (exact either way).
+inline void HalfToFloat16(const uint16_t* h, float* dst) {
+#if defined(__F16C__)
+  for (int i = 0; i < 16; i += 8) {
+    _mm256_storeu_ps(dst + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  }
+#else
+  for (int i = 0; i < 16; ++i) dst[i] = Fp16ToFp32(h[i]);
+#endif
+}
+
+// The AVX-512 Load16's values, stored to dst[0..16).
+template <KvDtype D>
+inline void Store16(const char* row, int c, float* dst) {
+  if constexpr (D == KvDtype::kF32) {
+    std::memcpy(dst, row + 64 * c, 64);
+  } else if constexpr (D == KvDtype::kF16) {
+    uint16_t h[16];
+    std::memcpy(h, row + 32 * c, 32);
+    HalfToFloat16(h, dst);
+  } else if constexpr (D == KvDtype::kBf16) {
+    uint16_t h[16];
+    std::memcpy(h, row + 32 * c, 32);
+    for (int i = 0; i < 16; ++i) {
+      const uint32_t u = uint32_t(h[i]) << 16;
+      std::memcpy(dst + i, &u, 4);
+    }
+  } else if constexpr (D == KvDtype::kInt8) {
+    for (int i = 0; i < 16; ++i) dst[i] = float(int8_t(row[16 * c + i]));
+  } else {
+    uint16_t h[16];  // e4m3 placed in a binary16, as the AVX-512 Load16<kFp8>
+    for (int i = 0; i < 16; ++i) {
+      h[i] = uint16_t((uint16_t(int16_t(int8_t(row[16 * c + i]))) << 7) & 0xbfff);
+    }
+    HalfToFloat16(h, dst);
   }
 }
 #endif
@@ -162,16 +212,17 @@ void AttendOne(const PagedAttentionArgs& a, const int32_t* table, int64_t len, c
   }
 }
 
-#if TANDEM_KERNELS_AVX512
 constexpr int kMaxGroup = 8;
 constexpr int64_t kFastHeadDim = 64;
 
+#if TANDEM_KERNELS_AVX512
 // out[i] = sum of the 16 lanes of v[i]. Each output's lanes are added in
 // the same tree, whatever i: within each 128-bit quarter (e0 + e2) + (e1 +
 // e3), then quarters (q0 + q1) + (q2 + q3) (cpu::TransposeReduce16).
 inline __m512 TransposeSum16(const __m512* v) {
   return cpu::TransposeReduce16(v, 16, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
 }
+#endif
 
 // K and V rows of keys 0, 1, ... of one KV head as AttendGroup64 reads them:
 // key j's storage row r = Row(j) (looked up once per key), Load16<LD> of
@@ -231,8 +282,8 @@ void GatherHead(const PagedRows<D>& src, int64_t len, HeadRows& dst) {
     float* kd = dst.kf.data() + j * kFastHeadDim;
     float* vd = dst.vf.data() + j * kFastHeadDim;
     for (int c = 0; c < 4; ++c) {
-      _mm512_storeu_ps(kd + 16 * c, Load16<D>(kr, c));
-      _mm512_storeu_ps(vd + 16 * c, Load16<D>(vr, c));
+      Store16<D>(kr, c, kd + 16 * c);
+      Store16<D>(vr, c, vd + 16 * c);
     }
     if constexpr (KvHasScales(D)) {
       dst.ksc[j] = src.ks(r);
@@ -241,6 +292,7 @@ void GatherHead(const PagedRows<D>& src, int64_t len, HeadRows& dst) {
   }
 }
 
+#if TANDEM_KERNELS_AVX512
 // All `group` heads of one KV head for one query, head_dim 64, over keys
 // [0, len) of `rows` (PagedRows or HeadRows; kScaled: int8 / fp8 scales).
 // p: [group, len] scratch.
@@ -329,6 +381,100 @@ void AttendGroup64(const Rows& rows, float score_scale, int64_t len, const float
     for (int c = 0; c < 4; ++c) _mm512_storeu_ps(out + g * kFastHeadDim + 16 * c, acc[g][c]);
   }
 }
+#else
+// The AVX-512 AttendGroup64 below without AVX-512: the same lanes, fused
+// multiply-adds, exp steps and trees, one float at a time (loops the
+// compiler vectorizes where it can), so its outputs are bit-identical. No
+// multiply feeds an add outside an explicit std::fma, so contraction
+// (-ffp-contract=fast) cannot change them.
+
+// The 16 lanes of v summed in TransposeSum16's tree.
+inline float LaneSum16(const float* v) {
+  float q[4];
+  for (int k = 0; k < 4; ++k) q[k] = (v[4 * k] + v[4 * k + 2]) + (v[4 * k + 1] + v[4 * k + 3]);
+  return (q[0] + q[1]) + (q[2] + q[3]);
+}
+
+// cpu::Exp16 on one lane, step for step (2^n built in the exponent field:
+// n is in [-126, 127] after the clamp, and p * 2^n rounds as scalef).
+inline float ExpLane(float x) {
+  x = std::fmin(std::fmax(x, -87.f), 88.f);
+  const float n = std::nearbyint(x * 1.44269504089f);
+  float r = std::fma(-n, 0.693359375f, x);
+  r = std::fma(-n, -2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r + 1.f);
+  const uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
+  float pow2;
+  std::memcpy(&pow2, &bits, 4);
+  return p * pow2;
+}
+
+// p[g * stride + j] = score of key j for head g.
+template <bool kScaled, typename Rows>
+void ScoreKeys(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
+               int64_t stride, float* p) {
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t r = rows.Row(j);
+    float k[kFastHeadDim];
+    for (int c = 0; c < 4; ++c) Store16<Rows::kLoad>(rows.k(r), c, k + 16 * c);
+    for (int g = 0; g < group; ++g) {
+      const float* qg = q + g * kFastHeadDim;
+      float part[16];
+      for (int l = 0; l < 16; ++l) {
+        const float e = std::fma(qg[32 + l], k[32 + l], qg[l] * k[l]);
+        const float o = std::fma(qg[48 + l], k[48 + l], qg[16 + l] * k[16 + l]);
+        part[l] = e + o;
+      }
+      float sc = LaneSum16(part) * score_scale;
+      if constexpr (kScaled) sc *= rows.ks(r);
+      p[g * stride + j] = sc;
+    }
+  }
+}
+
+// Softmax numerators of p[0..len) in place; returns 1 / their sum, summed
+// as the AVX-512 path does: lane l takes keys l, l + 16, ..., then
+// Reduce16's tree. (Exp and sum are separate loops: no product meets an
+// add.)
+inline float SoftmaxLanes(float* p, int64_t len) {
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < len; ++j) mx = std::fmax(mx, p[j]);
+  for (int64_t j = 0; j < len; ++j) p[j] = ExpLane(p[j] - mx);
+  float sum[16] = {};
+  for (int64_t j0 = 0; j0 < len; j0 += 16) {
+    for (int64_t l = 0; l < 16 && j0 + l < len; ++l) sum[l] += p[j0 + l];
+  }
+  return 1.f / cpu::Reduce16Lanes(sum);
+}
+
+template <bool kScaled, typename Rows>
+void AttendGroup64(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
+                   std::vector<float>& p, float* out) {
+  const int64_t stride = (len + 15) / 16 * 16;
+  p.resize(group * stride);
+  ScoreKeys<kScaled>(rows, score_scale, len, q, group, stride, p.data());
+  float inv[kMaxGroup];
+  for (int g = 0; g < group; ++g) inv[g] = SoftmaxLanes(p.data() + g * stride, len);
+  float acc[kMaxGroup][kFastHeadDim] = {};
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t r = rows.Row(j);
+    float v[kFastHeadDim];
+    for (int c = 0; c < 4; ++c) Store16<Rows::kLoad>(rows.v(r), c, v + 16 * c);
+    for (int g = 0; g < group; ++g) {
+      float w = p[g * stride + j] * inv[g];
+      if constexpr (kScaled) w *= rows.vs(r);
+      for (int i = 0; i < kFastHeadDim; ++i) acc[g][i] = std::fma(w, v[i], acc[g][i]);
+    }
+  }
+  for (int g = 0; g < group; ++g) std::memcpy(out + g * kFastHeadDim, acc[g], sizeof(acc[g]));
+}
+#endif
 
 // Queries in a tile: consecutive tokens of one sequence sharing one
 // conversion of their KV head's keys (at most kTileTokens). Tiles shrink
@@ -375,9 +521,7 @@ void AttendTile64(const PagedAttentionArgs& a, int64_t seq, int64_t t0, int64_t 
     }
   }
 }
-#endif
 
-#if TANDEM_KERNELS_AVX512
 using TileFn = void (*)(const PagedAttentionArgs&, int64_t, int64_t, int64_t, int64_t, const float*,
                         const KvCacheView&, float*);
 TileFn TileFnFor(KvDtype d) {
@@ -395,7 +539,6 @@ TileFn TileFnFor(KvDtype d) {
   }
   return nullptr;
 }
-#endif
 
 }  // namespace
 
@@ -409,7 +552,6 @@ void PagedAttention(const PagedAttentionArgs& a, const float* q, const KvCacheVi
   }
   const int64_t hd = a.layout.head_dim;
   const int64_t group = a.num_heads / a.layout.num_kv_heads;
-#if TANDEM_KERNELS_AVX512
   if (hd == kFastHeadDim && group <= kMaxGroup) {
     // Tiles of up to `tile` tokens of one sequence; items (tile, KV head).
     const int64_t kvh = a.layout.num_kv_heads;
@@ -431,7 +573,6 @@ void PagedAttention(const PagedAttentionArgs& a, const float* q, const KvCacheVi
     });
     return;
   }
-#endif
   ThreadPool::Run(pool, num_tokens * a.num_heads, [&](int64_t begin, int64_t end) {
     std::vector<float> p, row;
     for (int64_t item = begin; item < end; ++item) {

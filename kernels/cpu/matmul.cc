@@ -82,7 +82,7 @@ void MatMulRowsInPlace(const WeightView& w, const float* x, int64_t n, float* y,
 constexpr int64_t kGemmRows = 32;
 constexpr int kGemmTokens = 6;
 // Fewer tokens than this take TileDots (see GemmRows).
-constexpr int64_t kGemmMinTokens = 3;
+constexpr int64_t kGemmMinTokens = 5;
 
 template <int kT>
 void DotTile(const float* const w[4], const float* x, int64_t cols, float* y, int64_t ldy, int nr) {
@@ -114,11 +114,11 @@ constexpr DotTileFn kDotTiles[kGemmTokens] = {DotTile<1>, DotTile<2>, DotTile<3>
 // y[t, r] for every token and rows [r0, r1): kGemmRows rows at a time, each
 // block of kGemmTokens tokens (about 14-37 KB, kept in L1 / L2) against all
 // of them, four rows per DotTile4.
-// One or two tokens of a type without an in-place path instead take
+// A few tokens (batched decode, speculative verification) instead take
 // kTileRows rows at a time (the buffer stays in L1) and one token at a time
-// against them, four rows per Dot4Rows (TileDots). From 3 tokens DotTile4
-// wins now that it holds the weights in registers (kernels_bench, F16 3072 x
-// 576, 2 threads: 3 / 4 tokens 145 / 193 us against TileDots' 206 / 216).
+// against them, four rows per Dot4Rows (TileDots): kernels_bench, F16 3072 x
+// 576, 2 threads: 3 tokens 157-164 us against DotTile4's 179-186, 4 tokens
+// 195 against 215-221; from 5 tokens DotTile4 wins (169 against 229-230).
 void GemmRows(const WeightView& w, const float* x, int64_t n, float* y, int64_t r0, int64_t r1) {
   const bool direct = w.type == gguf::TensorType::kF32;
   const bool few = n < kGemmMinTokens;

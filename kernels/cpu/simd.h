@@ -112,6 +112,16 @@ inline __m512 TransposeReduce16(const __m512* v, int n, Op op) {
 }
 #endif
 
+// Reduce16's tree on 16 floats (lanes i + i+8, then i + i+4, i + i+2,
+// i + i+1): the same sum as Reduce16 of a vector holding them.
+inline float Reduce16Lanes(const float* v) {
+  float w[8];
+  for (int l = 0; l < 8; ++l) w[l] = v[l] + v[l + 8];
+  for (int l = 0; l < 4; ++l) w[l] += w[l + 4];
+  for (int l = 0; l < 2; ++l) w[l] += w[l + 2];
+  return w[0] + w[1];
+}
+
 // Dot product of n floats with the canonical order above.
 inline float DotF32(const float* a, const float* b, int64_t n) {
 #if TANDEM_KERNELS_AVX512
@@ -154,10 +164,7 @@ inline float DotF32(const float* a, const float* b, int64_t n) {
   }
   float v[16];
   for (int l = 0; l < 16; ++l) v[l] = acc[0][l] + acc[1][l];
-  for (int l = 0; l < 8; ++l) v[l] += v[l + 8];  // Reduce16's tree
-  for (int l = 0; l < 4; ++l) v[l] += v[l + 4];
-  for (int l = 0; l < 2; ++l) v[l] += v[l + 2];
-  return v[0] + v[1];
+  return Reduce16Lanes(v);
 #endif
 }
 
@@ -338,12 +345,7 @@ inline void DotTile4(const float* const w[4], const float* const x[kT], int64_t 
       const int64_t i = 16 * c;
       __m512 wv[4];
 #pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r) {
-        wv[r] = _mm512_loadu_ps(w[r] + i);
-        // Held in a register: without it GCC folds the load into every
-        // FMA, 4 * kT loads per chunk where 4 do.
-        asm("" : "+v"(wv[r]));
-      }
+      for (int r = 0; r < 4; ++r) wv[r] = _mm512_loadu_ps(w[r] + i);
 #pragma GCC unroll 8
       for (int t = 0; t < kT; ++t) {
         __m512 xv = _mm512_loadu_ps(x[t] + i);

@@ -352,13 +352,12 @@ TEST(PagedAttentionTest, MatchesReferenceAndIsBatchInvariant) {
   EXPECT_EQ(0, std::memcmp(single.data(), got.data() + width, 4 * width * sizeof(float)));
 }
 
-// Both builds of the kernels (kernels/cpu/variant.h), on a CPU that runs
-// both: the dispatch really switches code (FusedRowDot exists only in the
-// AVX-512 build), f32 / f16 / Q4_1 MatMul, RmsNorm and SiLU give the same
-// bits, head_dim-64 GQA attention over an f16 cache the same values.
-TEST(SimdVariantTest, BaseAndAvx512BuildsAgree) {
+// The builds of the kernels (kernels/cpu/variant.h) this CPU runs: the
+// dispatch really switches code (FusedRowDot exists only in the AVX-512
+// build), and f32 / f16 / Q4_1 MatMul, RmsNorm and head_dim-64 GQA attention
+// over f16 and int8 caches (tiles and single tokens) give the same bits.
+TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
   const std::string was = SimdKernelsVariant();
-  if (!SetSimdKernelsVariantForTesting("avx512")) GTEST_SKIP() << "CPU without AVX-512";
   struct Out {
     bool fused;
     std::vector<float> mm, norm, silu, attn;
@@ -369,20 +368,23 @@ TEST(SimdVariantTest, BaseAndAvx512BuildsAgree) {
     ms.push_back(MakeMatrix(t, rows, cols, 5));
   }
   const std::vector<float> x = Random(7 * cols, 6, 2.f), w = Random(cols, 7);
-  // 9 query heads over 3 KV heads of dim 64, block size 16, f16 cache; one
-  // sequence of 5 tokens at positions 30..34 (a tile) and one of 1 at 40.
+  // 9 query heads over 3 KV heads of dim 64, block size 16; one sequence
+  // of 5 tokens at positions 30..34 (a tile) and one of 1 at 40.
   const PagedKvLayout layout{6, 16, 3, 64};
   const int64_t width = 3 * 64, slots = 6 * 16, qwidth = 9 * 64;
+  const std::vector<float> kv = Random(2 * slots * width, 8, 3.f);
   std::vector<uint16_t> kc(slots * width), vc(slots * width);
-  const std::vector<float> kv = Random(2 * slots * width, 8);
+  std::vector<int8_t> k8(slots * width), v8(slots * width);
+  const std::vector<float> ksc = Random(slots * 3, 10, 0.1f), vsc = Random(slots * 3, 11, 0.1f);
   for (int64_t i = 0; i < slots * width; ++i) {
     kc[i] = Fp32ToFp16(kv[i]);
     vc[i] = Fp32ToFp16(kv[slots * width + i]);
+    k8[i] = int8_t(std::lround(kv[i] * 40));
+    v8[i] = int8_t(std::lround(kv[slots * width + i] * 40));
   }
-  KvCacheView view;
-  view.dtype = KvDtype::kF16;
-  view.k = kc.data();
-  view.v = vc.data();
+  const KvCacheView f16{KvDtype::kF16, kc.data(), vc.data(), nullptr, nullptr};
+  const KvCacheView i8{KvDtype::kInt8, k8.data(), v8.data(), const_cast<float*>(ksc.data()),
+                       const_cast<float*>(vsc.data())};
   const std::vector<int32_t> query_start = {0, 5, 6}, positions = {30, 31, 32, 33, 34, 40};
   const std::vector<int32_t> context_lens = {35, 41}, tables = {4, 1, 5, 0, 3, 2};
   const PagedAttentionArgs args{
@@ -391,7 +393,6 @@ TEST(SimdVariantTest, BaseAndAvx512BuildsAgree) {
   const std::vector<float> q = Random(6 * qwidth, 9);
   ThreadPool pool(2);
   auto run = [&](const std::string& variant) {
-    EXPECT_TRUE(SetSimdKernelsVariantForTesting(variant));
     EXPECT_EQ(variant, SimdKernelsVariant());
     Out o;
     float unused;
@@ -405,21 +406,33 @@ TEST(SimdVariantTest, BaseAndAvx512BuildsAgree) {
     }
     o.norm.resize(7 * cols);
     RmsNorm(x.data(), w.data(), 7, cols, 1e-5f, o.norm.data());
-    o.silu.resize(7 * cols);
-    SiluMul(x.data(), x.data() + cols, 6 * cols, o.silu.data());
-    o.attn.resize(6 * qwidth);
-    PagedAttention(args, q.data(), view, o.attn.data(), &pool);
+    for (const KvCacheView* cache : {&f16, &i8}) {
+      std::vector<float> y(6 * qwidth);
+      PagedAttention(args, q.data(), *cache, y.data(), &pool);
+      o.attn.insert(o.attn.end(), y.begin(), y.end());
+    }
     return o;
   };
-  const Out fast = run("avx512"), base = run("base");
+  std::vector<std::pair<std::string, Out>> outs;
+  for (const char* v : {"avx512", "avx2", "base"}) {
+    if (SetSimdKernelsVariantForTesting(v)) outs.emplace_back(v, run(v));
+  }
   EXPECT_TRUE(SetSimdKernelsVariantForTesting(was));
-  EXPECT_TRUE(fast.fused);
-  EXPECT_FALSE(base.fused);
-  ASSERT_EQ(fast.mm.size(), base.mm.size());
-  EXPECT_EQ(0, std::memcmp(fast.mm.data(), base.mm.data(), fast.mm.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(fast.norm.data(), base.norm.data(), fast.norm.size() * sizeof(float)));
-  ExpectClose(base.silu, fast.silu, 1e-6f);
-  ExpectClose(base.attn, fast.attn, 1e-5f);
+  ASSERT_FALSE(outs.empty());
+  const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (const auto& [name, o] : outs) {
+    EXPECT_EQ(o.fused, name == "avx512") << name;
+    EXPECT_TRUE(same(o.mm, outs[0].second.mm)) << name;
+    EXPECT_TRUE(same(o.norm, outs[0].second.norm)) << name;
+    EXPECT_TRUE(same(o.attn, outs[0].second.attn)) << name;
+  }
+  // And the attention is right, not only the same (the scalar reference).
+  std::vector<float> want(6 * qwidth), got(6 * qwidth);
+  ref::PagedAttention(args, q.data(), f16, want.data());
+  PagedAttention(args, q.data(), f16, got.data(), &pool);
+  ExpectClose(got, want, 1e-5f);
 }
 
 TEST(WriteKvTest, StoresAtSlots) {
