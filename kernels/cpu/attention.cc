@@ -3,8 +3,9 @@
 // Work items are (tile, KV head) pairs split over the pool, a tile being up
 // to 8 consecutive tokens of one sequence (a prefill chunk, a speculative
 // verification): one item computes all query heads of the KV head's GQA
-// group for every token of its tile (AVX-512, head_dim 64: queries and
-// outputs stay in registers; other shapes: one (token, head) at a time). A
+// group for every token of its tile (head_dim 64: on AVX-512 queries and
+// outputs stay in registers, other builds run a portable form with the same
+// bits; other shapes: one (token, head) at a time). A
 // tile of several tokens converts its KV head's K/V rows to f32 once into
 // thread-local scratch, exactly the values the in-place loads give, and every
 // token reads them there; a tile of one reads the cache in place. Each
@@ -382,7 +383,7 @@ void AttendGroup64(const Rows& rows, float score_scale, int64_t len, const float
   }
 }
 #else
-// The AVX-512 AttendGroup64 below without AVX-512: the same lanes, fused
+// The AVX-512 AttendGroup64 above without AVX-512: the same lanes, fused
 // multiply-adds, exp steps and trees, one float at a time (loops the
 // compiler vectorizes where it can), so its outputs are bit-identical. No
 // multiply feeds an add outside an explicit std::fma, so contraction
