@@ -14,7 +14,7 @@ namespace cpu {
 using namespace ::tandem::kernels::cpu;  // simd.h, from a variant's namespace
 namespace {
 
-inline float Half(const uint8_t* p) {
+[[maybe_unused]] inline float Half(const uint8_t* p) {  // (AVX-512 builds only)
   uint16_t h;
   std::memcpy(&h, p, 2);
 #if defined(__F16C__)

@@ -37,7 +37,7 @@ bool HasFusedPath(gguf::TensorType t) {
 }
 
 // Groups of 4 rows MatMulRowsInPlace fetches ahead.
-constexpr int64_t kPrefetchGroups = 2;
+[[maybe_unused]] constexpr int64_t kPrefetchGroups = 2;  // (AVX-512 builds only)
 
 // y[t, r] for rows [r0, r1) of f32 / f16 / bf16 rows read in place, four at
 // a time (a short last group repeats its last row; the copies are dropped).

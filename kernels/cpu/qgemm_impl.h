@@ -29,9 +29,8 @@ struct ActRow {
 
 TANDEM_KERNELS_ABI_BEGIN  // per-ISA symbols (kernels/cpu/variant.h)
 
-    // max|x_i| over n floats (exact in any order), the per-token amax.
-    inline float
-    RowAbsMax(const float* x, int64_t n) {
+// max|x_i| over n floats (exact in any order), the per-token amax.
+inline float RowAbsMax(const float* x, int64_t n) {
   float amax = 0.f;
   for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
   return amax;

@@ -27,8 +27,7 @@ namespace tandem::kernels::cpu {
 
 TANDEM_KERNELS_ABI_BEGIN  // per-ISA symbols (kernels/cpu/variant.h)
 #if TANDEM_KERNELS_AVX512
-    inline float
-    Reduce16(__m512 v) {
+inline float Reduce16(__m512 v) {
   const __m256 lo = _mm512_castps512_ps256(v);
   const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
   const __m256 a = _mm256_add_ps(lo, hi);

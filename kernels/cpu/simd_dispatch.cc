@@ -101,10 +101,16 @@ Variant Chosen() {
 
 }  // namespace
 
-#define TANDEM_DISPATCH(fn, ...)                 \
-  (Chosen() == kAvx512 ? avx512::fn(__VA_ARGS__) \
-   : Chosen() == kAvx2 ? avx2::fn(__VA_ARGS__)   \
-                       : base::fn(__VA_ARGS__))
+// Returns fn of the chosen variant (Chosen() read once).
+#define TANDEM_DISPATCH(fn, ...)      \
+  switch (Chosen()) {                 \
+    case kAvx512:                     \
+      return avx512::fn(__VA_ARGS__); \
+    case kAvx2:                       \
+      return avx2::fn(__VA_ARGS__);   \
+    default:                          \
+      return base::fn(__VA_ARGS__);   \
+  }
 
 std::string SimdKernelsVariant() { return kVariantNames[Chosen()]; }
 
@@ -155,7 +161,7 @@ void PagedAttention(const PagedAttentionArgs& args, const float* q, const KvCach
   TANDEM_DISPATCH(PagedAttention, args, q, cache, out, pool);
 }
 float QuantizeKvHead(KvDtype dtype, const float* x, int64_t n, void* dst) {
-  return TANDEM_DISPATCH(QuantizeKvHead, dtype, x, n, dst);
+  TANDEM_DISPATCH(QuantizeKvHead, dtype, x, n, dst);
 }
 void DequantizeKvHead(KvDtype dtype, const void* src, float scale, int64_t n, float* dst) {
   TANDEM_DISPATCH(DequantizeKvHead, dtype, src, scale, n, dst);
@@ -163,7 +169,7 @@ void DequantizeKvHead(KvDtype dtype, const void* src, float scale, int64_t n, fl
 
 namespace cpu {
 bool FusedRowDot(gguf::TensorType type, const void* row, const float* x, int64_t n, float* out) {
-  return TANDEM_DISPATCH(cpu::FusedRowDot, type, row, x, n, out);
+  TANDEM_DISPATCH(cpu::FusedRowDot, type, row, x, n, out);
 }
 void DequantizeRowFast(gguf::TensorType type, const void* src, float* dst, int64_t n) {
   TANDEM_DISPATCH(cpu::DequantizeRowFast, type, src, dst, n);

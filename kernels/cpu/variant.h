@@ -2,14 +2,15 @@
 // TANDEM_KERNELS_AVX512 (attention.cc, matmul.cc, ops.cc, dequant_fast.cc,
 // and kv_dtype.cc's row coders).
 //
-// On x86-64 those files are compiled twice (kernels/CMakeLists.txt): with
-// the AVX-512 flags of qgemm_avx512.cc into namespace `avx512`, and with the
-// build's own flags minus AVX-512 into namespace `base`. simd_dispatch.cc
-// defines the public functions and calls one variant, chosen once per
-// process from CPUID (and TANDEM_KERNEL_ISA), so a portable build
-// (-DTANDEM_NATIVE=OFF: the Docker image) runs the AVX-512 attention and
-// GEMM paths on a CPU that has them, and the scalar ones elsewhere. Other
-// targets compile the files once, without a namespace.
+// On x86-64 those files are compiled three times (kernels/CMakeLists.txt):
+// with the AVX-512 flags of qgemm_avx512.cc into namespace `avx512`, with
+// AVX2 + FMA + F16C into `avx2`, and with the build's own flags minus
+// AVX-512 into `base`. simd_dispatch.cc defines the public functions and
+// calls one variant, chosen once per process from CPUID (and
+// TANDEM_KERNEL_ISA), so a portable build (-DTANDEM_NATIVE=OFF: the Docker
+// image) runs the AVX-512 attention and GEMM paths on a CPU that has them,
+// and the portable forms elsewhere. Other targets compile the files once,
+// without a namespace.
 #ifndef TANDEM_KERNELS_CPU_VARIANT_H_
 #define TANDEM_KERNELS_CPU_VARIANT_H_
 
