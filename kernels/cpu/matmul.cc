@@ -37,7 +37,7 @@ bool HasFusedPath(gguf::TensorType t) {
 }
 
 // Groups of 4 rows MatMulRowsInPlace fetches ahead.
-[[maybe_unused]] constexpr int64_t kPrefetchGroups = 2;  // (AVX-512 builds only)
+[[maybe_unused]] constexpr int64_t kPrefetchGroups = 2;  // (AVX-512 / AVX2 builds only)
 
 // y[t, r] for rows [r0, r1) of f32 / f16 / bf16 rows read in place, four at
 // a time (a short last group repeats its last row; the copies are dropped).
@@ -45,7 +45,7 @@ template <cpu::RowKind kKind>
 void MatMulRowsInPlace(const WeightView& w, const float* x, int64_t n, float* y, int64_t r0,
                        int64_t r1) {
   for (int64_t r = r0; r < r1; r += 4) {
-#if TANDEM_KERNELS_AVX512
+#if TANDEM_KERNELS_AVX512 || TANDEM_KERNELS_AVX2
     // The weights stream once: fetch the group kPrefetchGroups ahead into
     // L2 (the hardware prefetcher alone leaves the loads stalled, as in
     // QGemm; into L1, T0, decode of an f16 file measured 10-20% slower on
@@ -159,7 +159,7 @@ void MatMulTiles(const WeightView& w, const float* x, int64_t n, float* y, int64
   const bool direct = w.type == gguf::TensorType::kF32;
   const int64_t r0 = tile_begin * kTileRows, r1 = std::min(w.rows, tile_end * kTileRows);
   if (n <= kMaxFusedTokens) {
-#if TANDEM_KERNELS_AVX512
+#if TANDEM_KERNELS_AVX512 || TANDEM_KERNELS_AVX2
     // Decode is bound by the weight bytes: f16 / bf16 rows are widened in
     // registers, never written out.
     if (w.type == gguf::TensorType::kF16) {

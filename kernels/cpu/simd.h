@@ -15,12 +15,18 @@
 
 #if defined(__AVX512F__)
 // GCC 12 warns inside its own AVX-512 intrinsics (the _mm512_undefined_*
-// placeholders they pass as merge sources): a known false positive.
+// placeholders they pass as merge sources, `__m512 __Y = __Y`): a known
+// false positive.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 #define TANDEM_KERNELS_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+// 8-lane forms of DotF32 and of the f16 / bf16 row loads, same bits.
+#define TANDEM_KERNELS_AVX2 1
 #endif
 
 namespace tandem::kernels::cpu {
@@ -121,6 +127,77 @@ inline float Reduce16Lanes(const float* v) {
   return w[0] + w[1];
 }
 
+// Weight rows as stored: f32, or f16 / bf16 widened to f32 on load (exact).
+enum class RowKind { kF32, kF16, kBf16 };
+
+#if TANDEM_KERNELS_AVX2
+// 8 weights of a row from element i as f32.
+template <RowKind kKind>
+inline __m256 LoadRow8(const void* row, int64_t i) {
+  if constexpr (kKind == RowKind::kF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(row) + i);
+  } else {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i));
+    if constexpr (kKind == RowKind::kF16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+// Weights i .. i+15 (the first `rem` of them, the other lanes +0) as two
+// 8-lane halves, as a zero-masked 16-lane load gives them.
+template <RowKind kKind>
+inline void LoadRowTail8(const void* row, int64_t i, int64_t rem, __m256* lo, __m256* hi) {
+  if constexpr (kKind == RowKind::kF32) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const float* p = static_cast<const float*>(row) + i;
+    *lo = _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(int(rem)), lane));
+    *hi = _mm256_maskload_ps(p + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(int(rem - 8)), lane));
+  } else {
+    uint16_t tmp[16] = {};
+    std::memcpy(tmp, static_cast<const uint16_t*>(row) + i, rem * sizeof(uint16_t));
+    *lo = LoadRow8<kKind>(tmp, 0);
+    *hi = LoadRow8<kKind>(tmp, 8);
+  }
+}
+
+// DotF32(w as f32, x, n) with 8-lane registers: the AVX-512 lanes as two
+// halves (lanes 0-7, 8-15) of each accumulator, the same FMAs and
+// Reduce16's tree, so the same bits; f16 / bf16 rows widened in registers.
+template <RowKind kKind>
+inline float DotRow8(const void* w, const float* x, int64_t n) {
+  __m256 a0l = _mm256_setzero_ps(), a0h = a0l, a1l = a0l, a1h = a0l;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0l = _mm256_fmadd_ps(LoadRow8<kKind>(w, i), _mm256_loadu_ps(x + i), a0l);
+    a0h = _mm256_fmadd_ps(LoadRow8<kKind>(w, i + 8), _mm256_loadu_ps(x + i + 8), a0h);
+    a1l = _mm256_fmadd_ps(LoadRow8<kKind>(w, i + 16), _mm256_loadu_ps(x + i + 16), a1l);
+    a1h = _mm256_fmadd_ps(LoadRow8<kKind>(w, i + 24), _mm256_loadu_ps(x + i + 24), a1h);
+  }
+  bool odd = false;
+  if (i + 16 <= n) {
+    a0l = _mm256_fmadd_ps(LoadRow8<kKind>(w, i), _mm256_loadu_ps(x + i), a0l);
+    a0h = _mm256_fmadd_ps(LoadRow8<kKind>(w, i + 8), _mm256_loadu_ps(x + i + 8), a0h);
+    i += 16;
+    odd = true;
+  }
+  if (i < n) {
+    __m256 wl, wh, xl, xh;
+    LoadRowTail8<kKind>(w, i, n - i, &wl, &wh);
+    LoadRowTail8<RowKind::kF32>(x, i, n - i, &xl, &xh);
+    __m256& tl = odd ? a1l : a0l;
+    __m256& th = odd ? a1h : a0h;
+    tl = _mm256_fmadd_ps(wl, xl, tl);
+    th = _mm256_fmadd_ps(wh, xh, th);
+  }
+  const __m256 v = _mm256_add_ps(_mm256_add_ps(a0l, a1l), _mm256_add_ps(a0h, a1h));
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+#endif
+
 // Dot product of n floats with the canonical order above.
 inline float DotF32(const float* a, const float* b, int64_t n) {
 #if TANDEM_KERNELS_AVX512
@@ -149,6 +226,8 @@ inline float DotF32(const float* a, const float* b, int64_t n) {
     }
   }
   return Reduce16(_mm512_add_ps(acc0, acc1));
+#elif TANDEM_KERNELS_AVX2
+  return DotRow8<RowKind::kF32>(a, b, n);
 #else
   // The same lanes, fused multiply-adds and tree, one float at a time (a
   // base build on a CPU without AVX-512 gives the AVX-512 build's bits).
@@ -166,9 +245,6 @@ inline float DotF32(const float* a, const float* b, int64_t n) {
   return Reduce16Lanes(v);
 #endif
 }
-
-// Weight rows as stored: f32, or f16 / bf16 widened to f32 on load (exact).
-enum class RowKind { kF32, kF16, kBf16 };
 
 #if TANDEM_KERNELS_AVX512
 // 16 weights of a row from element i as f32.
@@ -246,8 +322,10 @@ inline void Dot4Rows(const void* const w[4], const float* x, int64_t n, float ou
   }
 #pragma GCC unroll 4
   for (int r = 0; r < 4; ++r) out[r] = Reduce16(_mm512_add_ps(a[r], b[r]));
+#elif TANDEM_KERNELS_AVX2
+  for (int r = 0; r < 4; ++r) out[r] = DotRow8<kKind>(w[r], x, n);
 #else
-  static_assert(kKind == RowKind::kF32, "f16 / bf16 rows need the AVX-512 build");
+  static_assert(kKind == RowKind::kF32, "f16 / bf16 rows need an AVX-512 or AVX2 build");
   for (int r = 0; r < 4; ++r) out[r] = DotF32(static_cast<const float*>(w[r]), x, n);
 #endif
 }

@@ -364,8 +364,13 @@ TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
   };
   const int64_t rows = 37, cols = 96;
   std::vector<QuantMatrix> ms;
-  for (TensorType t : {TensorType::kF32, TensorType::kF16, TensorType::kQ4_1}) {
-    ms.push_back(MakeMatrix(t, rows, cols, 5));
+  ms.push_back(MakeMatrix(TensorType::kQ4_1, rows, cols, 5));
+  // Row lengths with every tail shape of the 32-element steps: none (96),
+  // 16 + 3 (83: the odd accumulator), 13 (45: the even one).
+  for (int64_t c : {cols, int64_t(83), int64_t(45)}) {
+    for (TensorType t : {TensorType::kF32, TensorType::kF16, TensorType::kBF16}) {
+      ms.push_back(MakeMatrix(t, rows, c, uint32_t(5 + c)));
+    }
   }
   const std::vector<float> x = Random(7 * cols, 6, 2.f), w = Random(cols, 7);
   // 9 query heads over 3 KV heads of dim 64, block size 16; one sequence
@@ -396,7 +401,7 @@ TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
     EXPECT_EQ(variant, SimdKernelsVariant());
     Out o;
     float unused;
-    o.fused = cpu::FusedRowDot(TensorType::kQ4_1, ms[2].view.row(0), x.data(), cols, &unused);
+    o.fused = cpu::FusedRowDot(TensorType::kQ4_1, ms[0].view.row(0), x.data(), cols, &unused);
     for (const QuantMatrix& m : ms) {
       for (int64_t n : {1, 2, 3, 7}) {
         std::vector<float> y(n * rows);
