@@ -103,19 +103,26 @@ void BM_QuantizeActs(benchmark::State& state) {
   Counters(state, n * cols * 4, 0);
 }
 
-// SmolLM2's attention shape (9 query / 3 KV heads of 64, blocks of 16): the
-// last `n` tokens of one `ctx`-token sequence in one step, each attending to
-// its own prefix; the block table in order or scrambled. Not copyable: args
-// points into it.
+// SmolLM2's attention shape (9 query / 3 KV heads of 64, blocks of 16), or
+// with dim 128 Llama 3 8B's (32 query / 8 KV heads of 128): the last `n`
+// tokens of one `ctx`-token sequence in one step, each attending to its own
+// prefix; the block table in order or scrambled. Not copyable: args points
+// into it.
 struct OneSequence {
-  static constexpr int64_t kBlock = 16, kKvHeads = 3, kHeads = 9, kDim = 64;
-  OneSequence(int64_t n, int64_t ctx, bool scrambled)
-      : blocks((ctx + kBlock - 1) / kBlock), table(blocks), pos(n), len(int32_t(ctx)) {
+  static constexpr int64_t kBlock = 16;
+  OneSequence(int64_t n, int64_t ctx, bool scrambled, int64_t head_dim = 64)
+      : kv_heads(head_dim == 64 ? 3 : 8),
+        heads(head_dim == 64 ? 9 : 32),
+        dim(head_dim),
+        blocks((ctx + kBlock - 1) / kBlock),
+        table(blocks),
+        pos(n),
+        len(int32_t(ctx)) {
     for (int64_t i = 0; i < blocks; ++i) table[i] = int32_t(scrambled ? blocks - 1 - i : i);
     for (int64_t i = 0; i < n; ++i) pos[i] = int32_t(ctx - n + i);
     qs[1] = int32_t(n);
-    args.layout = {blocks, kBlock, kKvHeads, kDim};
-    args.num_heads = kHeads;
+    args.layout = {blocks, kBlock, kv_heads, dim};
+    args.num_heads = heads;
     args.scale = 0.125f;
     args.num_seqs = 1;
     args.query_start = qs;
@@ -128,6 +135,7 @@ struct OneSequence {
   OneSequence& operator=(const OneSequence&) = delete;
   int64_t slots() const { return blocks * kBlock; }
 
+  const int64_t kv_heads, heads, dim;
   int64_t blocks;
   std::vector<int32_t> table, pos;
   int32_t qs[2] = {0, 0};
@@ -138,9 +146,9 @@ struct OneSequence {
 void BM_PagedAttention(benchmark::State& state) {
   const int64_t ctx = state.range(0);
   const OneSequence s(1, ctx, /*scrambled=*/false);
-  const int64_t width = OneSequence::kKvHeads * OneSequence::kDim;
+  const int64_t width = s.kv_heads * s.dim;
   const std::vector<float> k = Random(s.slots() * width, 4), v = Random(k.size(), 5);
-  const std::vector<float> q = Random(OneSequence::kHeads * OneSequence::kDim, 6);
+  const std::vector<float> q = Random(s.heads * s.dim, 6);
   std::vector<float> out(q.size());
   for (auto _ : state) {
     PagedAttention(s.args, q.data(), k.data(), v.data(), out.data(), Pool());
@@ -150,21 +158,22 @@ void BM_PagedAttention(benchmark::State& state) {
 }
 
 // OneSequence's n tokens at ctx over a KV cache of `dtype` (KvDtype; 1 =
-// f16, the CPU engine's default): n = ctx is a pp<n> prefill's attention,
-// n = 5 at ctx 300 a speculative verification.
+// f16, the CPU engine's default), head dim `hd`: n = ctx is a pp<n>
+// prefill's attention, n = 5 at ctx 300 a speculative verification, n = 1 a
+// decode step.
 void BM_PagedAttentionChunk(benchmark::State& state) {
   const int64_t n = state.range(0), ctx = state.range(1);
   const KvDtype dtype = KvDtype(state.range(2));
-  const OneSequence s(n, ctx, /*scrambled=*/true);
-  const int64_t width = OneSequence::kKvHeads * OneSequence::kDim, slots = s.slots();
+  const OneSequence s(n, ctx, /*scrambled=*/true, state.range(3));
+  const int64_t width = s.kv_heads * s.dim, slots = s.slots();
   const std::vector<float> k = Random(slots * width, 4), v = Random(k.size(), 5);
   std::vector<char> kc(k.size() * KvElementBytes(dtype)), vc(kc.size());
-  std::vector<float> ks(slots * OneSequence::kKvHeads), vs(ks.size());
+  std::vector<float> ks(slots * s.kv_heads), vs(ks.size());
   const KvCacheView cache{dtype, kc.data(), vc.data(), ks.data(), vs.data()};
   std::vector<int64_t> all(slots);
   for (int64_t i = 0; i < slots; ++i) all[i] = i;
   WriteKv(s.args.layout, k.data(), v.data(), all.data(), slots, cache);
-  const std::vector<float> q = Random(n * OneSequence::kHeads * OneSequence::kDim, 6);
+  const std::vector<float> q = Random(n * s.heads * s.dim, 6);
   std::vector<float> out(q.size());
   for (auto _ : state) {
     PagedAttention(s.args, q.data(), cache, out.data(), Pool());
@@ -172,8 +181,7 @@ void BM_PagedAttentionChunk(benchmark::State& state) {
   }
   // (query, key) pairs: sum over the n queries of their context lengths.
   const int64_t pairs = n * (ctx - n) + n * (n + 1) / 2;
-  Counters(state, 2 * ctx * width * KvElementBytes(dtype),
-           2 * pairs * OneSequence::kHeads * OneSequence::kDim);
+  Counters(state, 2 * ctx * width * KvElementBytes(dtype), 2 * pairs * s.heads * s.dim);
 }
 
 constexpr int64_t kQ41 = int64_t(TensorType::kQ4_1), kQ80 = int64_t(TensorType::kQ8_0),
@@ -227,11 +235,13 @@ BENCHMARK(BM_QuantizeActs)
     ->Args({1536, 512, 2});
 BENCHMARK(BM_PagedAttention)->ArgNames({"ctx"})->Arg(128)->Arg(1024)->UseRealTime();
 BENCHMARK(BM_PagedAttentionChunk)
-    ->ArgNames({"n", "ctx", "dtype"})
-    ->Args({5, 300, int64_t(KvDtype::kF16)})
-    ->Args({512, 512, int64_t(KvDtype::kF16)})
-    ->Args({512, 512, int64_t(KvDtype::kF32)})
-    ->Args({512, 512, int64_t(KvDtype::kInt8)})
+    ->ArgNames({"n", "ctx", "dtype", "hd"})
+    ->Args({5, 300, int64_t(KvDtype::kF16), 64})
+    ->Args({512, 512, int64_t(KvDtype::kF16), 64})
+    ->Args({512, 512, int64_t(KvDtype::kF32), 64})
+    ->Args({512, 512, int64_t(KvDtype::kInt8), 64})
+    ->Args({1, 2048, int64_t(KvDtype::kF16), 128})
+    ->Args({512, 512, int64_t(KvDtype::kF16), 128})
     ->UseRealTime();
 
 }  // namespace

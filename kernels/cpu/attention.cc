@@ -3,10 +3,10 @@
 // Work items are (tile, KV head) pairs split over the pool, a tile being up
 // to 8 consecutive tokens of one sequence (a prefill chunk, a speculative
 // verification): one item computes all query heads of the KV head's GQA
-// group for every token of its tile (head_dim 64: on AVX-512 queries and
-// outputs stay in registers, other builds run a portable form with the same
-// bits; other shapes: one (token, head) at a time). A
-// tile of several tokens converts its KV head's K/V rows to f32 once into
+// group for every token of its tile (AttendGroup, for head dims 64, 80, 96,
+// 128 and 256 and any group size: on AVX-512 16-lane registers, other builds
+// a portable form with the same bits; other head dims: one (token, head) at
+// a time, AttendOne). A tile of several tokens converts its KV head's K/V rows to f32 once into
 // thread-local scratch, exactly the values the in-place loads give, and every
 // token reads them there; a tile of one reads the cache in place. Each
 // output is computed entirely by one thread: scores in position order
@@ -15,13 +15,13 @@
 // other items, so outputs are bit-identical for any batch or thread count.
 //
 // KV dtypes (kernels/kv_dtype.h) are read in place: each K/V row is
-// converted to f32 in registers (AVX-512 head_dim 64) or into one row of
-// scratch (other shapes) right where it is used; int8/fp8 scales multiply the
+// converted to f32 in registers (AVX-512 AttendGroup) or into one row of
+// scratch (other builds and head dims) right where it is used; int8/fp8 scales multiply the
 // score of their key and the softmax weight of their value, so no
 // dequantized copy of the cache is ever made. The one exception is bounded:
 // a multi-token tile's working copy of its KV head's rows (at most
-// kMaxTileContext keys: 2 MiB per thread, kept for reuse). f32 runs exactly the code it ran before
-// dtypes existed.
+// kMaxTileFloats per K and V: 2 MiB per thread, kept for reuse). f32 runs
+// exactly the code it ran before dtypes existed.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -214,7 +214,12 @@ void AttendOne(const PagedAttentionArgs& a, const int32_t* table, int64_t len, c
 }
 
 constexpr int kMaxGroup = 8;
-constexpr int64_t kFastHeadDim = 64;
+// Head dims with the GQA-group kernel (AttendGroup): 64 (SmolLM2, Llama 3.2
+// 1B, TinyLlama), 80 (Phi-2), 96 (Phi-3), 128 (Llama 2/3 7-70B, Qwen2.5,
+// Mistral), 256 (Gemma); a head is kHd / 16 chunks of 16 lanes. Other head
+// dims take AttendOne.
+template <int kHd>
+constexpr int kChunks = kHd / 16;
 
 #if TANDEM_KERNELS_AVX512
 // out[i] = sum of the 16 lanes of v[i]. Each output's lanes are added in
@@ -225,19 +230,19 @@ inline __m512 TransposeSum16(const __m512* v) {
 }
 #endif
 
-// K and V rows of keys 0, 1, ... of one KV head as AttendGroup64 reads them:
+// K and V rows of keys 0, 1, ... of one KV head as AttendGroup reads them:
 // key j's storage row r = Row(j) (looked up once per key), Load16<LD> of
 // k(r) / v(r), times the scale ks(r) / vs(r) when kScaled.
 //   PagedRows: in place in the paged cache (dtype D, through the block
 //     table), the scales the cache's times kRawScale<D>;
 //   HeadRows: f32 copies in scratch, made by GatherHead, holding exactly the
 //     values Load16<D> gives, and the same scales.
-// Both give AttendGroup64 bit-identical inputs, so a query's output does not
+// Both give AttendGroup bit-identical inputs, so a query's output does not
 // depend on which one served it.
-template <KvDtype D>
+template <KvDtype D, int kHd>
 struct PagedRows {
   static constexpr KvDtype kLoad = D;
-  static constexpr int64_t kRowBytes = kFastHeadDim * KvElementBytes(D);
+  static constexpr int64_t kRowBytes = kHd * KvElementBytes(D);
   const PagedKvLayout* L;
   const int32_t* table;
   int64_t kvh;
@@ -254,24 +259,21 @@ struct PagedRows {
 
 // One KV head's keys [0, len) converted once, shared by every query of a
 // tile (the rows of a prefill or of a speculative verification chunk).
+template <int kHd>
 struct HeadRows {
   static constexpr KvDtype kLoad = KvDtype::kF32;
-  std::vector<float> kf, vf, ksc, vsc;  // [len][64], [len]
+  std::vector<float> kf, vf, ksc, vsc;  // [len][kHd], [len]
   static int64_t Row(int64_t j) { return j; }
-  const char* k(int64_t r) const {
-    return reinterpret_cast<const char*>(kf.data() + r * kFastHeadDim);
-  }
-  const char* v(int64_t r) const {
-    return reinterpret_cast<const char*>(vf.data() + r * kFastHeadDim);
-  }
+  const char* k(int64_t r) const { return reinterpret_cast<const char*>(kf.data() + r * kHd); }
+  const char* v(int64_t r) const { return reinterpret_cast<const char*>(vf.data() + r * kHd); }
   float ks(int64_t r) const { return ksc[r]; }
   float vs(int64_t r) const { return vsc[r]; }
 };
 
-template <KvDtype D>
-void GatherHead(const PagedRows<D>& src, int64_t len, HeadRows& dst) {
-  dst.kf.resize(len * kFastHeadDim);
-  dst.vf.resize(len * kFastHeadDim);
+template <KvDtype D, int kHd>
+void GatherHead(const PagedRows<D, kHd>& src, int64_t len, HeadRows<kHd>& dst) {
+  dst.kf.resize(len * kHd);
+  dst.vf.resize(len * kHd);
   if constexpr (KvHasScales(D)) {
     dst.ksc.resize(len);
     dst.vsc.resize(len);
@@ -280,9 +282,9 @@ void GatherHead(const PagedRows<D>& src, int64_t len, HeadRows& dst) {
     const int64_t r = src.Row(j);
     const char* kr = src.k(r);
     const char* vr = src.v(r);
-    float* kd = dst.kf.data() + j * kFastHeadDim;
-    float* vd = dst.vf.data() + j * kFastHeadDim;
-    for (int c = 0; c < 4; ++c) {
+    float* kd = dst.kf.data() + j * kHd;
+    float* vd = dst.vf.data() + j * kHd;
+    for (int c = 0; c < kChunks<kHd>; ++c) {
       Store16<D>(kr, c, kd + 16 * c);
       Store16<D>(vr, c, vd + 16 * c);
     }
@@ -294,18 +296,16 @@ void GatherHead(const PagedRows<D>& src, int64_t len, HeadRows& dst) {
 }
 
 #if TANDEM_KERNELS_AVX512
-// All `group` heads of one KV head for one query, head_dim 64, over keys
-// [0, len) of `rows` (PagedRows or HeadRows; kScaled: int8 / fp8 scales).
-// p: [group, len] scratch.
-template <bool kScaled, typename Rows>
-void AttendGroup64(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
-                   std::vector<float>& p, float* out) {
+// p[g * stride + j] = score of key j for head g (of `group`, <= kMaxGroup),
+// head_dim kHd.
+template <int kHd, bool kScaled, typename Rows>
+void ScoreKeys(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
+               int64_t stride, float* p) {
   constexpr KvDtype LD = Rows::kLoad;
-  const int64_t stride = (len + 15) / 16 * 16;
-  p.resize(group * stride);
-  __m512 qv[kMaxGroup][4];
+  constexpr int C = kChunks<kHd>;
+  __m512 qv[kMaxGroup][C];
   for (int g = 0; g < group; ++g) {
-    for (int c = 0; c < 4; ++c) qv[g][c] = _mm512_loadu_ps(q + g * kFastHeadDim + 16 * c);
+    for (int c = 0; c < C; ++c) qv[g][c] = _mm512_loadu_ps(q + g * kHd + 16 * c);
   }
   // Scores 16 keys at a time: per key a 16-lane partial product, then one
   // transpose-reduce of the 16 partials gives the 16 dots in one register.
@@ -325,65 +325,86 @@ void AttendGroup64(const Rows& rows, float score_scale, int64_t len, const float
     const __mmask16 m = nk == 16 ? __mmask16(0xffff) : cpu::TailMask(nk);
     for (int g = 0; g < group; ++g) {
       __m512 part[16];
+      // Even chunks into e, odd into o (head_dim 64: e = q0 k0 + q2 k2,
+      // o = q1 k1 + q3 k3), then e + o.
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) {
         __m512 e = _mm512_mul_ps(qv[g][0], Load16<LD>(kr[i], 0));
         __m512 o = _mm512_mul_ps(qv[g][1], Load16<LD>(kr[i], 1));
-        e = _mm512_fmadd_ps(qv[g][2], Load16<LD>(kr[i], 2), e);
-        o = _mm512_fmadd_ps(qv[g][3], Load16<LD>(kr[i], 3), o);
+#pragma GCC unroll 16
+        for (int c = 2; c + 1 < C; c += 2) {
+          e = _mm512_fmadd_ps(qv[g][c], Load16<LD>(kr[i], c), e);
+          o = _mm512_fmadd_ps(qv[g][c + 1], Load16<LD>(kr[i], c + 1), o);
+        }
+        if constexpr (C % 2 == 1) e = _mm512_fmadd_ps(qv[g][C - 1], Load16<LD>(kr[i], C - 1), e);
         part[i] = _mm512_add_ps(e, o);
       }
       __m512 sc = _mm512_mul_ps(TransposeSum16(part), scale);
       if constexpr (kScaled) sc = _mm512_mul_ps(sc, _mm512_load_ps(ks));
-      _mm512_mask_storeu_ps(p.data() + g * stride + j0, m, sc);
+      _mm512_mask_storeu_ps(p + g * stride + j0, m, sc);
     }
   }
+}
+
+// Softmax numerators of p[0..len) in place (Exp16); returns 1 / their sum
+// (lane l takes keys l, l + 16, ..., then Reduce16's tree).
+inline float SoftmaxLanes(float* p, int64_t len) {
+  // max is exact in any order.
+  __m512 mx16 = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < len; j += 16) {
+    const __mmask16 m = len - j >= 16 ? __mmask16(0xffff) : cpu::TailMask(len - j);
+    mx16 = _mm512_mask_max_ps(mx16, m, mx16, _mm512_maskz_loadu_ps(m, p + j));
+  }
+  const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx16));
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < len; j += 16) {
+    const __mmask16 m = len - j >= 16 ? __mmask16(0xffff) : cpu::TailMask(len - j);
+    const __m512 e = cpu::Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p + j), mv));
+    _mm512_mask_storeu_ps(p + j, m, e);
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
+  }
+  return 1.f / cpu::Reduce16(sum);
+}
+
+// All `group` (<= kMaxGroup) heads of one KV head for one query, head_dim
+// kHd, over keys [0, len) of `rows` (PagedRows or HeadRows; kScaled: int8 /
+// fp8 scales). p: [group, len] scratch.
+template <int kHd, bool kScaled, typename Rows>
+void AttendGroup(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
+                 std::vector<float>& p, float* out) {
+  constexpr KvDtype LD = Rows::kLoad;
+  constexpr int C = kChunks<kHd>;
+  const int64_t stride = (len + 15) / 16 * 16;
+  p.resize(group * stride);
+  ScoreKeys<kHd, kScaled>(rows, score_scale, len, q, group, stride, p.data());
   float inv[kMaxGroup];
+  for (int g = 0; g < group; ++g) inv[g] = SoftmaxLanes(p.data() + g * stride, len);
+  __m512 acc[kMaxGroup][C];
   for (int g = 0; g < group; ++g) {
-    float* pg = p.data() + g * stride;
-    // max is exact in any order.
-    __m512 mx16 = _mm512_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < len; j += 16) {
-      const __mmask16 m = len - j >= 16 ? __mmask16(0xffff) : cpu::TailMask(len - j);
-      mx16 = _mm512_mask_max_ps(mx16, m, mx16, _mm512_maskz_loadu_ps(m, pg + j));
-    }
-    const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx16));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t j = 0; j < len; j += 16) {
-      const __mmask16 m = len - j >= 16 ? __mmask16(0xffff) : cpu::TailMask(len - j);
-      const __m512 e = cpu::Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, pg + j), mv));
-      _mm512_mask_storeu_ps(pg + j, m, e);
-      sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
-    }
-    inv[g] = 1.f / cpu::Reduce16(sum);
-  }
-  __m512 acc[kMaxGroup][4];
-  for (int g = 0; g < group; ++g) {
-    for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
   }
   for (int64_t j = 0; j < len; ++j) {
     const int64_t r = rows.Row(j);
     const char* vr = rows.v(r);
-    const __m512 v0 = Load16<LD>(vr, 0), v1 = Load16<LD>(vr, 1);
-    const __m512 v2 = Load16<LD>(vr, 2), v3 = Load16<LD>(vr, 3);
+    __m512 v[C];
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) v[c] = Load16<LD>(vr, c);
     [[maybe_unused]] float vs = 1.f;
     if constexpr (kScaled) vs = rows.vs(r);
     for (int g = 0; g < group; ++g) {
       float pw = p[g * stride + j] * inv[g];
       if constexpr (kScaled) pw *= vs;
       const __m512 w = _mm512_set1_ps(pw);
-      acc[g][0] = _mm512_fmadd_ps(w, v0, acc[g][0]);
-      acc[g][1] = _mm512_fmadd_ps(w, v1, acc[g][1]);
-      acc[g][2] = _mm512_fmadd_ps(w, v2, acc[g][2]);
-      acc[g][3] = _mm512_fmadd_ps(w, v3, acc[g][3]);
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(w, v[c], acc[g][c]);
     }
   }
   for (int g = 0; g < group; ++g) {
-    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(out + g * kFastHeadDim + 16 * c, acc[g][c]);
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + g * kHd + 16 * c, acc[g][c]);
   }
 }
 #else
-// The AVX-512 AttendGroup64 above without AVX-512: the same lanes, fused
+// The AVX-512 AttendGroup above without AVX-512: the same lanes, fused
 // multiply-adds, exp steps and trees, one float at a time (loops the
 // compiler vectorizes where it can), so its outputs are bit-identical. No
 // multiply feeds an add outside an explicit std::fma, so contraction
@@ -417,19 +438,24 @@ inline float ExpLane(float x) {
 }
 
 // p[g * stride + j] = score of key j for head g.
-template <bool kScaled, typename Rows>
+template <int kHd, bool kScaled, typename Rows>
 void ScoreKeys(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
                int64_t stride, float* p) {
+  constexpr int C = kChunks<kHd>;
   for (int64_t j = 0; j < len; ++j) {
     const int64_t r = rows.Row(j);
-    float k[kFastHeadDim];
-    for (int c = 0; c < 4; ++c) Store16<Rows::kLoad>(rows.k(r), c, k + 16 * c);
+    float k[kHd];
+    for (int c = 0; c < C; ++c) Store16<Rows::kLoad>(rows.k(r), c, k + 16 * c);
     for (int g = 0; g < group; ++g) {
-      const float* qg = q + g * kFastHeadDim;
+      const float* qg = q + g * kHd;
       float part[16];
       for (int l = 0; l < 16; ++l) {
-        const float e = std::fma(qg[32 + l], k[32 + l], qg[l] * k[l]);
-        const float o = std::fma(qg[48 + l], k[48 + l], qg[16 + l] * k[16 + l]);
+        float e = qg[l] * k[l], o = qg[16 + l] * k[16 + l];
+        for (int c = 2; c + 1 < C; c += 2) {
+          e = std::fma(qg[16 * c + l], k[16 * c + l], e);
+          o = std::fma(qg[16 * c + 16 + l], k[16 * c + 16 + l], o);
+        }
+        if constexpr (C % 2 == 1) e = std::fma(qg[16 * C - 16 + l], k[16 * C - 16 + l], e);
         part[l] = e + o;
       }
       float sc = LaneSum16(part) * score_scale;
@@ -454,26 +480,26 @@ inline float SoftmaxLanes(float* p, int64_t len) {
   return 1.f / cpu::Reduce16Lanes(sum);
 }
 
-template <bool kScaled, typename Rows>
-void AttendGroup64(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
-                   std::vector<float>& p, float* out) {
+template <int kHd, bool kScaled, typename Rows>
+void AttendGroup(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
+                 std::vector<float>& p, float* out) {
   const int64_t stride = (len + 15) / 16 * 16;
   p.resize(group * stride);
-  ScoreKeys<kScaled>(rows, score_scale, len, q, group, stride, p.data());
+  ScoreKeys<kHd, kScaled>(rows, score_scale, len, q, group, stride, p.data());
   float inv[kMaxGroup];
   for (int g = 0; g < group; ++g) inv[g] = SoftmaxLanes(p.data() + g * stride, len);
-  float acc[kMaxGroup][kFastHeadDim] = {};
+  float acc[kMaxGroup][kHd] = {};
   for (int64_t j = 0; j < len; ++j) {
     const int64_t r = rows.Row(j);
-    float v[kFastHeadDim];
-    for (int c = 0; c < 4; ++c) Store16<Rows::kLoad>(rows.v(r), c, v + 16 * c);
+    float v[kHd];
+    for (int c = 0; c < kChunks<kHd>; ++c) Store16<Rows::kLoad>(rows.v(r), c, v + 16 * c);
     for (int g = 0; g < group; ++g) {
       float w = p[g * stride + j] * inv[g];
       if constexpr (kScaled) w *= rows.vs(r);
-      for (int i = 0; i < kFastHeadDim; ++i) acc[g][i] = std::fma(w, v[i], acc[g][i]);
+      for (int i = 0; i < kHd; ++i) acc[g][i] = std::fma(w, v[i], acc[g][i]);
     }
   }
-  for (int g = 0; g < group; ++g) std::memcpy(out + g * kFastHeadDim, acc[g], sizeof(acc[g]));
+  for (int g = 0; g < group; ++g) std::memcpy(out + g * kHd, acc[g], sizeof(acc[g]));
 }
 #endif
 
@@ -484,7 +510,7 @@ void AttendGroup64(const Rows& rows, float score_scale, int64_t len, const float
 // conversion does not pay: 1 (each query reads the cache in place).
 constexpr int64_t kTileTokens = 8;
 constexpr int64_t kMinTile = 4;
-constexpr int64_t kMaxTileContext = 4096;  // keys a tile converts, at most
+constexpr int64_t kMaxTileFloats = 4096 * 64;  // K (and V) floats a tile converts, at most
 
 int64_t TileTokens(const PagedAttentionArgs& a, int threads) {
   for (int64_t tile = kTileTokens; tile >= kMinTile; tile /= 2) {
@@ -500,45 +526,71 @@ int64_t TileTokens(const PagedAttentionArgs& a, int threads) {
 // One work item: tokens [t0, t1) of sequence `seq` (one tile), KV head kvh.
 // One token reads the cache in place; more convert the keys they need once
 // (the longest context of the tile) into thread-local scratch.
-template <KvDtype D>
-void AttendTile64(const PagedAttentionArgs& a, int64_t seq, int64_t t0, int64_t t1, int64_t kvh,
-                  const float* q, const KvCacheView& cache, float* out) {
+template <KvDtype D, int kHd>
+void AttendTile(const PagedAttentionArgs& a, int64_t seq, int64_t t0, int64_t t1, int64_t kvh,
+                const float* q, const KvCacheView& cache, float* out) {
   constexpr bool kScaled = KvHasScales(D);
   thread_local std::vector<float> p;
-  thread_local HeadRows scratch;
-  const int64_t group = a.num_heads / a.layout.num_kv_heads, hd = kFastHeadDim;
-  const PagedRows<D> paged{&a.layout, a.block_tables + seq * a.max_blocks_per_seq, kvh, &cache};
+  thread_local HeadRows<kHd> scratch;
+  const int64_t group = a.num_heads / a.layout.num_kv_heads, hd = kHd;
+  const PagedRows<D, kHd> paged{&a.layout, a.block_tables + seq * a.max_blocks_per_seq, kvh,
+                                &cache};
   int64_t len = 0;
   for (int64_t t = t0; t < t1; ++t) len = std::max<int64_t>(len, int64_t(a.positions[t]) + 1);
   // One token, or a context too long to copy: every token in place.
-  const bool gather = t1 - t0 > 1 && len <= kMaxTileContext;
+  const bool gather = t1 - t0 > 1 && len * kHd <= kMaxTileFloats;
   if (gather) GatherHead(paged, len, scratch);
   for (int64_t t = t0; t < t1; ++t) {
-    const int64_t off = (t * a.num_heads + kvh * group) * hd, n = int64_t(a.positions[t]) + 1;
-    if (gather) {
-      AttendGroup64<kScaled>(scratch, a.scale, n, q + off, int(group), p, out + off);
-    } else {
-      AttendGroup64<kScaled>(paged, a.scale, n, q + off, int(group), p, out + off);
+    const int64_t n = int64_t(a.positions[t]) + 1;
+    // A group wider than kMaxGroup (multi-query attention) in parts: each
+    // head's output is its own, so the split does not change any bits.
+    for (int64_t g0 = 0; g0 < group; g0 += kMaxGroup) {
+      const int part = int(std::min<int64_t>(kMaxGroup, group - g0));
+      const int64_t off = (t * a.num_heads + kvh * group + g0) * hd;
+      if (gather) {
+        AttendGroup<kHd, kScaled>(scratch, a.scale, n, q + off, part, p, out + off);
+      } else {
+        AttendGroup<kHd, kScaled>(paged, a.scale, n, q + off, part, p, out + off);
+      }
     }
   }
 }
 
 using TileFn = void (*)(const PagedAttentionArgs&, int64_t, int64_t, int64_t, int64_t, const float*,
                         const KvCacheView&, float*);
+template <int kHd>
 TileFn TileFnFor(KvDtype d) {
   switch (d) {
     case KvDtype::kF32:
-      return AttendTile64<KvDtype::kF32>;
+      return AttendTile<KvDtype::kF32, kHd>;
     case KvDtype::kF16:
-      return AttendTile64<KvDtype::kF16>;
+      return AttendTile<KvDtype::kF16, kHd>;
     case KvDtype::kBf16:
-      return AttendTile64<KvDtype::kBf16>;
+      return AttendTile<KvDtype::kBf16, kHd>;
     case KvDtype::kInt8:
-      return AttendTile64<KvDtype::kInt8>;
+      return AttendTile<KvDtype::kInt8, kHd>;
     case KvDtype::kFp8:
-      return AttendTile64<KvDtype::kFp8>;
+      return AttendTile<KvDtype::kFp8, kHd>;
   }
   return nullptr;
+}
+
+// The group kernel for this head dim and dtype; nullptr: AttendOne.
+TileFn TileFnFor(int64_t head_dim, KvDtype d) {
+  switch (head_dim) {
+    case 64:
+      return TileFnFor<64>(d);
+    case 80:
+      return TileFnFor<80>(d);
+    case 96:
+      return TileFnFor<96>(d);
+    case 128:
+      return TileFnFor<128>(d);
+    case 256:
+      return TileFnFor<256>(d);
+    default:
+      return nullptr;
+  }
 }
 
 }  // namespace
@@ -553,7 +605,7 @@ void PagedAttention(const PagedAttentionArgs& a, const float* q, const KvCacheVi
   }
   const int64_t hd = a.layout.head_dim;
   const int64_t group = a.num_heads / a.layout.num_kv_heads;
-  if (hd == kFastHeadDim && group <= kMaxGroup) {
+  if (const TileFn fn = TileFnFor(hd, cache.dtype)) {
     // Tiles of up to `tile` tokens of one sequence; items (tile, KV head).
     const int64_t kvh = a.layout.num_kv_heads;
     const int64_t tile = TileTokens(a, pool == nullptr ? 1 : pool->num_threads());
@@ -565,7 +617,6 @@ void PagedAttention(const PagedAttentionArgs& a, const float* q, const KvCacheVi
     }
     const int64_t num_tiles = int64_t(tiles.size());
     tiles.push_back(int32_t(num_tokens));
-    const TileFn fn = TileFnFor(cache.dtype);
     ThreadPool::Run(pool, num_tiles * kvh, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t i = item / kvh, h = item % kvh;

@@ -354,8 +354,9 @@ TEST(PagedAttentionTest, MatchesReferenceAndIsBatchInvariant) {
 
 // The builds of the kernels (kernels/cpu/variant.h) this CPU runs: the
 // dispatch really switches code (FusedRowDot exists only in the AVX-512
-// build), and f32 / f16 / Q4_1 MatMul, RmsNorm and head_dim-64 GQA attention
-// over f16 and int8 caches (tiles and single tokens) give the same bits.
+// build), and f32 / f16 / bf16 / Q4_1 MatMul, RmsNorm and GQA attention
+// (head dims 64 and 128, a group of 12 in parts) over f16 and int8 caches
+// (tiles and single tokens) give the same bits.
 TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
   const std::string was = SimdKernelsVariant();
   struct Out {
@@ -373,14 +374,16 @@ TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
     }
   }
   const std::vector<float> x = Random(7 * cols, 6, 2.f), w = Random(cols, 7);
-  // 9 query heads over 3 KV heads of dim 64, block size 16; one sequence
-  // of 5 tokens at positions 30..34 (a tile) and one of 1 at 40.
-  const PagedKvLayout layout{6, 16, 3, 64};
-  const int64_t width = 3 * 64, slots = 6 * 16, qwidth = 9 * 64;
+  // One cache of 384 values per slot, block size 16, read as 6 KV heads of
+  // dim 64 under 18 query heads (groups of 3) and as 3 KV heads of dim 128
+  // under 36 (groups of 12, split in parts); one sequence of 5 tokens at
+  // positions 30..34 (a tile) and one of 1 at 40.
+  const PagedKvLayout layout{6, 16, 6, 64}, layout128{6, 16, 3, 128};
+  const int64_t width = 384, slots = 6 * 16, qwidth = 18 * 64, qwidth128 = 36 * 128;
   const std::vector<float> kv = Random(2 * slots * width, 8, 3.f);
   std::vector<uint16_t> kc(slots * width), vc(slots * width);
   std::vector<int8_t> k8(slots * width), v8(slots * width);
-  const std::vector<float> ksc = Random(slots * 3, 10, 0.1f), vsc = Random(slots * 3, 11, 0.1f);
+  const std::vector<float> ksc = Random(slots * 6, 10, 0.1f), vsc = Random(slots * 6, 11, 0.1f);
   for (int64_t i = 0; i < slots * width; ++i) {
     kc[i] = Fp32ToFp16(kv[i]);
     vc[i] = Fp32ToFp16(kv[slots * width + i]);
@@ -393,9 +396,12 @@ TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
   const std::vector<int32_t> query_start = {0, 5, 6}, positions = {30, 31, 32, 33, 34, 40};
   const std::vector<int32_t> context_lens = {35, 41}, tables = {4, 1, 5, 0, 3, 2};
   const PagedAttentionArgs args{
-      layout,        9, 0.125f, 2, query_start.data(), positions.data(), context_lens.data(),
+      layout,        18, 0.125f, 2, query_start.data(), positions.data(), context_lens.data(),
       tables.data(), 3};
-  const std::vector<float> q = Random(6 * qwidth, 9);
+  PagedAttentionArgs args128 = args;
+  args128.layout = layout128;
+  args128.num_heads = 36;
+  const std::vector<float> q = Random(6 * qwidth128, 9);
   ThreadPool pool(2);
   auto run = [&](const std::string& variant) {
     EXPECT_EQ(variant, SimdKernelsVariant());
@@ -412,9 +418,11 @@ TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
     o.norm.resize(7 * cols);
     RmsNorm(x.data(), w.data(), 7, cols, 1e-5f, o.norm.data());
     for (const KvCacheView* cache : {&f16, &i8}) {
-      std::vector<float> y(6 * qwidth);
+      std::vector<float> y(6 * qwidth), y128(6 * qwidth128);
       PagedAttention(args, q.data(), *cache, y.data(), &pool);
+      PagedAttention(args128, q.data(), *cache, y128.data(), &pool);
       o.attn.insert(o.attn.end(), y.begin(), y.end());
+      o.attn.insert(o.attn.end(), y128.begin(), y128.end());
     }
     return o;
   };
@@ -434,10 +442,12 @@ TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
     EXPECT_TRUE(same(o.attn, outs[0].second.attn)) << name;
   }
   // And the attention is right, not only the same (the scalar reference).
-  std::vector<float> want(6 * qwidth), got(6 * qwidth);
-  ref::PagedAttention(args, q.data(), f16, want.data());
-  PagedAttention(args, q.data(), f16, got.data(), &pool);
-  ExpectClose(got, want, 1e-5f);
+  for (const PagedAttentionArgs* a : {&args, static_cast<const PagedAttentionArgs*>(&args128)}) {
+    std::vector<float> want(6 * qwidth128), got(6 * qwidth128);
+    ref::PagedAttention(*a, q.data(), f16, want.data());
+    PagedAttention(*a, q.data(), f16, got.data(), &pool);
+    ExpectClose(got, want, 1e-5f);
+  }
 }
 
 TEST(WriteKvTest, StoresAtSlots) {

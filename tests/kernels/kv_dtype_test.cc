@@ -187,8 +187,11 @@ double RelErr(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(KvDtypeAttentionTest, EachDtypeMatchesTheReferences) {
-  const AttnCase cases[] = {{64, 3, 3, 16},  {64, 2, 1, 32},  {64, 1, 8, 16},
-                            {128, 2, 4, 16}, {128, 1, 3, 32}, {80, 2, 2, 16}};
+  // AttendGroup's head dims (64, 80, 96, 128, 256; groups of 1 to 8 and
+  // wider, split in parts) and AttendOne's (20, 48).
+  const AttnCase cases[] = {{64, 3, 3, 16},  {64, 2, 1, 32},  {64, 1, 8, 16},   {64, 1, 12, 16},
+                            {128, 2, 4, 16}, {128, 1, 3, 32}, {128, 1, 16, 16}, {80, 2, 2, 16},
+                            {96, 1, 3, 32},  {256, 2, 2, 16}, {20, 2, 3, 16},   {48, 1, 9, 32}};
   ThreadPool pool(3);
   for (const AttnCase& c : cases) {
     const int64_t num_blocks = 24;
@@ -284,12 +287,15 @@ TEST(KvDtypeAttentionTest, F32ViewIsTheF32Path) {
 // Prefill and verification chunks run as tiles of several tokens sharing one
 // conversion of their KV head's rows (kernels/cpu/attention.cc); a token's
 // output must not depend on that: every token of a batch of chunks (tiles of
-// 8, a ragged last tile, a chunk past kMaxTileContext keys that reads in
+// 8, a ragged last tile, a chunk past kMaxTileFloats / head_dim keys that reads in
 // place, a single decode token) is bit-identical to the same token alone in
 // its batch, single-threaded, for every dtype; and 3 threads give the rows
 // 1 thread gives.
-TEST(KvDtypeAttentionTest, TokensInTilesEqualTokensAlone) {
-  const int64_t kvh = 2, group = 3, hd = 64, bs = 16, num_blocks = 270;
+class TilesTest : public testing::TestWithParam<std::pair<int64_t, int64_t>> {};
+
+TEST_P(TilesTest, TokensInTilesEqualTokensAlone) {
+  const auto [hd, group] = GetParam();  // head dim, GQA group
+  const int64_t kvh = 2, bs = 16, num_blocks = 270;
   const PagedKvLayout L{num_blocks, bs, kvh, hd};
   const int64_t slots = num_blocks * bs, width = kvh * hd, num_heads = kvh * group;
   const std::vector<float> kf = RandomVec(slots * width, 41, -3.f, 3.f);
@@ -347,6 +353,12 @@ TEST(KvDtypeAttentionTest, TokensInTilesEqualTokensAlone) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, TilesTest,
+                         testing::Values(std::pair<int64_t, int64_t>{64, 3},
+                                         std::pair<int64_t, int64_t>{128, 4},
+                                         std::pair<int64_t, int64_t>{128, 12},
+                                         std::pair<int64_t, int64_t>{96, 2}));
 
 }  // namespace
 }  // namespace tandem::kernels
