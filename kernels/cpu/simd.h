@@ -161,6 +161,16 @@ inline void LoadRowTail8(const void* row, int64_t i, int64_t rem, __m256* lo, __
   }
 }
 
+// Reduce16 of the 16 lanes a + b (lanes 0-7 in a_lo + b_lo, 8-15 in a_hi +
+// b_hi), in its tree: i + i+8, then i + i+4, i + i+2, i + i+1.
+inline float Reduce16Halves(__m256 a_lo, __m256 a_hi, __m256 b_lo, __m256 b_hi) {
+  const __m256 v = _mm256_add_ps(_mm256_add_ps(a_lo, b_lo), _mm256_add_ps(a_hi, b_hi));
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
 // DotF32(w as f32, x, n) with 8-lane registers: the AVX-512 lanes as two
 // halves (lanes 0-7, 8-15) of each accumulator, the same FMAs and
 // Reduce16's tree, so the same bits; f16 / bf16 rows widened in registers.
@@ -190,11 +200,7 @@ inline float DotRow8(const void* w, const float* x, int64_t n) {
     tl = _mm256_fmadd_ps(wl, xl, tl);
     th = _mm256_fmadd_ps(wh, xh, th);
   }
-  const __m256 v = _mm256_add_ps(_mm256_add_ps(a0l, a1l), _mm256_add_ps(a0h, a1h));
-  __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-  r = _mm_add_ss(r, _mm_movehdup_ps(r));
-  return _mm_cvtss_f32(r);
+  return Reduce16Halves(a0l, a0h, a1l, a1h);
 }
 #endif
 
@@ -398,6 +404,78 @@ inline void Dot4x2Rows(const void* const w[4], const float* x0, const float* x1,
 #endif
 }
 
+#if TANDEM_KERNELS_AVX2
+// One pass of the 8-lane DotTile4: the chunks of one parity (DotF32's
+// accumulator c % 2), one 8-lane half of each (lanes 0-7 or 8-15), 4 rows x
+// kN (<= 3) tokens, 4 * kN accumulators; a partial last chunk is read
+// masked (past n: 0 * 0 added, as the AVX-512 masked loads do). part[r][t]
+// gets the 8 lanes.
+template <int kN>
+inline void DotTilePass8(const float* const w[4], const float* const* x, int64_t n, int parity,
+                         int half, float (*part)[3][16]) {
+  const int64_t full = n / 16, rem = n - 16 * full;
+  __m256 acc[4][kN];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+#pragma GCC unroll 3
+    for (int t = 0; t < kN; ++t) acc[r][t] = _mm256_setzero_ps();
+  }
+  for (int64_t c = parity; c < full; c += 2) {
+    const int64_t i = 16 * c + 8 * half;
+    __m256 xv[kN];
+#pragma GCC unroll 3
+    for (int t = 0; t < kN; ++t) xv[t] = _mm256_loadu_ps(x[t] + i);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m256 wv = _mm256_loadu_ps(w[r] + i);
+#pragma GCC unroll 3
+      for (int t = 0; t < kN; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+    }
+  }
+  if (rem > 0 && full % 2 == parity) {
+    const int64_t i = 16 * full + 8 * half;
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(rem - 8 * half)), lane);
+    __m256 xv[kN];
+#pragma GCC unroll 3
+    for (int t = 0; t < kN; ++t) xv[t] = _mm256_maskload_ps(x[t] + i, m);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m256 wv = _mm256_maskload_ps(w[r] + i, m);
+#pragma GCC unroll 3
+      for (int t = 0; t < kN; ++t) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+#pragma GCC unroll 3
+    for (int t = 0; t < kN; ++t) _mm256_storeu_ps(part[r][t] + 8 * half, acc[r][t]);
+  }
+}
+
+// DotTile4 for tokens [kT0, kT) with 8-lane registers, 3 tokens at a time:
+// four passes (parity x half) hold the AVX-512 accumulators' lanes, then
+// each output is Reduce16's tree of even + odd.
+template <int kT, int kT0 = 0>
+inline void DotTile4Avx2(const float* const w[4], const float* const x[kT], int64_t n, float* out,
+                         int64_t ldo, int nr) {
+  constexpr int kN = kT - kT0 < 3 ? kT - kT0 : 3;
+  float even[4][3][16], odd[4][3][16];
+  for (int half = 0; half < 2; ++half) {
+    DotTilePass8<kN>(w, x + kT0, n, 0, half, even);
+    DotTilePass8<kN>(w, x + kT0, n, 1, half, odd);
+  }
+  for (int t = 0; t < kN; ++t) {
+    for (int r = 0; r < nr; ++r) {
+      out[(kT0 + t) * ldo + r] =
+          Reduce16Halves(_mm256_loadu_ps(even[r][t]), _mm256_loadu_ps(even[r][t] + 8),
+                         _mm256_loadu_ps(odd[r][t]), _mm256_loadu_ps(odd[r][t] + 8));
+    }
+  }
+  if constexpr (kT0 + 3 < kT) DotTile4Avx2<kT, kT0 + 3>(w, x, n, out, ldo, nr);
+}
+#endif
+
 // The GEMM form of DotF32 for 4 f32 rows x kT tokens: out[t * ldo + r] =
 // DotF32(w[r], x[t], n) for r < nr, bit-identical. DotF32 sends chunk c to
 // accumulator c % 2 and adds the two at the end, so the even chunks run in
@@ -472,6 +550,8 @@ inline void DotTile4(const float* const w[4], const float* const x[kT], int64_t 
       }
     }
   }
+#elif TANDEM_KERNELS_AVX2
+  DotTile4Avx2<kT>(w, x, n, out, ldo, nr);
 #else
   for (int t = 0; t < kT; ++t) {
     for (int r = 0; r < nr; ++r) out[t * ldo + r] = DotF32(w[r], x[t], n);
