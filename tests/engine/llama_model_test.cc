@@ -108,12 +108,22 @@ std::vector<int32_t> Identity(int n) {
   return t;
 }
 
-// Every model-level property holds on both kernel paths.
+// Every model-level property holds on both kernel paths, for head_dim 16
+// (the default shape: AttendOne), 128 with groups of 2 (llama_hd128) and 64
+// with one KV head under 12 query heads (llama_mqa: the group kernel in
+// parts of 8 and 4).
 class TinyModelTest : public ::testing::TestWithParam<std::tuple<std::string, KernelMode>> {
  protected:
   void SetUp() override {
     TinyLlamaShape shape;
     shape.arch = std::get<0>(GetParam());
+    if (shape.arch == "llama_hd128" || shape.arch == "llama_mqa") {
+      const bool hd128 = shape.arch == "llama_hd128";
+      shape.arch = "llama";
+      shape.hidden = hd128 ? 256 : 768;
+      shape.num_heads = hd128 ? 2 : 12;
+      shape.num_kv_heads = 1;
+    }
     shape.qkv_bias = shape.arch == "qwen2";
     shape_ = shape;
     l_ = LoadBytes(testing::MakeRandomLlamaGguf(shape, 42), &pool_, mode());
@@ -227,10 +237,10 @@ TEST_P(TinyModelTest, InvalidBatchesAreErrors) {
   EXPECT_FALSE((*runner)->Prefill({}).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Arch, TinyModelTest,
-                         ::testing::Combine(::testing::Values("llama", "qwen2"),
-                                            ::testing::Values(KernelMode::kFast,
-                                                              KernelMode::kReference)));
+INSTANTIATE_TEST_SUITE_P(
+    Arch, TinyModelTest,
+    ::testing::Combine(::testing::Values("llama", "qwen2", "llama_hd128", "llama_mqa"),
+                       ::testing::Values(KernelMode::kFast, KernelMode::kReference)));
 
 // ||a - ref|| / ||ref|| over all logits.
 double RelativeRmsError(const std::vector<float>& a, const std::vector<float>& ref) {
