@@ -6,22 +6,23 @@
 // group for every token of its tile (AttendGroup, for head dims 64, 80, 96,
 // 128 and 256 and any group size: on AVX-512 16-lane registers, other builds
 // a portable form with the same bits; other head dims: one (token, head) at
-// a time, AttendOne). A tile of several tokens converts its KV head's K/V rows to f32 once into
-// thread-local scratch, exactly the values the in-place loads give, and every
-// token reads them there; a tile of one reads the cache in place. Each
-// output is computed entirely by one thread: scores in position order
-// (DotF32 order), max, exp (Exp16) and a sum whose order depends only on the
-// context length, then V accumulated in position order. Nothing depends on
-// other items, so outputs are bit-identical for any batch or thread count.
+// a time, AttendOne). A tile of several tokens converts its KV head's K/V
+// rows to f32 once into thread-local scratch, exactly the values the
+// in-place loads give, and every token reads them there; a tile of one
+// reads the cache in place. Each output is computed entirely by one thread:
+// scores in position order (DotF32 order), max, exp (Exp16) and a sum whose
+// order depends only on the context length, then V accumulated in position
+// order. Nothing depends on other items, so outputs are bit-identical for
+// any batch or thread count.
 //
 // KV dtypes (kernels/kv_dtype.h) are read in place: each K/V row is
 // converted to f32 in registers (AVX-512 AttendGroup) or into one row of
-// scratch (other builds and head dims) right where it is used; int8/fp8 scales multiply the
-// score of their key and the softmax weight of their value, so no
-// dequantized copy of the cache is ever made. The one exception is bounded:
-// a multi-token tile's working copy of its KV head's rows (at most
-// kMaxTileFloats per K and V: 2 MiB per thread, kept for reuse). f32 runs
-// exactly the code it ran before dtypes existed.
+// scratch (other builds and head dims) right where it is used; int8/fp8
+// scales multiply the score of their key and the softmax weight of their
+// value, so no dequantized copy of the cache is ever made. The one
+// exception is bounded: a multi-token tile's working copy of its KV head's
+// rows (at most kMaxTileFloats per K and V: 2 MiB per thread, kept for
+// reuse). f32 runs exactly the code it ran before dtypes existed.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

@@ -131,6 +131,12 @@ inline float Reduce16Lanes(const float* v) {
 enum class RowKind { kF32, kF16, kBf16 };
 
 #if TANDEM_KERNELS_AVX2
+// The 8-lane form of TailMask: lanes [0, rem) set (none when rem <= 0, all
+// from 8), for _mm256_maskload_ps.
+inline __m256i TailMask8(int64_t rem) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(rem)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 // 8 weights of a row from element i as f32.
 template <RowKind kKind>
 inline __m256 LoadRow8(const void* row, int64_t i) {
@@ -149,10 +155,9 @@ inline __m256 LoadRow8(const void* row, int64_t i) {
 template <RowKind kKind>
 inline void LoadRowTail8(const void* row, int64_t i, int64_t rem, __m256* lo, __m256* hi) {
   if constexpr (kKind == RowKind::kF32) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const float* p = static_cast<const float*>(row) + i;
-    *lo = _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(int(rem)), lane));
-    *hi = _mm256_maskload_ps(p + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(int(rem - 8)), lane));
+    *lo = _mm256_maskload_ps(p, TailMask8(rem));
+    *hi = _mm256_maskload_ps(p + 8, TailMask8(rem - 8));
   } else {
     uint16_t tmp[16] = {};
     std::memcpy(tmp, static_cast<const uint16_t*>(row) + i, rem * sizeof(uint16_t));
@@ -434,8 +439,7 @@ inline void DotTilePass8(const float* const w[4], const float* const* x, int64_t
   }
   if (rem > 0 && full % 2 == parity) {
     const int64_t i = 16 * full + 8 * half;
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(rem - 8 * half)), lane);
+    const __m256i m = TailMask8(rem - 8 * half);
     __m256 xv[kN];
 #pragma GCC unroll 3
     for (int t = 0; t < kN; ++t) xv[t] = _mm256_maskload_ps(x[t] + i, m);
