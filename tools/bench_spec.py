@@ -9,6 +9,13 @@ from tools/setup_ref_env.sh), llama.cpp runs the same prompts in the same run
 without and with its prompt-lookup decoding (llama_cpp.llama_speculative.
 LlamaPromptLookupDecoding), for the ratio against the peer.
 
+With --llama-lookup PATH (llama.cpp's C++ `llama-lookup` example, built from
+the same sdist's sources by tools/build_llama_lookup.sh) it also runs
+llama.cpp's own prompt-lookup decoder on the same token sequence (the chat
+template rendered as text and checked against Tandem's prompt token ids):
+once with --spec-draft-n-max 0 (its plain decoding, the same loop) and once
+with --spec-draft-n-max K, reporting its decode tokens/s and acceptance.
+
 With --draft-model PATH (or "self": the benchmarked model as its own draft)
 it also runs --spec-method draft (draft kernels --draft-kernels, default
 fast-int8) and adds its tokens/s, speedup and acceptance columns.
@@ -71,7 +78,43 @@ def run_tandem(tandem, model, threads, max_tokens, prompt, method, k, draft=None
                   p.stderr)
     acc = (float(m.group(1)), float(m.group(2))) if m else None
     tps = 1000.0 / out["tpot_ms"] if out["tpot_ms"] > 0 else 0.0
-    return {"tokens": len(out["token_ids"]), "tps": tps, "acc": acc, "ids": out["token_ids"]}
+    return {"tokens": len(out["token_ids"]), "tps": tps, "acc": acc, "ids": out["token_ids"],
+            "prompt_ids": out["prompt_token_ids"]}
+
+
+# SmolLM2's chat template (ChatML with its default system message) as text,
+# for llama-lookup, which tokenizes a raw prompt. lookup_prompt() checks the
+# rendering against the token ids Tandem's own template produced.
+CHATML = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+          "Face<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def lookup_prompt(tandem, model, prompt, prompt_ids):
+    text = CHATML.format(prompt)
+    cmd = [tandem, "tokenize", "--json", "--prompt", text] + (["--model", model] if model else [])
+    ids = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    if ids["token_ids"] != prompt_ids:
+        sys.exit("--llama-lookup: the ChatML rendering does not match this model's chat template "
+                 "(prompt token ids differ); it is written for the bundled SmolLM2")
+    return text
+
+
+def run_lookup(binary, model, threads, max_tokens, text, k):
+    # n_predict counts up to max_tokens + 1 (its loop stops past n_predict).
+    cmd = [binary, "-m", model, "-p", text, "-n", str(max_tokens - 1), "-c", "4096", "-t",
+           str(threads), "-tb", str(threads), "--temp", "0", "--spec-draft-n-max", str(k)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    log = p.stdout + p.stderr
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds", log)
+    enc = re.search(r"encoded\s+(\d+) tokens", log)
+    if p.returncode != 0 or not m or not enc:
+        sys.exit(f"llama-lookup failed (exit {p.returncode}):\n{log[-2000:]}")
+    drafted = re.search(r"n_drafted\s+=\s+(\d+)", log)
+    accepted = re.search(r"n_accept\s+=\s+(\d+)", log)
+    n, secs = int(m.group(1)), float(m.group(2))
+    return {"tokens": n, "tps": n / secs, "encoded": int(enc.group(1)),
+            "drafted": int(drafted.group(1)) if drafted else 0,
+            "accepted": int(accepted.group(1)) if accepted else 0}
 
 
 def main():
@@ -83,6 +126,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--spec-tokens", type=int, default=4)
     ap.add_argument("--llama-python", default="")
+    ap.add_argument("--llama-lookup", default="",
+                    help="llama.cpp's llama-lookup binary (tools/build_llama_lookup.sh)")
     ap.add_argument("--draft-model", default="", help='a draft GGUF, or "self"')
     ap.add_argument("--draft-kernels", default="fast-int8")
     a = ap.parse_args()
@@ -125,12 +170,35 @@ def main():
                                        capture_output=True, text=True, check=True)
                     vals.append(json.loads(p.stdout.strip().splitlines()[-1])["decode_tps"])
                 row["llama_lookup_tps" if lookup else "llama_tps"] = statistics.median(vals)
+        if a.llama_lookup:
+            text = lookup_prompt(a.tandem, a.model, prompt, off[0]["prompt_ids"])
+            base, look = [], []
+            for r in range(a.reps):
+                print(f"  {w}: llama-lookup run {r + 1}/{a.reps}", file=sys.stderr)
+                base.append(run_lookup(a.llama_lookup, model, a.threads, a.max_tokens, text, 0))
+                look.append(run_lookup(a.llama_lookup, model, a.threads, a.max_tokens, text,
+                                       a.spec_tokens))
+            if look[0]["encoded"] != len(off[0]["prompt_ids"]):
+                sys.exit(f"llama-lookup encoded {look[0]['encoded']} prompt tokens, Tandem "
+                         f"{len(off[0]['prompt_ids'])}")
+            lk = look[0]
+            row["lcpp_tokens"] = lk["tokens"]
+            row["lcpp_tps"] = statistics.median(x["tps"] for x in base)
+            row["lcpp_lookup_tps"] = statistics.median(x["tps"] for x in look)
+            row["lcpp_accept_pct"] = 100.0 * lk["accepted"] / max(1, lk["drafted"])
+            # Tokens per target forward: every forward yields one token plus
+            # the drafts it accepted.
+            forwards = lk["tokens"] - lk["accepted"]
+            row["lcpp_accept_len"] = lk["tokens"] / max(1, forwards)
         rows.append(row)
     hdr = f"{'workload':<11}{'tokens':>7}{'same':>6}{'off tok/s':>11}{'ngram tok/s':>13}{'speedup':>9}{'accept %':>10}{'len':>6}"
     if draft:
         hdr += f"{'draft tok/s':>13}{'speedup':>9}{'accept %':>10}{'len':>6}"
     if a.llama_python:
         hdr += f"{'llama.cpp':>11}{'+lookup':>9}{'speedup':>9}{'ngram/lookup':>14}"
+    if a.llama_lookup:
+        hdr += (f"{'lc tokens':>10}{'llama-lookup off':>17}{'on':>8}{'speedup':>9}{'accept %':>10}"
+                f"{'len':>6}{'ngram/llama-lookup':>20}")
     print(hdr)
     for r in rows:
         line = (f"{r['workload']:<11}{r['tokens']:>7}{'yes' if r['identical'] else 'NO':>6}"
@@ -143,6 +211,10 @@ def main():
             line += (f"{r['llama_tps']:>11.1f}{r['llama_lookup_tps']:>9.1f}"
                      f"{r['llama_lookup_tps'] / r['llama_tps']:>8.2f}x"
                      f"{r['ngram_tps'] / r['llama_lookup_tps']:>13.2f}x")
+        if a.llama_lookup:
+            line += (f"{r['lcpp_tokens']:>10}{r['lcpp_tps']:>17.1f}{r['lcpp_lookup_tps']:>8.1f}"
+                     f"{r['lcpp_lookup_tps'] / r['lcpp_tps']:>8.2f}x{r['lcpp_accept_pct']:>10.1f}"
+                     f"{r['lcpp_accept_len']:>6.2f}{r['ngram_tps'] / r['lcpp_lookup_tps']:>19.2f}x")
         print(line)
     return 0 if all(r["identical"] for r in rows) else 1
 
