@@ -16,13 +16,19 @@ back-off after a step with nothing accepted) and prints:
                  (a real run adds scheduling and sampling, and noise)
   free verify    the same policy if verifying k drafts cost no more than one
                  token: what the proposer alone can give
+  tree M         (with --tree M) the same policy drafting up to M distinct
+                 continuations (longest context first, then the most recent)
+                 and verifying them as one token tree (SpecInfer / Medusa
+                 style: one forward of 1 + the tree's nodes, the longest
+                 accepted branch wins); Tandem has no tree attention, so this
+                 only says whether one would pay here
   oracle         drafts of the true next tokens wherever they occur earlier
                  in the sequence (no n-gram context needed), best split by
                  dynamic programming at the measured costs: a bound for any
                  copy-based proposer
 
   python3 tools/spec_replay.py [--tandem build/tandem] [--bench build/bench/tandem_bench]
-                               [--costs 4.2,4.8,5.5,6.6,7.6] [--spec-tokens 4]
+                               [--costs 4.2,4.8,5.5,6.6,7.6] [--spec-tokens 4] [--tree 3]
 """
 import argparse
 import json
@@ -57,25 +63,62 @@ def propose_ngram(tokens, nmin, nmax, max_tokens):
     return []
 
 
-def replay(prompt, out, cost, limit, nmin, nmax, max_tokens):
-    """Mirror of the scheduler's draft loop; returns (speedup, accept %, len)."""
+def propose_tree(tokens, nmin, nmax, max_tokens, branches):
+    """Up to `branches` distinct continuations of the suffix matches: longest
+    suffix first, within one the longest context, then the most recent."""
+    n, out = len(tokens), []
+    for length in range(min(nmax, n - 1), nmin - 1, -1):
+        suffix = tokens[n - length:]
+        found = []
+        for j in range(n - length - 1, -1, -1):
+            if tokens[j:j + length] != suffix:
+                continue
+            m, end = length, j + length
+            while m < MAX_MATCH and end - m - 1 >= 0 and tokens[end - m - 1] == tokens[n - m - 1]:
+                m += 1
+            found.append((m, end))
+        found.sort(key=lambda x: -x[0])  # stable: the most recent first within a length
+        for _, end in found:
+            c = tuple(tokens[end:min(n, end + max_tokens)])
+            if c and c not in out:
+                out.append(c)
+            if len(out) >= branches:
+                return out
+    return out
+
+
+def tree_nodes(branches):
+    return len({b[:i] for b in branches for i in range(1, len(b) + 1)})
+
+
+def replay(prompt, out, cost, limit, nmin, nmax, max_tokens, branches=0):
+    """Mirror of the scheduler's draft loop; returns (speedup, accept %, len).
+    branches > 0: a token tree of that many continuations (see --tree)."""
     p, total, steps, drafts, accepted = 1, 0.0, 0, 0, 0  # token 0 comes from the prefill
     ema, skip, misses = None, 0, 0
     while p < len(out):
-        d = []
+        cands = []
         if skip > 0:
             skip -= 1
         else:
             wanted = (math.ceil(min(ema, limit)) if ema is not None else limit) + 1
             k = min(limit, wanted, max_tokens - p - 1)
-            d = propose_ngram(prompt + out[:p], nmin, nmax, k) if k > 0 else []
+            if k > 0 and branches > 0:
+                cands = propose_tree(prompt + out[:p], nmin, nmax, k, branches)
+            elif k > 0:
+                cands = [propose_ngram(prompt + out[:p], nmin, nmax, k)]
+        cands = [c for c in cands if c]
         a = 0
-        while a < len(d) and p + a < len(out) and d[a] == out[p + a]:
-            a += 1
-        total += cost(1 + len(d))
-        if d:
+        for d in cands:
+            x = 0
+            while x < len(d) and p + x < len(out) and d[x] == out[p + x]:
+                x += 1
+            a = max(a, x)
+        nodes = tree_nodes(cands) if branches > 0 else sum(len(d) for d in cands)
+        total += cost(1 + nodes)
+        if cands:
             steps += 1
-            drafts += len(d)
+            drafts += nodes
             accepted += a
             misses = misses + 1 if a == 0 else 0
             ema = a if ema is None else 0.7 * ema + 0.3 * a
@@ -110,8 +153,10 @@ def main():
     ap.add_argument("--ngram-min", type=int, default=1)
     ap.add_argument("--ngram-max", type=int, default=4)
     ap.add_argument("--costs", default="", help="ms of a forward of 1, 2, ... tokens (default: measure)")
+    ap.add_argument("--tree", type=int, default=0,
+                    help="also replay token trees of up to this many continuations")
     a = ap.parse_args()
-    k1 = a.spec_tokens + 1
+    k1 = 1 + a.spec_tokens * max(1, a.tree)  # the largest forward the replays verify
     model = ["--model", a.model] if a.model else []
     if a.costs:
         costs = [float(x) for x in a.costs.split(",")]
@@ -127,7 +172,7 @@ def main():
     cost = lambda n: costs[n - 1]
     print("forward ms by tokens: " + " ".join(f"{i + 1}:{c:.2f}" for i, c in enumerate(costs[:k1])))
     print(f"{'workload':10s} {'tokens':>6s} {'accept %':>8s} {'len':>5s} {'replay':>7s} "
-          f"{'free verify':>11s} {'oracle':>7s}")
+          f"{'free verify':>11s} {'oracle':>7s}" + (f" {'tree ' + str(a.tree):>8s}" if a.tree else ""))
     for w in WORKLOADS:
         prompt = open(os.path.join(ROOT, "tools", "spec_workloads", w + ".txt")).read().strip()  # as tools/bench_spec.py
         print(f"  {w}: generating", file=sys.stderr)
@@ -139,8 +184,9 @@ def main():
         args = (a.spec_tokens, a.ngram_min, a.ngram_max, a.max_tokens)
         speed, acc, length = replay(pr, out, cost, *args)
         free, _, _ = replay(pr, out, lambda n: 1.0, *args)
+        tree = f" {replay(pr, out, cost, *args, a.tree)[0]:7.2f}x" if a.tree else ""
         print(f"{w:10s} {len(out):6d} {acc:8.1f} {length:5.2f} {speed:6.2f}x {free:10.2f}x "
-              f"{oracle(pr, out, cost, a.spec_tokens):6.2f}x")
+              f"{oracle(pr, out, cost, a.spec_tokens):6.2f}x{tree}")
 
 
 if __name__ == "__main__":
