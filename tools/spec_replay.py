@@ -42,24 +42,32 @@ WORKLOADS = ("grounded", "code_edit", "open_chat")
 MAX_MATCH = 16  # ngram_proposer.cc kMaxMatch
 
 
+def suffix_matches(tokens, length):
+    """(context length, end) of every earlier occurrence of the last `length`
+    tokens, most recent first; the context counts the matching tokens before
+    the end, up to MAX_MATCH (ProposeNgram's scan)."""
+    n = len(tokens)
+    suffix = tokens[n - length:]
+    for j in range(n - length - 1, -1, -1):
+        if tokens[j] != suffix[0] or tokens[j:j + length] != suffix:
+            continue
+        m, end = length, j + length
+        while m < MAX_MATCH and end - m - 1 >= 0 and tokens[end - m - 1] == tokens[n - m - 1]:
+            m += 1
+        yield m, end
+
+
 def propose_ngram(tokens, nmin, nmax, max_tokens):
-    """Mirror of ProposeNgram."""
+    """Mirror of ProposeNgram: the longest suffix, its occurrence with the
+    longest context (the most recent of equals), drafts capped by that context."""
     n = len(tokens)
     if max_tokens <= 0:
         return []
     for length in range(min(nmax, n - 1), nmin - 1, -1):
-        suffix = tokens[n - length:]
-        best_end, best_match = -1, 0
-        for j in range(n - length - 1, -1, -1):
-            if tokens[j] != suffix[0] or tokens[j:j + length] != suffix:
-                continue
-            m, end = length, j + length
-            while m < MAX_MATCH and end - m - 1 >= 0 and tokens[end - m - 1] == tokens[n - m - 1]:
-                m += 1
-            if m > best_match:
-                best_end, best_match = end, m
-        if best_end >= 0:
-            return tokens[best_end:min(n, best_end + max_tokens, best_end + best_match)]
+        best = max(suffix_matches(tokens, length), key=lambda x: x[0], default=None)
+        if best is not None:
+            m, end = best
+            return tokens[end:min(n, end + max_tokens, end + m)]
     return []
 
 
@@ -68,17 +76,8 @@ def propose_tree(tokens, nmin, nmax, max_tokens, branches):
     suffix first, within one the longest context, then the most recent."""
     n, out = len(tokens), []
     for length in range(min(nmax, n - 1), nmin - 1, -1):
-        suffix = tokens[n - length:]
-        found = []
-        for j in range(n - length - 1, -1, -1):
-            if tokens[j:j + length] != suffix:
-                continue
-            m, end = length, j + length
-            while m < MAX_MATCH and end - m - 1 >= 0 and tokens[end - m - 1] == tokens[n - m - 1]:
-                m += 1
-            found.append((m, end))
-        found.sort(key=lambda x: -x[0])  # stable: the most recent first within a length
-        for _, end in found:
+        # sorted() is stable: the most recent first among equal contexts.
+        for _, end in sorted(suffix_matches(tokens, length), key=lambda x: -x[0]):
             c = tuple(tokens[end:min(n, end + max_tokens)])
             if c and c not in out:
                 out.append(c)
@@ -88,7 +87,7 @@ def propose_tree(tokens, nmin, nmax, max_tokens, branches):
 
 
 def tree_nodes(branches):
-    return len({b[:i] for b in branches for i in range(1, len(b) + 1)})
+    return len({tuple(b[:i]) for b in branches for i in range(1, len(b) + 1)})
 
 
 def replay(prompt, out, cost, limit, nmin, nmax, max_tokens, branches=0):
@@ -114,7 +113,7 @@ def replay(prompt, out, cost, limit, nmin, nmax, max_tokens, branches=0):
             while x < len(d) and p + x < len(out) and d[x] == out[p + x]:
                 x += 1
             a = max(a, x)
-        nodes = tree_nodes(cands) if branches > 0 else sum(len(d) for d in cands)
+        nodes = tree_nodes(cands)  # a single chain: its length
         total += cost(1 + nodes)
         if cands:
             steps += 1
