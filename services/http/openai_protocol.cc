@@ -36,7 +36,12 @@ absl::StatusOr<int64_t> Integer(const json& v, const std::string& name, int64_t 
   } else if (v.is_number_integer()) {
     x = v.get<int64_t>();
   } else if (v.is_number_float() && std::isfinite(v.get<double>()) &&
-             v.get<double>() == std::floor(v.get<double>()) && std::fabs(v.get<double>()) < 9e15) {
+             v.get<double>() == std::floor(v.get<double>())) {
+    // 7.0, or an integer literal beyond 64 bits (which the parser reads as a
+    // double): a whole number, so out of range rather than not an integer.
+    if (std::fabs(v.get<double>()) >= 9e15) {
+      return Invalid(name, absl::StrFormat("must be in [%d, %d]", lo, hi));
+    }
     x = static_cast<int64_t>(v.get<double>());
   } else {
     return Invalid(name, "must be an integer");

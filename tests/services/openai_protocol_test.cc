@@ -62,6 +62,30 @@ TEST(OpenAiProtocolTest, NumSpeculativeTokensIsThePerRequestSpeculationOption) {
   }
 }
 
+TEST(OpenAiProtocolTest, IntegerFieldsSayWhetherTheValueIsOutOfRangeOrNotAnInteger) {
+  struct Case {
+    const char* body;
+    const char* message;
+  };
+  for (const Case& c : {
+           Case{R"({"prompt": "hi", "max_tokens": 99999999999999999999})", "must be in ["},
+           Case{R"({"prompt": "hi", "max_tokens": -99999999999999999999})", "must be in ["},
+           Case{R"({"prompt": "hi", "max_tokens": 1e300})", "must be in ["},
+           Case{R"({"prompt": "hi", "max_tokens": 0})", "must be in ["},
+           Case{R"({"prompt": "hi", "max_tokens": 3.5})", "must be an integer"},
+           Case{R"({"prompt": "hi", "max_tokens": "3"})", "must be an integer"},
+           Case{R"({"prompt": "hi", "max_tokens": true})", "must be an integer"},
+       }) {
+    auto r = Completion(c.body);
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_EQ(ApiErrorFrom(r.status()).param, "max_tokens") << r.status();
+    EXPECT_NE(r.status().message().find(c.message), std::string::npos) << r.status();
+  }
+  auto whole = Completion(R"({"prompt": "hi", "max_tokens": 7.0})");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(whole->request.stop().max_tokens(), 7);
+}
+
 TEST(OpenAiProtocolTest, WrongModelIsNotFound) {
   auto r = Completion(R"({"model": "other", "prompt": "hi"})");
   ASSERT_FALSE(r.ok());
