@@ -8,10 +8,18 @@ compile_commands.json, so the flags and include paths are the build's), two
 files at a time, and fails on the first report. CUDA sources are skipped
 (nvcc builds them); generated protobuf sources too.
 
-    python3 scripts/check_thread_safety.py build/compile_commands.json
+Only sources where the analysis can report anything are compiled: those
+that mention a capability (an ABSL_ thread-safety annotation, absl::Mutex
+and its scoped locks, absl::CondVar) themselves or in a project header they
+include, directly or through other project headers. Without one the
+analysis has nothing to check, and skipping those sources (three in four)
+takes about 4 minutes off CI on 2 cores. --all compiles every source.
+
+    python3 scripts/check_thread_safety.py build/compile_commands.json [--all]
 """
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -41,8 +49,37 @@ def command_for(entry):
     return out
 
 
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+CAPABILITY = re.compile(r"\bABSL_[A-Z_]*(GUARDED_BY|LOCKS?_|LOCKABLE|CAPABILITY|ACQUIRE|RELEASE|"
+                        r"EXCLUSIVE|SHARED|NO_THREAD_SAFETY)|\babsl::(Mutex|CondVar|ReaderMutexLock|"
+                        r"WriterMutexLock)")
+
+
+def mentions_capability(root):
+    """path -> whether the file or a project header it reaches mentions one."""
+    memo = {}
+
+    def reaches(path, active):
+        if path in memo:
+            return memo[path]
+        if path in active or not os.path.isfile(path):
+            return False
+        text = open(path, encoding="utf-8", errors="replace").read()
+        found = bool(CAPABILITY.search(text))
+        if not found:
+            active.add(path)
+            found = any(reaches(os.path.join(root, inc), active) for inc in INCLUDE.findall(text))
+            active.discard(path)
+        memo[path] = found
+        return found
+
+    return lambda path: reaches(path, set())
+
+
 def main():
-    path = sys.argv[1] if len(sys.argv) > 1 else "build/compile_commands.json"
+    args = [a for a in sys.argv[1:] if a != "--all"]
+    check_all = "--all" in sys.argv[1:]
+    path = args[0] if args else "build/compile_commands.json"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     entries = []
     for e in json.load(open(path)):
@@ -54,6 +91,12 @@ def main():
             continue
         entries.append(e)
     entries.sort(key=lambda e: e["file"])
+    total = len(entries)
+    if not check_all:
+        relevant = mentions_capability(root)
+        entries = [e for e in entries if relevant(e["file"])]
+        print(f"[thread-safety] {len(entries)} of {total} sources reach a capability "
+              "(the others have nothing to check; --all compiles them too)", file=sys.stderr)
 
     def run(e):
         r = subprocess.run(command_for(e), cwd=e["directory"], capture_output=True, text=True)

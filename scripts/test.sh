@@ -10,12 +10,30 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FUZZ_SECONDS=${TANDEM_FUZZ_SECONDS:-140}
 
+# Wall time of each phase, printed as it ends and as a table at the end (CI
+# must stay well under its limit: the table says where the time goes).
+PHASES=()
+phase_start=$SECONDS
+phase() {  # phase NAME: the phase that just ended
+  local took=$((SECONDS - phase_start))
+  PHASES+=("$(printf '%-22s %5d s' "$1" "$took")")
+  echo "[test] $1: ${took} s (total $SECONDS s)" >&2
+  phase_start=$SECONDS
+}
+report_phases() {
+  echo "[test] wall time by phase:" >&2
+  printf '  %s\n' "${PHASES[@]}" >&2
+  echo "  total                  $SECONDS s" >&2
+}
+
 bash scripts/bootstrap.sh
+phase bootstrap
 bash scripts/build.sh
+phase build
 
 # Static checks: every C++ source clang-formatted; docs/architecture.md names
 # every source directory and only
-# paths that exist; every include is of a target the includer links; clang's -Wthread-safety over every C++ source (GCC
+# paths that exist; every include is of a target the includer links; clang's -Wthread-safety over every C++ source that mentions a capability or reaches one through project headers (GCC
 # ignores the ABSL_GUARDED_BY annotations).
 echo "[test] static checks" >&2
 bash scripts/check_format.sh
@@ -24,20 +42,24 @@ python3 scripts/check_layers.py build
 python3 scripts/check_thread_safety.py build/compile_commands.json
 .venv/bin/python scripts/check_function_length.py
 
+phase "static checks"
 echo "[test] ctest" >&2
 (cd build && ctest --output-on-failure -j"$(nproc)" --timeout 600)
+phase ctest
 
 # The same unit + integration tests built with ASan + UBSan (build-asan/);
 # any sanitizer report fails. TANDEM_SANITIZERS=0 skips it (quick local runs).
 if [ "${TANDEM_SANITIZERS:-1}" != "0" ]; then
   echo "[test] ASan + UBSan" >&2
   bash scripts/test_sanitizers.sh
+  phase "ASan + UBSan"
 fi
 
 # Deployment artefacts: kustomize renders, schemas, yamllint, promtool,
 # hadolint, and the dashboard's metric names against a live `tandem serve`.
 echo "[test] deploy checks" >&2
 bash deploy/check.sh
+phase "deploy checks"
 
 # Every fuzz target (tests/fuzz/*_fuzz.cc) for a bounded time on its seed
 # corpus: the GGUF reader, the JSON parser, the tokenizer and detokenizer,
@@ -52,6 +74,7 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DTANDEM_FUZZ=ON -DTANDEM_CUDA=OFF >/dev/null
   ninja -C build-fuzz -j"$(nproc)" "${targets[@]/%/_fuzz}"
+  phase "fuzz build"
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   for t in "${targets[@]}"; do
@@ -71,4 +94,6 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
     grep -E "^stat::(number_of_executed_units|peak_rss_mb)" "$work/$t.log" | sed "s/^/  $t /"
   done
   echo "[test] fuzzing: no crash" >&2
+  phase fuzzing
 fi
+report_phases

@@ -927,7 +927,8 @@ TEST(FaultsTest, RouterKilledLeavesNoBlocksOnTheWorkers) {
   router->Wait(std::chrono::seconds(5));
   for (auto& t : streams) t.join();  // they fail (router gone)
   // Streams are cancelled on the workers, handoffs released or expired (3 s).
-  std::vector<Endpoint> workers = {{"prefill", 0, Local(pp), ""}, {"decode", 0, Local(dp), ""}};
+  std::vector<Endpoint> workers = {{"prefill", 0, Local(pp), "", ""},
+                                   {"decode", 0, Local(dp), "", ""}};
   ExpectNoKvInUse(workers, {}, std::chrono::milliseconds(8000));
 }
 
