@@ -56,24 +56,32 @@ CAPABILITY = re.compile(r"\bABSL_[A-Z_]*(GUARDED_BY|LOCKS?_|LOCKABLE|CAPABILITY|
 
 
 def mentions_capability(root):
-    """path -> whether the file or a project header it reaches mentions one."""
-    memo = {}
+    """path -> whether the file or a project header it reaches mentions one.
+    Each file is read once; each query walks its own include graph (a
+    per-query visited set, so include cycles cannot cache a wrong answer)."""
+    scanned = {}  # path -> (mentions a capability, included project paths)
 
-    def reaches(path, active):
-        if path in memo:
-            return memo[path]
-        if path in active or not os.path.isfile(path):
-            return False
-        text = open(path, encoding="utf-8", errors="replace").read()
-        found = bool(CAPABILITY.search(text))
-        if not found:
-            active.add(path)
-            found = any(reaches(os.path.join(root, inc), active) for inc in INCLUDE.findall(text))
-            active.discard(path)
-        memo[path] = found
-        return found
+    def scan(path):
+        if path not in scanned:
+            text = open(path, encoding="utf-8", errors="replace").read()
+            scanned[path] = (bool(CAPABILITY.search(text)),
+                             [os.path.join(root, inc) for inc in INCLUDE.findall(text)])
+        return scanned[path]
 
-    return lambda path: reaches(path, set())
+    def reaches(path):
+        seen, stack = set(), [path]
+        while stack:
+            f = stack.pop()
+            if f in seen or not os.path.isfile(f):
+                continue
+            seen.add(f)
+            found, includes = scan(f)
+            if found:
+                return True
+            stack.extend(includes)
+        return False
+
+    return reaches
 
 
 def main():
