@@ -394,6 +394,14 @@ EngineStats Engine::Stats() const {
   return stats_;
 }
 
+std::vector<StepRecord> Engine::TakeStepRecords() {
+  record_steps_.store(true, std::memory_order_relaxed);
+  absl::MutexLock lock(&mu_);
+  std::vector<StepRecord> out(published_steps_.begin(), published_steps_.end());
+  published_steps_.clear();
+  return out;
+}
+
 void Engine::Shutdown(ShutdownMode mode) {
   absl::MutexLock join_lock(&join_mu_);
   {
@@ -540,6 +548,7 @@ void Engine::FinishRequest(int64_t id, const Sequence* seq, FinishReason reason,
 }
 
 void Engine::Step() {
+  const absl::Time start = absl::Now();
   SchedulerOutput out = scheduler_->Schedule();
   if (out.empty()) {
     // Nothing fits now (cannot happen with validated prompts); wait for a
@@ -570,6 +579,10 @@ void Engine::Step() {
     return;
   }
   const absl::Time done = absl::Now();
+  if (record_steps_.load(std::memory_order_relaxed)) {
+    step_records_.push_back({static_cast<int32_t>(out.num_batched_tokens),
+                             static_cast<int32_t>(out.scheduled.size()), Seconds(done - start)});
+  }
   std::vector<SequenceResult> results;
   results.reserve(sampled->size());
   for (SampledToken& t : *sampled) results.push_back(ProcessSampled(t, done));
@@ -752,7 +765,13 @@ void Engine::Publish() {
     stats_.spec = spec_stats_;
     stats_.num_finished = num_finished_;
     stats_.integrity = integrity_;
+    published_steps_.insert(published_steps_.end(), step_records_.begin(), step_records_.end());
+    while (published_steps_.size() > kMaxStepRecords) {
+      published_steps_.pop_front();
+      ++stats_.num_step_records_dropped;
+    }
   }
+  step_records_.clear();
   for (auto& [stream, finish] : finished_events_) stream->Push(std::move(finish));
   finished_events_.clear();
 }

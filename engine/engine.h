@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -136,6 +137,16 @@ struct EngineStats {
     std::vector<int64_t> accepted_per_position;
   } spec;
   absl::Status integrity;  // see check_integrity_every_step
+  // Step records dropped because nobody took them (see TakeStepRecords).
+  int64_t num_step_records_dropped = 0;
+};
+
+// One engine step that ran the model, for per-step histograms
+// (tandem_iteration_tokens, tandem_batch_size).
+struct StepRecord {
+  int32_t num_tokens = 0;     // tokens run through the model (prefill chunks + decodes + drafts)
+  int32_t num_sequences = 0;  // sequences in the batch
+  double seconds = 0;         // Schedule to the step's tokens processed
 };
 
 enum class ShutdownMode {
@@ -172,6 +183,13 @@ class Engine {
   void Cancel(const RequestHandle& handle);
 
   EngineStats Stats() const;
+
+  // The steps run since the previous call, oldest first. Steps are recorded
+  // only once this has been called (a process that never asks keeps none),
+  // and at most kMaxStepRecords wait between calls: older ones are dropped
+  // and counted in EngineStats::num_step_records_dropped.
+  static constexpr size_t kMaxStepRecords = 1 << 16;
+  std::vector<StepRecord> TakeStepRecords();
 
   // Stops the loop and joins the engine thread. Idempotent.
   void Shutdown(ShutdownMode mode = ShutdownMode::kCancel);
@@ -290,6 +308,10 @@ class Engine {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   ShutdownMode shutdown_mode_ ABSL_GUARDED_BY(mu_) = ShutdownMode::kCancel;
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
+  // TakeStepRecords: steps since its last call, once it has been called.
+  std::atomic<bool> record_steps_{false};
+  std::vector<StepRecord> step_records_;  // engine thread: this loop turn's
+  std::deque<StepRecord> published_steps_ ABSL_GUARDED_BY(mu_);
   absl::Mutex join_mu_;  // serializes Shutdown callers
   std::thread thread_;
 };

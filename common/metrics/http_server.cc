@@ -70,7 +70,9 @@ void MetricsHttpServer::Install() {
   });
 
   const MetricsRegistry* registry = registry_;
-  svr.Get("/metrics", [registry](const httplib::Request&, httplib::Response& res) {
+  std::function<void()> before_scrape = options_.before_scrape;
+  svr.Get("/metrics", [registry, before_scrape](const httplib::Request&, httplib::Response& res) {
+    if (before_scrape) before_scrape();
     res.set_content(registry->Serialize(), kMetricsContentType);
   });
   std::function<bool()> healthy = options_.healthy;

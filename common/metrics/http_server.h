@@ -65,6 +65,10 @@ class MetricsHttpServer {
     // Optional: /healthz answers 503 while this returns false. Called on a
     // server thread; must be thread-safe.
     std::function<bool()> healthy;
+    // Optional: called before each /metrics response is rendered (refresh
+    // values computed from another component). Called on a server thread,
+    // possibly on several at once; must be thread-safe.
+    std::function<void()> before_scrape;
   };
 
   MetricsHttpServer(const MetricsRegistry* registry, Options options);

@@ -68,8 +68,11 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
   rt->registry_ = std::make_unique<metrics::MetricsRegistry>();
   TANDEM_ASSIGN_OR_RETURN(
       rt->metrics_, metrics::TandemMetrics::Create(rt->registry_.get(), phase, rt->model_name_));
+  rt->exporter_ = std::make_unique<EngineMetricsExporter>(rt->engine_.get(), rt->metrics_.get());
   if (!config.metrics_address.empty()) {
     metrics::MetricsHttpServer::Options options;
+    EngineMetricsExporter* exporter = rt->exporter_.get();  // outlives the server (Shutdown)
+    options.before_scrape = [exporter] { exporter->Update(); };
     TANDEM_RETURN_IF_ERROR(
         SplitHostPort(config.metrics_address, "metrics address", &options.host, &options.port));
     rt->metrics_host_ = options.host;
@@ -92,49 +95,6 @@ std::string WorkerRuntime::metrics_address() const {
   return absl::StrCat(host, ":", http_->port());
 }
 
-void WorkerRuntime::UpdateEngineMetrics() {
-  const engine::EngineStats s = engine_->Stats();
-  metrics_->num_requests_running->Set(static_cast<double>(s.num_running));
-  metrics_->num_requests_waiting->Set(static_cast<double>(s.num_waiting));
-  metrics_->kv_cache_usage_ratio->Set(
-      s.num_blocks_total > 0 ? static_cast<double>(s.num_blocks_used) / s.num_blocks_total : 0.0);
-  absl::MutexLock lock(&mu_);
-  metrics_->num_preemptions->Inc(static_cast<double>(s.num_preemptions - last_preemptions_));
-  // Tokens this worker sampled (prefill: the first token of each request;
-  // decode: the rest), so tandem_generation_tokens_total{phase} is per phase.
-  metrics_->generation_tokens->Inc(static_cast<double>(s.num_generated_tokens - last_generated_));
-  metrics_->prefix_cache_queries->Inc(
-      static_cast<double>(s.num_prefix_cache_query_tokens - last_query_tokens_));
-  metrics_->prefix_cache_hits->Inc(
-      static_cast<double>(s.num_prefix_cache_hit_tokens - last_hit_tokens_));
-  // Per-step histograms from the deltas since the last refresh: the mean
-  // tokens per step over the interval (the engine has no per-step hook yet).
-  const int64_t steps = s.num_steps - last_steps_;
-  if (steps > 0) {
-    metrics_->iteration_tokens->Observe(
-        static_cast<double>(s.num_computed_tokens - last_computed_) / static_cast<double>(steps));
-    metrics_->batch_size->Observe(static_cast<double>(s.num_running));
-  }
-  metrics_->spec_num_drafts->Inc(static_cast<double>(s.spec.num_drafts - last_spec_.num_drafts));
-  metrics_->spec_num_draft_tokens->Inc(
-      static_cast<double>(s.spec.num_draft_tokens - last_spec_.num_draft_tokens));
-  metrics_->spec_num_accepted_tokens->Inc(
-      static_cast<double>(s.spec.num_accepted_tokens - last_spec_.num_accepted_tokens));
-  for (size_t i = 0; i < s.spec.accepted_per_position.size(); ++i) {
-    const int64_t before =
-        i < last_spec_.accepted_per_position.size() ? last_spec_.accepted_per_position[i] : 0;
-    if (s.spec.accepted_per_position[i] > before) {
-      metrics_->SpecAcceptedAtPosition(static_cast<int64_t>(i))
-          ->Inc(static_cast<double>(s.spec.accepted_per_position[i] - before));
-    }
-  }
-  last_spec_ = s.spec;
-  last_preemptions_ = s.num_preemptions;
-  last_query_tokens_ = s.num_prefix_cache_query_tokens;
-  last_hit_tokens_ = s.num_prefix_cache_hit_tokens;
-  last_steps_ = s.num_steps;
-  last_computed_ = s.num_computed_tokens;
-  last_generated_ = s.num_generated_tokens;
-}
+void WorkerRuntime::UpdateEngineMetrics() { exporter_->Update(); }
 
 }  // namespace tandem::services

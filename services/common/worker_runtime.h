@@ -19,6 +19,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "engine/engine.h"
 #include "engine/llama_model.h"
+#include "services/common/engine_metrics.h"
 #include "services/common/tls.h"
 #include "tandem/v1/worker.pb.h"
 
@@ -74,7 +75,8 @@ class WorkerRuntime {
   metrics::TandemMetrics& metrics() { return *metrics_; }
   int metrics_port() const { return http_ != nullptr ? http_->port() : 0; }
   std::string metrics_address() const;
-  // Refreshes gauges / counters from engine stats (call periodically).
+  // Refreshes gauges / counters from engine stats (call periodically; every
+  // /metrics scrape also does).
   void UpdateEngineMetrics();
   // Stops the metrics server and the engine (idempotent).
   void Shutdown();
@@ -92,14 +94,7 @@ class WorkerRuntime {
   std::unique_ptr<metrics::MetricsRegistry> registry_;
   std::unique_ptr<metrics::TandemMetrics> metrics_;
   std::unique_ptr<metrics::MetricsHttpServer> http_;
-  absl::Mutex mu_;
-  int64_t last_preemptions_ ABSL_GUARDED_BY(mu_) = 0;
-  engine::EngineStats::Spec last_spec_ ABSL_GUARDED_BY(mu_);
-  int64_t last_query_tokens_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t last_hit_tokens_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t last_steps_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t last_computed_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t last_generated_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<EngineMetricsExporter> exporter_;
 };
 
 // "host:port" -> host and port. InvalidArgument naming `what`.

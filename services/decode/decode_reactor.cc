@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "services/common/convert.h"
+#include "services/common/engine_metrics.h"
 #include "services/common/grpc_status.h"
 
 namespace tandem::decode {
@@ -56,6 +57,7 @@ DecodeReactor* DecodeReactor::Start(DecodeServiceImpl* service,
                                      request.prefix_output_token_ids().end());
   if (request.first_token_id() >= 0)
     req.prefix_output_token_ids.push_back(request.first_token_id());
+  r->prefills_here_ = request.kv_handle().empty();
   if (!request.kv_handle().empty()) {
     absl::StatusOr<std::shared_ptr<const engine::KvExport>> kv =
         service->leases_.Claim(request.kv_handle());
@@ -96,7 +98,7 @@ void DecodeReactor::OnEngineEvent(const engine::EngineEvent& event) {
     } else if (finish != nullptr) {
       metrics::TandemMetrics& m = service_->runtime_->metrics();
       m.RequestSuccess(engine::FinishReasonName(finish->reason))->Inc();
-      m.request_queue_time->Observe(finish->usage.queue_time_s);
+      services::ObserveRequest(m, finish->usage, {.prefill = prefills_here_, .decode = true});
       if (cancelled_) {
         status_ = EndedStatus(*context_);
       } else if (finish->reason == engine::FinishReason::kError) {

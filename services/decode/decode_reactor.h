@@ -57,6 +57,9 @@ class DecodeReactor final : public services::EngineStreamReactor<tandem::v1::Dec
   DecodeServiceImpl* const service_;
   grpc::CallbackServerContext* const context_;
   services::ActiveRpc active_;
+  // No KV handoff: this worker computes the prompt (the router's local
+  // prefill, or a migration replay). Set before Submit.
+  bool prefills_here_ = false;
   std::deque<tandem::v1::DecodeResponse> pending_ ABSL_GUARDED_BY(mu_);
   tandem::v1::DecodeResponse response_ ABSL_GUARDED_BY(mu_);  // the write in flight
   // The FinishEvent's outcome: the last message (OK) or the error status.

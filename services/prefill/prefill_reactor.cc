@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/convert.h"
+#include "services/common/engine_metrics.h"
 #include "services/common/grpc_status.h"
 
 namespace tandem::prefill {
@@ -227,9 +228,7 @@ void PrefillReactor::DecideFinishedLocked() {
   }
   if (!finish_recorded_) {
     finish_recorded_ = true;
-    m.request_queue_time->Observe(usage.queue_time_s);
-    m.request_prefill_time->Observe(std::max(0.0, usage.ttft_s - usage.queue_time_s));
-    m.prompt_tokens->Inc(static_cast<double>(usage.num_prompt_tokens));
+    services::ObserveRequest(m, usage, {.prefill = true, .decode = false});
   }
   last.set_prefill_seconds(std::max(0.0, usage.ttft_s - usage.queue_time_s));
   if (!finish.kv_exported) {

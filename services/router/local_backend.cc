@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "services/common/convert.h"
+#include "services/common/engine_metrics.h"
 
 namespace tandem::router {
 namespace {
@@ -32,7 +33,7 @@ absl::StatusOr<std::unique_ptr<BackendCall>> LocalBackend::Start(const PreparedR
   req.params = request.params;
   req.extra_key = request.cache_key;
   // Runs on the engine thread: convert and enqueue, never block.
-  req.on_event = [queue = std::move(queue)](const engine::EngineEvent& event) {
+  req.on_event = [queue = std::move(queue), metrics = metrics_](const engine::EngineEvent& event) {
     BackendEvent out;
     if (const auto* token = std::get_if<engine::TokenEvent>(&event)) {
       out.token_ids.push_back(token->token_id);
@@ -41,6 +42,9 @@ absl::StatusOr<std::unique_ptr<BackendCall>> LocalBackend::Start(const PreparedR
         services::ToProto(*token->logprobs, &out.logprobs.emplace_back());
     } else {
       const auto& finish = std::get<engine::FinishEvent>(event);
+      if (metrics != nullptr) {
+        services::ObserveRequest(*metrics, finish.usage, {.prefill = true, .decode = true});
+      }
       out.finished = true;
       out.text = finish.text;
       out.finish_reason = services::ToProto(finish.reason);

@@ -127,6 +127,13 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
   auto m = metrics::TandemMetrics::Create(&r->registry_, metrics::kPhaseRouter, options.model_name);
   if (!m.ok()) return m.status();
   r->metrics_ = std::move(m).value();
+  if (options.local_engine != nullptr && options.backend_override == nullptr) {
+    TANDEM_ASSIGN_OR_RETURN(r->colocated_metrics_,
+                            metrics::TandemMetrics::Create(&r->registry_, metrics::kPhaseColocated,
+                                                           options.model_name));
+    r->engine_exporter_ = std::make_unique<services::EngineMetricsExporter>(
+        options.local_engine, r->colocated_metrics_.get());
+  }
   TANDEM_RETURN_IF_ERROR(r->MakeBackend(*channel_security));
   r->MakeServices();
   TANDEM_RETURN_IF_ERROR(r->StartGrpc(*server_creds));
@@ -136,6 +143,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(Options option
     mo.port = options.metrics_port;
     Backend* backend = r->backend_;
     mo.healthy = [backend] { return backend->Ready(); };
+    if (services::EngineMetricsExporter* exporter = r->engine_exporter_.get()) {
+      mo.before_scrape = [exporter] { exporter->Update(); };
+    }
     r->metrics_server_ = std::make_unique<metrics::MetricsHttpServer>(&r->registry_, mo);
     if (absl::Status s = r->metrics_server_->Start(); !s.ok()) {
       r->server_->Shutdown();
@@ -154,7 +164,7 @@ absl::Status RouterServer::MakeBackend(const services::ChannelSecurity& channel_
     return absl::OkStatus();
   }
   if (options.local_engine != nullptr) {
-    owned_backend_ = std::make_unique<LocalBackend>(options.local_engine);
+    owned_backend_ = std::make_unique<LocalBackend>(options.local_engine, colocated_metrics_.get());
     backend_ = owned_backend_.get();
     return absl::OkStatus();
   }
@@ -233,6 +243,8 @@ void RouterServer::StartHealthThread() {
       const bool ready = !draining_.load() && backend_->Ready();
       server_->GetHealthCheckService()->SetServingStatus(ready);
       server_->GetHealthCheckService()->SetServingStatus("tandem.v1.Generation", ready);
+      // Colocated: keeps the engine's step records short between scrapes.
+      if (engine_exporter_ != nullptr) engine_exporter_->Update();
       auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopped_; };
       mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(250));
     }

@@ -26,6 +26,7 @@
 #include "engine/engine.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
+#include "services/common/engine_metrics.h"
 #include "services/common/tls.h"
 #include "services/router/backend.h"
 #include "services/router/disaggregated_backend.h"
@@ -97,6 +98,9 @@ class RouterServer {
   Options options_;
   metrics::MetricsRegistry registry_;
   std::unique_ptr<metrics::TandemMetrics> metrics_;
+  // Colocated: the in-process engine's series (phase="colocated").
+  std::unique_ptr<metrics::TandemMetrics> colocated_metrics_;
+  std::unique_ptr<services::EngineMetricsExporter> engine_exporter_;
   std::unique_ptr<metrics::MetricsHttpServer> metrics_server_;
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<Backend> owned_backend_;

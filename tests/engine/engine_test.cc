@@ -95,6 +95,38 @@ TEST_F(EngineTest, PrefixCacheHitComputesOnlyNewTokens) {
   EXPECT_TRUE(engine->CheckIntegrity().ok()) << engine->CheckIntegrity();
 }
 
+TEST_F(EngineTest, StepRecordsAreKeptOnceAskedForAndMatchTheSchedule) {
+  EngineConfig config = TinyEngineConfig();
+  config.scheduler.max_num_batched_tokens = 16;  // a 40-token prompt takes 3 chunks
+  std::unique_ptr<Engine> engine = MakeEngine(config, model());
+  ASSERT_TRUE(Collect(**engine->Submit(MakeRequest(RandomPrompt(10, 256, 20), 3))).finish);
+  EXPECT_TRUE(engine->TakeStepRecords().empty());  // nobody asked before: none kept
+  const EngineStats before = engine->Stats();
+  RequestHandle a = *engine->Submit(MakeRequest(RandomPrompt(40, 256, 21), 4));
+  RequestHandle b = *engine->Submit(MakeRequest(RandomPrompt(5, 256, 22), 2));
+  ASSERT_TRUE(Collect(*a).finish.has_value());
+  ASSERT_TRUE(Collect(*b).finish.has_value());
+  const EngineStats after = engine->Stats();
+  const std::vector<StepRecord> steps = engine->TakeStepRecords();
+  ASSERT_EQ(static_cast<int64_t>(steps.size()), after.num_steps - before.num_steps);
+  int64_t tokens = 0, sequences = 0;
+  for (const StepRecord& s : steps) {
+    EXPECT_GE(s.num_tokens, 1);
+    EXPECT_LE(s.num_tokens, 16);  // never more than the step budget
+    EXPECT_GE(s.num_sequences, 1);
+    EXPECT_LE(s.num_sequences, 2);
+    EXPECT_GE(s.seconds, 0);
+    tokens += s.num_tokens;
+    sequences += s.num_sequences;
+  }
+  EXPECT_EQ(tokens, after.num_computed_tokens - before.num_computed_tokens);
+  EXPECT_EQ(tokens, 40 + 5 + (4 - 1) + (2 - 1));
+  // a is scheduled in its 3 prefill chunks and 3 decode steps, b in 1 + 1.
+  EXPECT_EQ(sequences, 3 + 3 + 1 + 1);
+  EXPECT_TRUE(engine->TakeStepRecords().empty());  // taken: gone
+  EXPECT_EQ(after.num_step_records_dropped, 0);
+}
+
 TEST_F(EngineTest, ShortRequestJoinsAndFinishesFirst) {
   std::unique_ptr<Engine> engine = MakeEngine(TinyEngineConfig(), model());
   RequestHandle longer = *engine->Submit(MakeRequest(RandomPrompt(30, 256, 4), 400));

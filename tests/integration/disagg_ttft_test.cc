@@ -7,7 +7,9 @@
 //    steps finish, spread over the prefill, not in one wave;
 //  - the router's pd-decider prefills short prompts, and prompts the decode
 //    worker already holds, on the decode worker (no handoff), and counts
-//    each choice.
+//    each choice;
+//  - every engine (prefill, decode, and `serve --colocated`'s) exports
+//    per-step and per-request series for what it ran.
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -185,7 +187,60 @@ TEST(DisaggTtftTest, PdDeciderPrefillsShortOrCachedPromptsOnTheDecodeWorker) {
   EXPECT_EQ(Metric(rm, "tandem_router_prefill_decisions_total", "where=\"local\""), 4);
   EXPECT_EQ(Metric(rm, "tandem_router_prefill_decisions_total", "where=\"remote\""), 3);
   // Only the three long prompts reached the prefill worker.
-  EXPECT_EQ(Metric(MetricsOf(cluster, "prefill"), "tandem_prompt_tokens_total"), 300);
+  const std::string pm = MetricsOf(cluster, "prefill");
+  EXPECT_EQ(Metric(pm, "tandem_prompt_tokens_total"), 300);
+  // Per-step histograms: one sample per engine step, so the sum is every
+  // token the engine ran (three distinct 100-token prompts, nothing cached)
+  // and the batch sizes add up to one step per prompt.
+  EXPECT_EQ(Metric(pm, "tandem_iteration_tokens_sum"), 300);
+  EXPECT_EQ(Metric(pm, "tandem_batch_size_sum"), 3);
+  EXPECT_EQ(Metric(pm, "tandem_request_prefill_time_seconds_count"), 3);
+  // The decode worker prefilled the four local prompts itself (3 x 20 + 110
+  // tokens) and counts them; it decoded all seven requests: 3 tokens of each
+  // local one, 2 of each remote one (the first came from the prefill worker).
+  const std::string dm = MetricsOf(cluster, "decode");
+  EXPECT_EQ(Metric(dm, "tandem_prompt_tokens_total"), 170);
+  EXPECT_EQ(Metric(dm, "tandem_generation_tokens_total"), 18);
+  EXPECT_EQ(Metric(dm, "tandem_request_prefill_time_seconds_count"), 4);
+  EXPECT_EQ(Metric(dm, "tandem_request_decode_time_seconds_count"), 7);
+  EXPECT_EQ(Metric(dm, "tandem_inter_token_latency_seconds_count"), 4 * 2 + 3 * 1);
+  // Tokens run: the local prompts less what the prefix cache held, plus two
+  // fed-back tokens per request (the last sampled token is never run).
+  const double hits = Metric(dm, "tandem_prefix_cache_hits_total");
+  EXPECT_EQ(Metric(dm, "tandem_iteration_tokens_sum"), 170 - hits + 7 * 2) << "hits " << hits;
+  EXPECT_EQ(Metric(dm, "tandem_iteration_tokens_count"), Metric(dm, "tandem_batch_size_count"));
+}
+
+// `tandem serve --colocated`: the in-process engine exports its own series
+// (phase="colocated") next to the router's, per step and per request.
+TEST(DisaggTtftTest, ColocatedEngineExportsItsStepsAndRequests) {
+  ServeProcess cluster;
+  ASSERT_EQ(cluster.Start({"--colocated", "--threads", "1"}), "");
+  std::vector<tandem::v1::GenerateRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(Request(Prompt(20, 300 + i), 5));
+  for (const Timed& t : RunAtOnce(cluster.Address("router"), reqs)) {
+    ASSERT_TRUE(t.status.ok()) << t.status.error_message();
+    EXPECT_EQ(t.num_tokens, 5);
+  }
+  const std::string m = MetricsOf(cluster, "router");
+  const std::string colocated = "phase=\"colocated\"";
+  EXPECT_EQ(Metric(m, "tandem_prompt_tokens_total", colocated), 80);
+  EXPECT_EQ(Metric(m, "tandem_generation_tokens_total", colocated), 20);
+  EXPECT_EQ(Metric(m, "tandem_prefix_cache_queries_total", colocated), 80);
+  // 4 distinct prompts, then 4 fed-back tokens each.
+  EXPECT_EQ(Metric(m, "tandem_iteration_tokens_sum", colocated), 80 + 4 * 4);
+  const double steps = Metric(m, "tandem_iteration_tokens_count", colocated);
+  EXPECT_GE(steps, 5);  // at least one prefill step and four decode steps
+  EXPECT_EQ(Metric(m, "tandem_batch_size_count", colocated), steps);
+  EXPECT_EQ(Metric(m, "tandem_batch_size_sum", colocated), 20);  // each step samples each sequence
+  EXPECT_EQ(Metric(m, "tandem_request_queue_time_seconds_count", colocated), 4);
+  EXPECT_EQ(Metric(m, "tandem_request_prefill_time_seconds_count", colocated), 4);
+  EXPECT_EQ(Metric(m, "tandem_request_decode_time_seconds_count", colocated), 4);
+  EXPECT_EQ(Metric(m, "tandem_inter_token_latency_seconds_count", colocated), 4 * 4);
+  EXPECT_EQ(Metric(m, "tandem_kv_cache_usage_ratio", colocated), 0);  // all freed
+  // The router's own series are still there, under phase="router".
+  EXPECT_EQ(Metric(m, "tandem_prompt_tokens_total", "phase=\"router\""), 80);
+  EXPECT_EQ(cluster.Stop(), 0);
 }
 
 }  // namespace
