@@ -381,8 +381,12 @@ absl::Status SpawnWorkers(const ServeFlags& f, const RunningRouter& router, cons
     next_grpc = *gp + 1;
     next_metrics = *mp + 1;
     std::vector<std::string> args = WorkerArgv(f, self, role, *gp, *mp, router_address, model_path);
-    Child c{role, Spawn(args), absl::StrFormat("127.0.0.1:%d", *gp),
-            absl::StrFormat("127.0.0.1:%d", *mp), true};
+    Child c{role,
+            Spawn(args),
+            absl::StrFormat("127.0.0.1:%d", *gp),
+            absl::StrFormat("127.0.0.1:%d", *mp),
+            true,
+            ""};
     if (c.pid < 0) return absl::InternalError("fork failed");
     children.push_back(c);
     all.push_back(c);
@@ -445,7 +449,7 @@ int RunServe(int argc, char** argv) {
   const std::string router_address = absl::StrFormat("127.0.0.1:%d", (*router)->server->port());
   std::vector<Child> all = {{"router", getpid(), router_address,
                              absl::StrFormat("127.0.0.1:%d", (*router)->server->metrics_port()),
-                             false}};
+                             false, ""}};
   std::vector<Child> children;
   if ((*router)->http != nullptr) {
     all[0].http_address = absl::StrFormat("127.0.0.1:%d", (*router)->http->port());

@@ -28,8 +28,7 @@ void EngineMetricsExporter::Update() {
   // Tokens this engine sampled (prefill: the first token of each request;
   // decode: the rest), so tandem_generation_tokens_total{phase} is per phase.
   add(m.generation_tokens, s.num_generated_tokens, last_.num_generated_tokens);
-  add(m.prefix_cache_queries, s.num_prefix_cache_query_tokens,
-      last_.num_prefix_cache_query_tokens);
+  add(m.prefix_cache_queries, s.num_prefix_cache_query_tokens, last_.num_prefix_cache_query_tokens);
   add(m.prefix_cache_hits, s.num_prefix_cache_hit_tokens, last_.num_prefix_cache_hit_tokens);
   for (const engine::StepRecord& step : steps) {
     m.iteration_tokens->Observe(static_cast<double>(step.num_tokens));
@@ -39,9 +38,8 @@ void EngineMetricsExporter::Update() {
   add(m.spec_num_draft_tokens, s.spec.num_draft_tokens, last_.spec.num_draft_tokens);
   add(m.spec_num_accepted_tokens, s.spec.num_accepted_tokens, last_.spec.num_accepted_tokens);
   for (size_t i = 0; i < s.spec.accepted_per_position.size(); ++i) {
-    const int64_t before = i < last_.spec.accepted_per_position.size()
-                               ? last_.spec.accepted_per_position[i]
-                               : 0;
+    const int64_t before =
+        i < last_.spec.accepted_per_position.size() ? last_.spec.accepted_per_position[i] : 0;
     if (s.spec.accepted_per_position[i] > before) {
       m.SpecAcceptedAtPosition(static_cast<int64_t>(i))
           ->Inc(static_cast<double>(s.spec.accepted_per_position[i] - before));

@@ -71,7 +71,12 @@ TEST_F(ModelRunnerTest, SamplesLikeSingleSequenceRunner) {
     ASSERT_TRUE(sampled.ok()) << sampled.status();
     ASSERT_EQ(sampled->size(), 2u);
     std::vector<SequenceResult> results;
-    for (const SampledToken& t : *sampled) results.push_back({t.seq_id, t.result.token_id});
+    for (const SampledToken& t : *sampled) {
+      SequenceResult r;
+      r.seq_id = t.seq_id;
+      r.token_id = t.result.token_id;
+      results.push_back(std::move(r));
+    }
     EXPECT_EQ((*sampled)[0].seq_id, 1);
     ASSERT_TRUE(logits.ok());
     const int32_t expected = Argmax(*logits);

@@ -534,7 +534,9 @@ TEST_F(PdHandoffTest, EveryKvDtypeHandsOffItsNativeBytes) {
               kernels::KvBytesPerToken(d, mc.num_layers, mc.num_kv_heads, mc.head_dim));
     EXPECT_EQ(kv.bytes_per_token, prefill->kv_bytes_per_token());
     EXPECT_EQ(static_cast<int64_t>(kv.bytes.size()), 41 * kv.bytes_per_token);
-    if (d != KvDtype::kF32) EXPECT_LT(kv.bytes_per_token, f32_bytes);
+    if (d != KvDtype::kF32) {
+      EXPECT_LT(kv.bytes_per_token, f32_bytes);
+    }
     ExpectSameOutput(Concat(h), colocated, kernels::KvDtypeName(d));
     // Another dtype's engine refuses these bytes.
     EngineConfig other = config;
