@@ -579,10 +579,9 @@ void Engine::Step() {
     return;
   }
   const absl::Time done = absl::Now();
-  if (record_steps_.load(std::memory_order_relaxed)) {
-    step_records_.push_back({static_cast<int32_t>(out.num_batched_tokens),
-                             static_cast<int32_t>(out.scheduled.size()), Seconds(done - start)});
-  }
+  // What ran (before a failed KV export takes a sequence out of `out`).
+  const StepRecord record{static_cast<int32_t>(out.num_batched_tokens),
+                          static_cast<int32_t>(out.scheduled.size()), 0};
   std::vector<SequenceResult> results;
   results.reserve(sampled->size());
   for (SampledToken& t : *sampled) results.push_back(ProcessSampled(t, done));
@@ -592,6 +591,10 @@ void Engine::Step() {
     const std::optional<FinishReason> reason = active_.at(seq->id())->finish;
     FinishRequest(seq->id(), seq.get(), reason.value_or(FinishReason::kLength),
                   active_.at(seq->id())->error, "");
+  }
+  if (record_steps_.load(std::memory_order_relaxed)) {
+    step_records_.push_back(record);
+    step_records_.back().seconds = Seconds(absl::Now() - start);
   }
   if (config_.check_integrity_every_step && integrity_.ok()) {
     integrity_ = kv_->CheckIntegrity();

@@ -146,7 +146,7 @@ struct EngineStats {
 struct StepRecord {
   int32_t num_tokens = 0;     // tokens run through the model (prefill chunks + decodes + drafts)
   int32_t num_sequences = 0;  // sequences in the batch
-  double seconds = 0;         // Schedule to the step's tokens processed
+  double seconds = 0;         // Schedule to the step's tokens streamed and finished requests out
 };
 
 enum class ShutdownMode {

@@ -111,6 +111,7 @@ struct TandemMetrics {
   Histogram* kv_transfer_after_first_token = nullptr;  // prefill: first token sent -> KV landed
   Histogram* iteration_tokens = nullptr;               // tokens per engine step
   Histogram* batch_size = nullptr;                     // sequences per engine step
+  Histogram* step_time = nullptr;                      // tandem_engine_step_seconds
   Histogram* migration_recovery_time = nullptr;        // router: failure seen -> next token
 
   // Counters.

@@ -33,6 +33,7 @@ void EngineMetricsExporter::Update() {
   for (const engine::StepRecord& step : steps) {
     m.iteration_tokens->Observe(static_cast<double>(step.num_tokens));
     m.batch_size->Observe(static_cast<double>(step.num_sequences));
+    m.step_time->Observe(step.seconds);
   }
   add(m.spec_num_drafts, s.spec.num_drafts, last_.spec.num_drafts);
   add(m.spec_num_draft_tokens, s.spec.num_draft_tokens, last_.spec.num_draft_tokens);

@@ -23,8 +23,8 @@ class EngineMetricsExporter {
  public:
   EngineMetricsExporter(engine::Engine* engine, metrics::TandemMetrics* metrics);
   // Gauges from the engine's stats now; counters by what changed since the
-  // last call; one tandem_iteration_tokens / tandem_batch_size sample per
-  // engine step run since the last call.
+  // last call; one tandem_iteration_tokens / tandem_batch_size /
+  // tandem_engine_step_seconds sample per engine step run since the last call.
   void Update();
 
  private:

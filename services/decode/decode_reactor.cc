@@ -28,7 +28,15 @@ DecodeReactor::DecodeReactor(DecodeServiceImpl* service, grpc::CallbackServerCon
 void DecodeReactor::FinishEarly(const grpc::Status& status) {
   absl::MutexLock lock(&mu_);
   finished_ = true;
+  CountError(status);
   Finish(status);
+}
+
+void DecodeReactor::CountError(const grpc::Status& status) {
+  if (status.ok()) return;
+  service_->runtime_->metrics()
+      .RequestErrors(static_cast<absl::StatusCode>(status.error_code()))
+      ->Inc();
 }
 
 DecodeReactor* DecodeReactor::Start(DecodeServiceImpl* service,
@@ -97,7 +105,9 @@ void DecodeReactor::OnEngineEvent(const engine::EngineEvent& event) {
       if (tok->logprobs.has_value()) services::ToProto(*tok->logprobs, out.add_logprobs());
     } else if (finish != nullptr) {
       metrics::TandemMetrics& m = service_->runtime_->metrics();
-      m.RequestSuccess(engine::FinishReasonName(finish->reason))->Inc();
+      if (finish->reason != engine::FinishReason::kError) {
+        m.RequestSuccess(engine::FinishReasonName(finish->reason))->Inc();
+      }
       services::ObserveRequest(m, finish->usage, {.prefill = prefills_here_, .decode = true});
       if (cancelled_) {
         status_ = EndedStatus(*context_);
@@ -130,6 +140,7 @@ void DecodeReactor::PumpLocked() {
   }
   if (!status_.has_value()) return;  // the engine has not finished yet
   finished_ = true;
+  CountError(*status_);
   if (last_.has_value()) {
     response_ = std::move(*last_);
     StartWriteAndFinish(&response_, grpc::WriteOptions(), *status_);

@@ -50,6 +50,8 @@ class DecodeReactor final : public services::EngineStreamReactor<tandem::v1::Dec
 
   // Finishes at once with `status` (nothing was submitted).
   void FinishEarly(const grpc::Status& status);
+  // tandem_request_errors_total{code} for a call ending with `status` (not OK).
+  void CountError(const grpc::Status& status);
   // On the engine thread.
   void OnEngineEvent(const engine::EngineEvent& event);
   void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -296,6 +296,11 @@ void PrefillReactor::TryFinishLocked() {
     return;
   }
   finished_ = true;
+  if (!final_status_->ok()) {
+    service_->runtime_->metrics()
+        .RequestErrors(static_cast<absl::StatusCode>(final_status_->error_code()))
+        ->Inc();
+  }
   if (final_last_.has_value()) {
     response_ = *std::move(final_last_);
     StartWriteAndFinish(&response_, grpc::WriteOptions(), *final_status_);

@@ -25,6 +25,11 @@ class LocalCall final : public BackendCall {
 
 }  // namespace
 
+LocalBackend::LocalBackend(engine::Engine* engine, metrics::TandemMetrics* metrics)
+    : engine_(engine), metrics_(std::make_shared<MetricsRef>(metrics)) {}
+
+LocalBackend::~LocalBackend() { metrics_->Detach(); }
+
 absl::StatusOr<std::unique_ptr<BackendCall>> LocalBackend::Start(const PreparedRequest& request,
                                                                  std::shared_ptr<CallQueue> queue) {
   engine::EngineRequest req;
@@ -42,9 +47,12 @@ absl::StatusOr<std::unique_ptr<BackendCall>> LocalBackend::Start(const PreparedR
         services::ToProto(*token->logprobs, &out.logprobs.emplace_back());
     } else {
       const auto& finish = std::get<engine::FinishEvent>(event);
-      if (metrics != nullptr) {
-        services::ObserveRequest(*metrics, finish.usage, {.prefill = true, .decode = true});
-      }
+      metrics->With([&finish](metrics::TandemMetrics& m) {
+        services::ObserveRequest(m, finish.usage, {.prefill = true, .decode = true});
+        if (finish.reason != engine::FinishReason::kError) {
+          m.RequestSuccess(engine::FinishReasonName(finish.reason))->Inc();
+        }
+      });
       out.finished = true;
       out.text = finish.text;
       out.finish_reason = services::ToProto(finish.reason);

@@ -292,6 +292,7 @@ TEST(TandemMetricsTest, RegistersEveryPhaseInOneRegistry) {
             0);
   EXPECT_TRUE(HasLine(text, "# TYPE tandem_num_leased_blocks gauge"));
   EXPECT_TRUE(HasLine(text, "# TYPE tandem_iteration_tokens histogram"));
+  EXPECT_TRUE(HasLine(text, "# TYPE tandem_engine_step_seconds histogram"));
   (*decode)->kv_cache_usage_ratio->ClearCallback();
 }
 

@@ -209,6 +209,8 @@ TEST(DisaggTtftTest, PdDeciderPrefillsShortOrCachedPromptsOnTheDecodeWorker) {
   const double hits = Metric(dm, "tandem_prefix_cache_hits_total");
   EXPECT_EQ(Metric(dm, "tandem_iteration_tokens_sum"), 170 - hits + 7 * 2) << "hits " << hits;
   EXPECT_EQ(Metric(dm, "tandem_iteration_tokens_count"), Metric(dm, "tandem_batch_size_count"));
+  EXPECT_EQ(Metric(dm, "tandem_iteration_tokens_count"),
+            Metric(dm, "tandem_engine_step_seconds_count"));
 }
 
 // `tandem serve --colocated`: the in-process engine exports its own series
@@ -232,6 +234,8 @@ TEST(DisaggTtftTest, ColocatedEngineExportsItsStepsAndRequests) {
   const double steps = Metric(m, "tandem_iteration_tokens_count", colocated);
   EXPECT_GE(steps, 5);  // at least one prefill step and four decode steps
   EXPECT_EQ(Metric(m, "tandem_batch_size_count", colocated), steps);
+  EXPECT_EQ(Metric(m, "tandem_engine_step_seconds_count", colocated), steps);
+  EXPECT_GT(Metric(m, "tandem_engine_step_seconds_sum", colocated), 0);
   EXPECT_EQ(Metric(m, "tandem_batch_size_sum", colocated), 20);  // each step samples each sequence
   EXPECT_EQ(Metric(m, "tandem_request_queue_time_seconds_count", colocated), 4);
   EXPECT_EQ(Metric(m, "tandem_request_prefill_time_seconds_count", colocated), 4);

@@ -17,6 +17,7 @@
 #include "services/transfer/host_kv_transport.h"
 #include "services/transfer/kv_push_pipe.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/util/http_get.h"
 #include "tests/util/prefill_call.h"
 #include "tests/util/test_paths.h"
 #include "tests/util/wait.h"
@@ -269,8 +270,9 @@ TEST_F(PdWorkersTest, PushKvThatDiesMidwayLeavesNothing) {
 }
 
 TEST_F(PdWorkersTest, LeaseExpiryFreesAndDecodeGetsNotFound) {
-  Cluster c = StartCluster(TinyConfig(*tiny_, absl::Seconds(30)),
-                           TinyConfig(*tiny_, absl::Milliseconds(200)));
+  services::WorkerServerConfig dc = TinyConfig(*tiny_, absl::Milliseconds(200));
+  dc.metrics_address = "127.0.0.1:0";
+  Cluster c = StartCluster(TinyConfig(*tiny_, absl::Seconds(30)), dc);
   v1::PrefillRequest pr;
   for (int32_t t : engine::RandomPrompt(40, 256, 8)) pr.add_prompt_token_ids(t);
   pr.mutable_params()->set_max_tokens(5);
@@ -302,6 +304,11 @@ TEST_F(PdWorkersTest, LeaseExpiryFreesAndDecodeGetsNotFound) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(Stats(*c.d).num_blocks_used(), 0);
+  // The decode worker counts the failed call by its code.
+  const std::string text = testing::HttpGetBody(c.decode->metrics_port(), "/metrics");
+  const std::string want =
+      "tandem_request_errors_total{code=\"NOT_FOUND\",model=\"tiny\",phase=\"decode\"} 1";
+  EXPECT_NE(text.find(want), std::string::npos) << text.substr(0, 4000);
 }
 
 TEST_F(PdWorkersTest, CancelMidDecodeFreesAllBlocks) {

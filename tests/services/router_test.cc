@@ -389,6 +389,49 @@ TEST_F(RouterTest, ClientCancelFreesTheEngineKv) {
   EXPECT_EQ(engine_->Stats().num_waiting, 0);
 }
 
+// The engine outlives the router (tandem serve --colocated, these tests):
+// a request the engine finishes after the router is gone must not touch the
+// router's metrics (a use-after-free ASan saw once).
+TEST_F(RouterTest, RouterDestroyedMidRequestLeavesTheSharedEngineWorking) {
+  GenerateRequest req = Good();
+  req.mutable_stop()->set_max_tokens(4000);
+  req.mutable_stop()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, req);
+  GenerateResponse resp;
+  int tokens = 0;
+  while (tokens < 3 && reader->Read(&resp)) tokens += resp.token_ids_size();
+  ASSERT_GE(tokens, 3);
+  // Keep the engine in long prefill steps, so that it applies the router's
+  // cancel (and runs the request's finish callback) only after the router
+  // is gone.
+  engine::EngineRequest busy;
+  for (int i = 0; i < 1024; ++i) busy.prompt_token_ids.push_back(10 + i % 1000);
+  busy.params.stop.max_tokens = 1;
+  auto busy_handle = engine_->Submit(std::move(busy));
+  ASSERT_TRUE(busy_handle.ok()) << busy_handle.status();
+  while (engine_->Stats().num_running < 2) absl::SleepFor(absl::Milliseconds(1));
+  server_->Shutdown(absl::ZeroDuration());
+  server_.reset();  // the router's metrics are gone; the engine request may still run
+  while (reader->Read(&resp)) {
+  }
+  reader->Finish();
+  // The long prompt finishes after the cancel was applied (at the end of
+  // the step running when it came), so the cancelled request's finish
+  // callback has run by then.
+  std::optional<engine::EngineEvent> e;
+  while ((e = (*busy_handle)->Next(absl::Seconds(300))).has_value() &&
+         !std::holds_alternative<engine::FinishEvent>(*e)) {
+  }
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(std::get<engine::FinishEvent>(*e).reason, engine::FinishReason::kLength);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < give_up && engine_->Stats().num_running > 0) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(engine_->Stats().num_running, 0);
+}
+
 // A backend whose calls run until cancelled.
 class StuckBackend final : public Backend {
  public:
