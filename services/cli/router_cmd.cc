@@ -24,6 +24,7 @@ void AddRouterFlags(ArgParser& p, RouterFlags& f) {
            "-1 = off, 0 = any free port)");
   p.AddString("model", &f.model,
               "GGUF model (the router loads its tokenizer and config only, unless --colocated)");
+  p.AddString("served-model-name", &f.served_model_name, kServedModelNameHelp);
   p.AddString("prefill", &f.prefill, "static prefill workers: host:port,host:port");
   p.AddString("decode", &f.decode, "static decode workers: host:port,host:port");
   p.AddInt("max-inflight", &f.max_inflight, 1, 100000,

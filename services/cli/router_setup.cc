@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/status.h"
+#include "common/utf8.h"
 #include "engine/model_config.h"
 #include "services/cli/device_flag.h"
 #include "services/cli/kv_dtype_flag.h"
@@ -83,7 +84,9 @@ void SetModelOptions(const RouterFlags& flags, const std::string& path,
     o.kv_bytes_per_token =
         kernels::KvBytesPerToken(dtype, config.num_layers, config.num_kv_heads, config.head_dim);
   }
-  o.model_name = config.name.empty() ? path.substr(path.find_last_of('/') + 1) : config.name;
+  o.model_name = !flags.served_model_name.empty() ? flags.served_model_name
+                 : config.name.empty()            ? path.substr(path.find_last_of('/') + 1)
+                                                  : config.name;
   o.architecture = config.architecture;
 }
 
@@ -103,8 +106,26 @@ absl::StatusOr<std::unique_ptr<http::OpenAiServer>> StartHttp(const RouterFlags&
 
 }  // namespace
 
+absl::Status ValidateServedModelName(const std::string& name) {
+  if (name.empty()) return absl::OkStatus();
+  if (name.size() > 256) {
+    return absl::InvalidArgumentError("--served-model-name: at most 256 bytes");
+  }
+  for (size_t pos = 0; pos < name.size();) {
+    const size_t n = utf8::ValidUtf8Len(name, pos);
+    if (n == 0) return absl::InvalidArgumentError("--served-model-name: not UTF-8");
+    const unsigned char c = static_cast<unsigned char>(name[pos]);
+    if (n == 1 && (c < 0x20 || c == 0x7f)) {
+      return absl::InvalidArgumentError("--served-model-name: control characters are not allowed");
+    }
+    pos += n;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<RunningRouter>> StartRouter(const RouterFlags& flags) {
-  // Security flags are checked before any slow start-up work.
+  // Security flags and the name are checked before any slow start-up work.
+  TANDEM_RETURN_IF_ERROR(ValidateServedModelName(flags.served_model_name));
   TANDEM_RETURN_IF_ERROR(services::ValidateServerTls(flags.tls));
   std::vector<std::string> api_keys;
   if (!flags.api_key_file.empty()) {

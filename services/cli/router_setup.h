@@ -20,13 +20,21 @@
 
 namespace tandem::cli {
 
+// --served-model-name: the model's name in the API and the metrics.
+inline constexpr char kServedModelNameHelp[] =
+    "the model's name in the API (OpenAI `model` and /v1/models, GetModelInfo) and in the "
+    "metrics' model label; default: the GGUF's general.name, else the file name";
+// 1..256 bytes of UTF-8 without control characters; "" (the default) passes.
+absl::Status ValidateServedModelName(const std::string& name);
+
 struct RouterFlags {
   std::string host = "0.0.0.0";
   int64_t port = 50051;
   int64_t metrics_port = 9090;  // -1 = off
   int64_t http_port = -1;       // OpenAI HTTP API; -1 = off, 0 = any free port
   std::string model;
-  std::string prefill;  // comma-separated static addresses
+  std::string served_model_name;  // empty: from the model file
+  std::string prefill;            // comma-separated static addresses
   std::string decode;
   int64_t max_inflight = 256;
   int64_t migration_limit = 3;  // re-dispatches after worker failures

@@ -44,6 +44,7 @@ struct ServeFlags {
   int64_t decode_workers = 1;
   bool colocated = false;
   std::string model;
+  std::string served_model_name;  // router and workers (the metrics' model label)
   std::string endpoints_file;
   std::string kv_cache_memory = "1GiB";
   int64_t kv_lease_seconds = 30;
@@ -184,6 +185,7 @@ void AddServeFlags(ArgParser& p, ServeFlags& f) {
   p.AddInt("decode-workers", &f.decode_workers, 1, 64, "decode worker processes");
   p.AddBool("colocated", &f.colocated, "one in-process engine for both phases, no workers");
   p.AddString("model", &f.model, "GGUF model (default: the bundled SmolLM2)");
+  p.AddString("served-model-name", &f.served_model_name, kServedModelNameHelp);
   p.AddString(
       "endpoints-file", &f.endpoints_file,
       "write [{role, pid, grpc_address, metrics_address[, http_address]}] as JSON once ready");
@@ -225,6 +227,7 @@ void AddServeFlags(ArgParser& p, ServeFlags& f) {
 
 // Every flag that can be checked before anything starts.
 absl::Status CheckServeFlags(const ServeFlags& f) {
+  TANDEM_RETURN_IF_ERROR(ValidateServedModelName(f.served_model_name));
   TANDEM_RETURN_IF_ERROR(services::ValidateServerTls(f.tls));
   TANDEM_ASSIGN_OR_RETURN(auto device, ResolveDevice(f.device));
   TANDEM_RETURN_IF_ERROR(ResolveKvDtype(f.kv_cache_dtype, device).status());
@@ -260,6 +263,7 @@ RouterFlags RouterFlagsFor(const ServeFlags& f, const std::string& model_path) {
   rf.spec = f.spec;
   rf.tls = f.tls;
   rf.api_key_file = f.api_key_file;
+  rf.served_model_name = f.served_model_name;
   return rf;
 }
 
@@ -305,6 +309,10 @@ std::vector<std::string> WorkerArgv(const ServeFlags& f, const std::string& self
   if (!f.kv_cache_dtype.empty()) {
     args.push_back("--kv-cache-dtype");
     args.push_back(f.kv_cache_dtype);
+  }
+  if (!f.served_model_name.empty()) {
+    args.push_back("--served-model-name");
+    args.push_back(f.served_model_name);
   }
   for (const std::string& a : TlsArgs(f.tls)) args.push_back(a);
   args.push_back("--drain-seconds");

@@ -33,6 +33,7 @@ struct WorkerFlags {
   std::string advertise;
   std::string router;
   std::string model;
+  std::string served_model_name;  // the metrics' model label; empty: from the file
   std::string kv_cache_memory = "1GiB";
   int64_t kv_lease_seconds = 30;
   int64_t drain_seconds = 30;
@@ -55,6 +56,9 @@ void AddWorkerFlags(ArgParser& p, WorkerFlags& f, std::string_view role) {
   p.AddString("advertise", &f.advertise, "address announced to the router (default host:port)");
   p.AddString("router", &f.router, "router address to register with (host:port)");
   p.AddString("model", &f.model, "GGUF model (default: the bundled SmolLM2)");
+  p.AddString("served-model-name", &f.served_model_name,
+              "the model's name in the metrics' model label and the KV compatibility check (give "
+              "every worker and the router the same); default: the GGUF's general.name");
   p.AddString("kv-cache-memory", &f.kv_cache_memory,
               std::string("KV cache budget: ") + kKvCacheMemoryHelp);
   p.AddInt("drain-seconds", &f.drain_seconds, 0, 3600,
@@ -89,6 +93,9 @@ absl::StatusOr<services::WorkerServerConfig> ConfigFromFlags(const WorkerFlags& 
   if (!kv_dtype.ok()) return UsageStatus(kv_dtype.status());
   auto spec = ResolveSpec(f.spec);
   if (!spec.ok()) return UsageStatus(spec.status());
+  if (absl::Status s = ValidateServedModelName(f.served_model_name); !s.ok()) {
+    return UsageStatus(s);
+  }
   auto path = ResolveModelPath(f.model);
   if (!path.ok()) return UsageStatus(path.status());
   if (absl::Status s = CheckDraftVocab(f.spec, *path); !s.ok()) return UsageStatus(s);
@@ -102,6 +109,7 @@ absl::StatusOr<services::WorkerServerConfig> ConfigFromFlags(const WorkerFlags& 
   }
   config.advertise_address = f.advertise;
   config.model_path = *path;
+  config.model_name = f.served_model_name;
   config.engine.num_threads = static_cast<int>(f.threads);
   config.engine.device = *device;
   config.engine.kv_cache_dtype = *kv_dtype;

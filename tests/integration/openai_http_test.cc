@@ -287,8 +287,12 @@ TEST_F(OpenAiHttpTest, MalformedBodiesGetOpenAiErrors) {
     EXPECT_TRUE(j["error"]["type"].is_string());
     EXPECT_TRUE(j["error"].contains("param"));
     EXPECT_TRUE(j["error"].contains("code"));
-    if (!k.param.empty()) EXPECT_EQ(j["error"]["param"], k.param);
-    if (k.status == 404) EXPECT_EQ(j["error"]["code"], "model_not_found");
+    if (!k.param.empty()) {
+      EXPECT_EQ(j["error"]["param"], k.param);
+    }
+    if (k.status == 404) {
+      EXPECT_EQ(j["error"]["code"], "model_not_found");
+    }
   }
   // Still serving.
   auto r = Post(c, R"({"prompt": "Hello", "max_tokens": 2})");
@@ -382,9 +386,11 @@ absl::StatusOr<tandem::v1::WorkerStats> DecodeStats(const std::string& address) 
 
 // A disaggregated `tandem serve`: the same answers as gRPC, and a client
 // that goes away mid-stream leaves no KV on the decode worker.
+// With --served-model-name every process uses that name: the API's `model`
+// and every service's metrics label.
 TEST(OpenAiHttpClusterTest, CompletionAndDisconnectFreesDecodeKv) {
   ServeProcess serve;
-  ASSERT_EQ(serve.Start({}), "");
+  ASSERT_EQ(serve.Start({"--served-model-name", "smol-test"}), "");
   const int http_port = PortOf(serve.endpoints()[0].http_address);
   const std::string decode = serve.Address("decode");
   ASSERT_FALSE(decode.empty());
@@ -396,14 +402,27 @@ TEST(OpenAiHttpClusterTest, CompletionAndDisconnectFreesDecodeKv) {
   const GrpcResult want = GrpcGenerate(serve.Address("router"), g);
   httplib::Client c("127.0.0.1", http_port);
   c.set_read_timeout(std::chrono::seconds(120));
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "smol-test");
   auto r = c.Post("/v1/completions",
-                  R"({"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})",
+                  R"({"model": "smol-test", "prompt": "The capital of France is", "max_tokens": 8,
+                      "temperature": 0})",
                   "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   json j = json::parse(r->body);
+  EXPECT_EQ(j["model"], "smol-test");
   EXPECT_EQ(j["choices"][0]["text"], want.text);
   EXPECT_EQ(j["usage"]["completion_tokens"], want.completion_tokens);
+  auto wrong = c.Post("/v1/completions", R"({"model": "other", "prompt": "Hi", "max_tokens": 1})",
+                      "application/json");
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 404) << wrong->body;
+  for (const Endpoint& e : serve.endpoints()) {
+    const std::string text = HttpGetBody(PortOf(e.metrics_address), "/metrics");
+    EXPECT_NE(text.find("model=\"smol-test\""), std::string::npos) << e.role;
+  }
 
   StreamThenDisconnect(http_port, [&] {
     // The first token comes from the prefill worker; wait for the decode
@@ -431,6 +450,15 @@ TEST(OpenAiHttpClusterTest, CompletionAndDisconnectFreesDecodeKv) {
   EXPECT_EQ(serve.Stop(), 0);
 }
 
+TEST(OpenAiHttpClusterTest, BadServedModelNameIsAUsageError) {
+  for (const std::string& bad :
+       {std::string("a\x01b"), std::string("bad\xffutf8"), std::string(257, 'x')}) {
+    ProcessResult r = RunProcess({TandemBinary(), "serve", "--served-model-name", bad});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("--served-model-name"), std::string::npos) << r.err;
+  }
+}
+
 // --api-key-file: 401 without / with a wrong bearer key; --max-inflight 1:
 // a second call while one streams gets 429 with Retry-After.
 TEST(OpenAiHttpLimitsTest, ApiKeyAndOverload) {
@@ -452,8 +480,12 @@ TEST(OpenAiHttpLimitsTest, ApiKeyAndOverload) {
     ASSERT_FALSE(j.is_discarded());
     if (status != 200) {
       EXPECT_TRUE(j["error"]["message"].is_string());
-      if (status == 401) EXPECT_EQ(j["error"]["code"], "invalid_api_key");
-      if (status == 429) EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+      if (status == 401) {
+        EXPECT_EQ(j["error"]["code"], "invalid_api_key");
+      }
+      if (status == 429) {
+        EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+      }
     }
   };
   check({}, 401);
