@@ -368,23 +368,38 @@ TEST_F(RouterTest, DeadlineMidGenerationEndsWithFinishReasonDeadline) {
   EXPECT_EQ(r.usage.completion_tokens(), static_cast<int32_t>(r.token_ids.size()));
 }
 
-TEST_F(RouterTest, ClientCancelFreesTheEngineKv) {
+// Starts a 4000-token stream on `ctx` and reads until `min_tokens` tokens
+// arrived (or the stream ended); *tokens is how many did.
+std::unique_ptr<grpc::ClientReader<GenerateResponse>> StartLongStream(
+    tandem::v1::Generation::Stub& stub, grpc::ClientContext* ctx, int min_tokens, int* tokens) {
   GenerateRequest req = Good();
   req.mutable_stop()->set_max_tokens(4000);
   req.mutable_stop()->set_ignore_eos(true);
-  grpc::ClientContext ctx;
-  auto reader = stub_->Generate(&ctx, req);
+  auto reader = stub.Generate(ctx, req);
   GenerateResponse resp;
+  *tokens = 0;
+  while (*tokens < min_tokens && reader->Read(&resp)) *tokens += resp.token_ids_size();
+  return reader;
+}
+
+// Waits (at most 10 s) until the engine runs no request.
+void WaitEngineIdle(engine::Engine& engine) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < give_up && engine.Stats().num_running > 0) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+TEST_F(RouterTest, ClientCancelFreesTheEngineKv) {
+  grpc::ClientContext ctx;
   int tokens = 0;
-  while (tokens < 5 && reader->Read(&resp)) tokens += resp.token_ids_size();
+  auto reader = StartLongStream(*stub_, &ctx, 5, &tokens);
   ctx.TryCancel();
+  GenerateResponse resp;
   while (reader->Read(&resp)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < give_up && engine_->Stats().num_running > 0) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  WaitEngineIdle(*engine_);
   EXPECT_EQ(engine_->Stats().num_running, 0);
   EXPECT_EQ(engine_->Stats().num_waiting, 0);
 }
@@ -393,14 +408,9 @@ TEST_F(RouterTest, ClientCancelFreesTheEngineKv) {
 // a request the engine finishes after the router is gone must not touch the
 // router's metrics (a use-after-free ASan saw once).
 TEST_F(RouterTest, RouterDestroyedMidRequestLeavesTheSharedEngineWorking) {
-  GenerateRequest req = Good();
-  req.mutable_stop()->set_max_tokens(4000);
-  req.mutable_stop()->set_ignore_eos(true);
   grpc::ClientContext ctx;
-  auto reader = stub_->Generate(&ctx, req);
-  GenerateResponse resp;
   int tokens = 0;
-  while (tokens < 3 && reader->Read(&resp)) tokens += resp.token_ids_size();
+  auto reader = StartLongStream(*stub_, &ctx, 3, &tokens);
   ASSERT_GE(tokens, 3);
   // Keep the engine in long prefill steps, so that it applies the router's
   // cancel (and runs the request's finish callback) only after the router
@@ -413,6 +423,7 @@ TEST_F(RouterTest, RouterDestroyedMidRequestLeavesTheSharedEngineWorking) {
   while (engine_->Stats().num_running < 2) absl::SleepFor(absl::Milliseconds(1));
   server_->Shutdown(absl::ZeroDuration());
   server_.reset();  // the router's metrics are gone; the engine request may still run
+  GenerateResponse resp;
   while (reader->Read(&resp)) {
   }
   reader->Finish();
@@ -425,10 +436,7 @@ TEST_F(RouterTest, RouterDestroyedMidRequestLeavesTheSharedEngineWorking) {
   }
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(std::get<engine::FinishEvent>(*e).reason, engine::FinishReason::kLength);
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < give_up && engine_->Stats().num_running > 0) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  WaitEngineIdle(*engine_);
   EXPECT_EQ(engine_->Stats().num_running, 0);
 }
 
