@@ -50,6 +50,15 @@ size_t ValidUtf8Len(std::string_view s, size_t pos) {
   return pos < s.size() ? DecodeUtf8(s, pos, &cp, &truncated) : 0;
 }
 
+bool IsValidUtf8(std::string_view s) {
+  for (size_t pos = 0; pos < s.size();) {
+    const size_t n = ValidUtf8Len(s, pos);
+    if (n == 0) return false;
+    pos += n;
+  }
+  return true;
+}
+
 size_t IncompleteUtf8Suffix(std::string_view s) {
   // A lead byte within the last 3 bytes whose sequence runs past the end and
   // whose bytes so far are valid.

@@ -20,6 +20,9 @@ size_t DecodeUtf8(std::string_view s, size_t pos, uint32_t* cp, bool* truncated)
 // continuation byte, overlong form, surrogate, > U+10FFFF).
 size_t ValidUtf8Len(std::string_view s, size_t pos);
 
+// Whether all of `s` is well-formed UTF-8 (ValidUtf8Len over every sequence).
+bool IsValidUtf8(std::string_view s);
+
 // Number of trailing bytes of `s` that form an incomplete (but so far valid)
 // UTF-8 sequence, i.e. bytes that a streaming decoder must hold back. 0..3.
 size_t IncompleteUtf8Suffix(std::string_view s);

@@ -4,7 +4,7 @@
 #include <string_view>
 
 #include "absl/strings/str_format.h"
-#include "common/tokenizer/unicode.h"
+#include "common/utf8.h"
 
 namespace tandem::engine {
 namespace {
@@ -18,15 +18,6 @@ absl::Status CheckTokenId(std::string_view field, int64_t id, int64_t vocab_size
                                                       id, vocab_size < 0 ? INT32_MAX : vocab_size));
   }
   return absl::OkStatus();
-}
-
-bool IsValidUtf8(std::string_view s) {
-  for (size_t pos = 0; pos < s.size();) {
-    const size_t n = tokenizer::ValidUtf8Len(s, pos);
-    if (n == 0) return false;
-    pos += n;
-  }
-  return true;
 }
 
 }  // namespace
@@ -62,7 +53,7 @@ absl::Status StopParams::Validate(int64_t vocab_size) const {
     }
     // Valid UTF-8 also guarantees that a match never starts inside a code
     // point, so the StopChecker never splits one.
-    if (!IsValidUtf8(stop)) {
+    if (!utf8::IsValidUtf8(stop)) {
       return absl::InvalidArgumentError("stop_strings: each must be valid UTF-8");
     }
   }

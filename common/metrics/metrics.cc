@@ -10,15 +10,6 @@
 namespace tandem::metrics {
 namespace {
 
-bool IsValidUtf8(std::string_view s) {
-  for (size_t pos = 0; pos < s.size();) {
-    const size_t len = utf8::ValidUtf8Len(s, pos);
-    if (len == 0) return false;
-    pos += len;
-  }
-  return true;
-}
-
 absl::Status Invalid(std::string_view name, std::string_view what) {
   return absl::InvalidArgumentError(std::string(name) + ": " + std::string(what));
 }
@@ -32,7 +23,7 @@ absl::Status ValidateSchema(std::string_view name, std::string_view help, Metric
   if (type == MetricType::kCounter && !name.ends_with("_total")) {
     return Invalid(name, "a counter's name must end in _total");
   }
-  if (!IsValidUtf8(help) || help.find_first_of("\\\n") != std::string_view::npos) {
+  if (!utf8::IsValidUtf8(help) || help.find_first_of("\\\n") != std::string_view::npos) {
     return Invalid(name, "help must be UTF-8 without backslash or newline");
   }
   for (size_t i = 0; i < label_names.size(); ++i) {
@@ -96,7 +87,7 @@ absl::StatusOr<Metric*> FamilyBase::GetOrCreate(absl::Span<const std::string_vie
   }
   std::string key;
   for (std::string_view v : values) {
-    if (!IsValidUtf8(v)) return Invalid(name_, "label value is not valid UTF-8");
+    if (!utf8::IsValidUtf8(v)) return Invalid(name_, "label value is not valid UTF-8");
     key.append(v);
     key.push_back('\xff');
   }

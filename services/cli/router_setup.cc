@@ -111,14 +111,12 @@ absl::Status ValidateServedModelName(const std::string& name) {
   if (name.size() > 256) {
     return absl::InvalidArgumentError("--served-model-name: at most 256 bytes");
   }
-  for (size_t pos = 0; pos < name.size();) {
-    const size_t n = utf8::ValidUtf8Len(name, pos);
-    if (n == 0) return absl::InvalidArgumentError("--served-model-name: not UTF-8");
-    const unsigned char c = static_cast<unsigned char>(name[pos]);
-    if (n == 1 && (c < 0x20 || c == 0x7f)) {
+  if (!utf8::IsValidUtf8(name)) return absl::InvalidArgumentError("--served-model-name: not UTF-8");
+  // In valid UTF-8 every byte below 0x80 is an ASCII character.
+  for (unsigned char c : name) {
+    if (c < 0x20 || c == 0x7f) {
       return absl::InvalidArgumentError("--served-model-name: control characters are not allowed");
     }
-    pos += n;
   }
   return absl::OkStatus();
 }

@@ -16,15 +16,6 @@ namespace {
 
 using absl::InvalidArgumentError;
 
-bool IsValidUtf8(std::string_view s) {
-  for (size_t pos = 0; pos < s.size();) {
-    const size_t n = utf8::ValidUtf8Len(s, pos);
-    if (n == 0) return false;
-    pos += n;
-  }
-  return true;
-}
-
 absl::Status CheckRange(const char* field, double v, double lo, double hi, bool lo_open) {
   if (std::isnan(v) || v > hi || v < lo || (lo_open && v == lo)) {
     return InvalidArgumentError(
@@ -135,7 +126,7 @@ absl::Status CheckStop(const tandem::v1::StopConditions& s, const ModelLimits& l
       return InvalidArgumentError(absl::StrFormat("stop.stop[%d] must be 1..%d bytes, got %d", i,
                                                   kMaxStopStringBytes, str.size()));
     }
-    if (!IsValidUtf8(str)) {
+    if (!utf8::IsValidUtf8(str)) {
       return InvalidArgumentError(absl::StrFormat("stop.stop[%d] is not valid UTF-8", i));
     }
     out->stop_strings.push_back(str);
@@ -179,7 +170,8 @@ absl::StatusOr<std::vector<int32_t>> EncodePrompt(const tandem::v1::GenerateRequ
         return InvalidArgumentError(
             absl::StrFormat("text: %d bytes, at most %d", request.text().size(), kMaxPromptBytes));
       }
-      if (!IsValidUtf8(request.text())) return InvalidArgumentError("text is not valid UTF-8");
+      if (!utf8::IsValidUtf8(request.text()))
+        return InvalidArgumentError("text is not valid UTF-8");
       if (tokenizer == nullptr) return absl::FailedPreconditionError("no tokenizer loaded");
       return tokenizer->Encode(request.text(), /*add_special=*/true, /*parse_special=*/true);
     }
@@ -225,11 +217,11 @@ absl::StatusOr<std::vector<int32_t>> EncodeChat(const tandem::v1::ChatMessages& 
   for (int i = 0; i < messages.messages_size(); ++i) {
     const auto& m = messages.messages(i);
     if (m.role() != "system" && m.role() != "user" && m.role() != "assistant") {
-      return InvalidArgumentError(
-          absl::StrFormat("messages[%d].role must be system, user or assistant, got '%s'", i,
-                          IsValidUtf8(m.role()) && m.role().size() <= 32 ? m.role() : "<invalid>"));
+      return InvalidArgumentError(absl::StrFormat(
+          "messages[%d].role must be system, user or assistant, got '%s'", i,
+          utf8::IsValidUtf8(m.role()) && m.role().size() <= 32 ? m.role() : "<invalid>"));
     }
-    if (!IsValidUtf8(m.content())) {
+    if (!utf8::IsValidUtf8(m.content())) {
       return InvalidArgumentError(absl::StrFormat("messages[%d].content is not valid UTF-8", i));
     }
     total += m.content().size();
@@ -289,7 +281,7 @@ absl::StatusOr<PreparedRequest> PrepareRequest(const tandem::v1::GenerateRequest
     return InvalidArgumentError(absl::StrFormat("request_id: %d bytes, at most %d",
                                                 request.request_id().size(), kMaxRequestIdBytes));
   }
-  if (!IsValidUtf8(request.request_id()))
+  if (!utf8::IsValidUtf8(request.request_id()))
     return InvalidArgumentError("request_id is not valid UTF-8");
   out.request_id = request.request_id().empty() ? NewRequestId() : request.request_id();
   if (request.cache_salt().size() > kMaxCacheSaltBytes) {
