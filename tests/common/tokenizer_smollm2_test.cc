@@ -174,7 +174,9 @@ TEST_F(SmolLM2Test, StreamingDetokenizerNeverSplitsCodePoints) {
     all += detok.Flush();
     ASSERT_TRUE(IsValidUtf8(all));
     const std::string decoded = tok_->Decode(ids);
-    if (IsValidUtf8(decoded)) EXPECT_EQ(all, decoded);
+    if (IsValidUtf8(decoded)) {
+      EXPECT_EQ(all, decoded);
+    }
   }
   EXPECT_GT(num_held_back, 0) << "goldens should include tokens that end mid-character";
 }
