@@ -32,6 +32,7 @@ struct LlamaModel::Scratch {
   std::vector<float> qkv;       // [T, q_dim + 2 * kv_dim]
   std::vector<float> gu;        // [T, 2 * ffn] gate | up
   kernels::QuantizedActs acts;  // int8 input of the next matmul
+  std::vector<float> rope_cs;   // [T, rope_dim] (cos, sin) pairs, for every layer
 };
 
 bool ParseKernelMode(const std::string& s, KernelMode* mode) {
@@ -266,8 +267,8 @@ void LlamaModel::Attend(int64_t layer, const ForwardBatch& b,
   const ModelConfig& c = config_;
   const int64_t T = b.num_tokens();
   const kernels::RopeParams rope = RopeOf();
-  kernels::RopeQK(s.q.data(), s.k.data(), b.positions.data(), T, c.num_heads, c.num_kv_heads,
-                  c.head_dim, rope);
+  kernels::RopeQKAngles(s.q.data(), s.k.data(), s.rope_cs.data(), T, c.num_heads, c.num_kv_heads,
+                        c.head_dim, rope);
   const kernels::KvCacheView view = cache->view(layer);
   kernels::WriteKv(cache->layout(), s.k.data(), s.v.data(), b.slot_mapping.data(), T, view);
   kernels::PagedAttention(args, s.q.data(), view, s.attn.data(), pool_);
@@ -306,8 +307,9 @@ void LlamaModel::RunPackedLayer(int64_t layer, const ForwardBatch& b,
             kernels::Add(s.v.data() + t * kvd, w.bv.data(), kvd, s.v.data() + t * kvd);
           }
         }
-        kernels::RopeQK(s.q.data() + t0 * qd, s.k.data() + t0 * kvd, b.positions.data() + t0,
-                        t1 - t0, c.num_heads, c.num_kv_heads, c.head_dim, rope);
+        kernels::RopeQKAngles(s.q.data() + t0 * qd, s.k.data() + t0 * kvd,
+                              s.rope_cs.data() + t0 * c.rope_dim, t1 - t0, c.num_heads,
+                              c.num_kv_heads, c.head_dim, rope);
         kernels::WriteKv(cache->layout(), s.k.data() + t0 * kvd, s.v.data() + t0 * kvd,
                          b.slot_mapping.data() + t0, t1 - t0, view);
       },
@@ -382,6 +384,8 @@ absl::Status LlamaModel::Forward(const ForwardBatch& b, KvCacheStorage* cache,
     s.qkv.resize(T * (c.q_dim() + 2 * c.kv_dim()));
     s.gu.resize(T * 2 * c.ffn_size);
   }
+  s.rope_cs.resize(T * c.rope_dim);
+  kernels::RopeAngles(b.positions.data(), T, RopeOf(), s.rope_cs.data());
   kernels::EmbeddingLookup(weights_.token_embd, b.token_ids.data(), T, s.x.data());
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     if (b.abort != nullptr && b.abort->load(std::memory_order_relaxed)) {

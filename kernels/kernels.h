@@ -93,6 +93,20 @@ void RopeQK(float* q,  // [n, num_heads, head_dim]
             const int32_t* positions, int64_t n, int64_t num_heads, int64_t num_kv_heads,
             int64_t head_dim, const RopeParams& params);
 
+// The (cos, sin) of every rotated pair of each token's position, the values
+// Rope computes: cs[t * rot_dim + 2 i] = cos(theta_i(positions[t])), + 1 its
+// sin. A forward pass computes them once for all its layers.
+void RopeAngles(const int32_t* positions,  // [n]
+                int64_t n, const RopeParams& params,
+                float* cs);  // [n, rot_dim]
+
+// RopeQK with the angles from RopeAngles: bit-identical to RopeQK.
+void RopeQKAngles(float* q,         // [n, num_heads, head_dim]
+                  float* k,         // [n, num_kv_heads, head_dim]
+                  const float* cs,  // [n, rot_dim] from RopeAngles
+                  int64_t n, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                  const RopeParams& params);
+
 // out[i] = silu(gate[i]) * up[i] (SwiGLU). out may alias gate or up.
 void SiluMul(const float* gate,  // [n]
              const float* up,    // [n]

@@ -2,16 +2,22 @@
 # Colocated vs disaggregated TTFT / TPOT on this machine (README, "Disaggregated
 # TTFT"). For each case: start `tandem serve` (colocated, disaggregated with
 # every prompt remote, disaggregated with the default pd-decider), run a
-# closed-loop `tandem bench`, stop it. Prints one line per run and a table of
-# medians. Needs ./build/tandem (scripts/build.sh) and python3.
+# closed-loop `tandem bench`, stop it. Prints a table of medians, then for
+# every disaggregated setup its TPOT p50 and TTFT p99 as ratios to the
+# colocated run of the same round (the rounds run the setups back to back, so
+# a ratio compares runs minutes apart, not the VM's speed in different
+# rounds) and how many rounds it was no worse. Needs ./build/tandem
+# (scripts/build.sh) and python3.
 #
 #   tools/bench_disagg_ttft.sh [REPS=3]
 #   CASES="32:40 64:40" tools/bench_disagg_ttft.sh 1      # streams:prompt_tokens
+#   SETUPS="colocated default" CASES="32:40" tools/bench_disagg_ttft.sh 10
 #   PORT=52051 METRICS_PORT=19190 OUTPUT_LEN=128 tools/bench_disagg_ttft.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=${1:-3}
 cases=${CASES:-"32:40 64:40 32:256"}
+setups=${SETUPS:-"colocated remote default"}
 port=${PORT:-52051}
 mport=${METRICS_PORT:-19190}
 out_len=${OUTPUT_LEN:-128}
@@ -36,25 +42,45 @@ run() {  # name serve-args...
 for rep in $(seq "$reps"); do
   for c in $cases; do
     conc=${c%%:*}; inlen=${c##*:}
-    run "c${conc}_in${inlen}_colocated_r$rep" --colocated
-    run "c${conc}_in${inlen}_remote_r$rep" --remote-prefill-min-tokens 0
-    run "c${conc}_in${inlen}_default_r$rep"
+    for setup in $setups; do
+      case $setup in
+        colocated) run "c${conc}_in${inlen}_colocated_r$rep" --colocated ;;
+        remote) run "c${conc}_in${inlen}_remote_r$rep" --remote-prefill-min-tokens 0 ;;
+        default) run "c${conc}_in${inlen}_default_r$rep" ;;
+        *) echo "unknown setup '$setup' (colocated, remote, default)" >&2; exit 2 ;;
+      esac
+    done
     echo "rep $rep: $conc streams x $inlen prompt tokens done" >&2
   done
 done
 
-python3 - "$dir" "$reps" $cases <<'PY'
+python3 - "$dir" "$reps" "$setups" $cases <<'PY'
 import json, statistics as st, sys
-d, reps, cases = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+d, reps, setups, cases = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4:]
 print("| streams | prompt tokens | setup | out tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | e2e p99 ms |")
 print("|---|---|---|---|---|---|---|")
 for c in cases:
     conc, inlen = c.split(":")
-    for setup in ("colocated", "remote", "default"):
+    for setup in setups:
         rs = [json.load(open(f"{d}/c{conc}_in{inlen}_{setup}_r{k}.json"))["runs"][0]
               for k in range(1, reps + 1)]
         m = lambda key: st.median(r[key] for r in rs)
         print(f"| {conc} | {inlen} | {setup} | {m('output_tokens_per_second'):.0f} | "
               f"{m('p50_ttft_ms'):.0f} / {m('p99_ttft_ms'):.0f} | "
               f"{m('p50_tpot_ms'):.1f} / {m('p99_tpot_ms'):.1f} | {m('p99_e2e_ms'):.0f} |")
+if "colocated" in setups and len(setups) > 1:
+    print()
+    print("| streams | prompt tokens | setup | TPOT p50 / colocated, per round | median | rounds <= 1.00 | TTFT p99 / colocated, median |")
+    print("|---|---|---|---|---|---|---|")
+    for c in cases:
+        conc, inlen = c.split(":")
+        run = lambda setup, k: json.load(open(f"{d}/c{conc}_in{inlen}_{setup}_r{k}.json"))["runs"][0]
+        for setup in (s for s in setups if s != "colocated"):
+            tpot = [run(setup, k)["p50_tpot_ms"] / run("colocated", k)["p50_tpot_ms"]
+                    for k in range(1, reps + 1)]
+            ttft = [run(setup, k)["p99_ttft_ms"] / run("colocated", k)["p99_ttft_ms"]
+                    for k in range(1, reps + 1)]
+            print(f"| {conc} | {inlen} | {setup} | {' '.join(f'{x:.3f}' for x in tpot)} | "
+                  f"{st.median(tpot):.3f} | {sum(x <= 1.0 for x in tpot)} of {reps} | "
+                  f"{st.median(ttft):.2f} |")
 PY

@@ -1,7 +1,8 @@
 // Dispatched element-wise ops. RmsNorm runs the reference's double
 // arithmetic in its fixed lane order on AVX-512 (bit-identical to it);
 // Softmax reuses the reference; Rope / RopeQK
-// compute the angles once per token instead of once per head (and array).
+// compute the angles once per token instead of once per head (and array),
+// RopeQKAngles takes them from RopeAngles (once per forward, for all layers).
 #include <cmath>
 #include <vector>
 
@@ -66,24 +67,12 @@ void RotateHeads(float* x, int64_t num_heads, int64_t head_dim, const float* cs,
 }
 
 // Applies rope to up to two arrays (k may be null) sharing positions.
-void RopeImpl(float* q, int64_t q_heads, float* k, int64_t k_heads, const int32_t* positions,
-              int64_t n, int64_t head_dim, const RopeParams& p) {
-  const int64_t half = p.rot_dim / 2;
-  std::vector<float> cs(2 * half);
-  std::vector<double> inv_freq(half);
-  for (int64_t i = 0; i < half; ++i) {
-    inv_freq[i] = std::pow(double(p.freq_base), -2.0 * double(i) / double(p.rot_dim));
-  }
+void RopeImpl(float* q, int64_t q_heads, float* k, int64_t k_heads, const float* cs, int64_t n,
+              int64_t head_dim, const RopeParams& p) {
   for (int64_t t = 0; t < n; ++t) {
-    for (int64_t i = 0; i < half; ++i) {
-      // Same expression as ref::Rope so both give identical angles.
-      double theta = double(positions[t]) * p.freq_scale * inv_freq[i];
-      if (p.freq_factors != nullptr) theta /= p.freq_factors[i];
-      cs[2 * i] = static_cast<float>(std::cos(theta));
-      cs[2 * i + 1] = static_cast<float>(std::sin(theta));
-    }
-    RotateHeads(q + t * q_heads * head_dim, q_heads, head_dim, cs.data(), p);
-    if (k != nullptr) RotateHeads(k + t * k_heads * head_dim, k_heads, head_dim, cs.data(), p);
+    const float* ct = cs + t * p.rot_dim;
+    RotateHeads(q + t * q_heads * head_dim, q_heads, head_dim, ct, p);
+    if (k != nullptr) RotateHeads(k + t * k_heads * head_dim, k_heads, head_dim, ct, p);
   }
 }
 
@@ -91,12 +80,21 @@ void RopeImpl(float* q, int64_t q_heads, float* k, int64_t k_heads, const int32_
 
 void Rope(float* x, const int32_t* positions, int64_t n, int64_t num_heads, int64_t head_dim,
           const RopeParams& p) {
-  RopeImpl(x, num_heads, nullptr, 0, positions, n, head_dim, p);
+  std::vector<float> cs(n * p.rot_dim);
+  RopeAngles(positions, n, p, cs.data());
+  RopeImpl(x, num_heads, nullptr, 0, cs.data(), n, head_dim, p);
 }
 
 void RopeQK(float* q, float* k, const int32_t* positions, int64_t n, int64_t num_heads,
             int64_t num_kv_heads, int64_t head_dim, const RopeParams& p) {
-  RopeImpl(q, num_heads, k, num_kv_heads, positions, n, head_dim, p);
+  std::vector<float> cs(n * p.rot_dim);
+  RopeAngles(positions, n, p, cs.data());
+  RopeImpl(q, num_heads, k, num_kv_heads, cs.data(), n, head_dim, p);
+}
+
+void RopeQKAngles(float* q, float* k, const float* cs, int64_t n, int64_t num_heads,
+                  int64_t num_kv_heads, int64_t head_dim, const RopeParams& p) {
+  RopeImpl(q, num_heads, k, num_kv_heads, cs, n, head_dim, p);
 }
 
 void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
@@ -110,4 +108,25 @@ void Add(const float* a, const float* b, int64_t n, float* out) {
 void Softmax(float* x, int64_t n, int64_t dim) { ref::Softmax(x, n, dim); }
 
 TANDEM_KERNELS_VARIANT_END
+
+#if TANDEM_KERNELS_VARIANT_PRIMARY
+// Scalar double math, the same expression as ref::Rope, so every variant's
+// rotation uses the reference's angles (defined once: it is not per ISA).
+void RopeAngles(const int32_t* positions, int64_t n, const RopeParams& p, float* cs) {
+  const int64_t half = p.rot_dim / 2;
+  std::vector<double> inv_freq(half);
+  for (int64_t i = 0; i < half; ++i) {
+    inv_freq[i] = std::pow(double(p.freq_base), -2.0 * double(i) / double(p.rot_dim));
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    float* ct = cs + t * p.rot_dim;
+    for (int64_t i = 0; i < half; ++i) {
+      double theta = double(positions[t]) * p.freq_scale * inv_freq[i];
+      if (p.freq_factors != nullptr) theta /= p.freq_factors[i];
+      ct[2 * i] = static_cast<float>(std::cos(theta));
+      ct[2 * i + 1] = static_cast<float>(std::sin(theta));
+    }
+  }
+}
+#endif
 }  // namespace tandem::kernels

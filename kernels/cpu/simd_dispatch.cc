@@ -37,6 +37,8 @@ bool SetSimdKernelsVariantForTesting(const std::string& variant) { return varian
             const RopeParams& params);                                                             \
   void RopeQK(float* q, float* k, const int32_t* positions, int64_t n, int64_t num_heads,          \
               int64_t num_kv_heads, int64_t head_dim, const RopeParams& params);                   \
+  void RopeQKAngles(float* q, float* k, const float* cs, int64_t n, int64_t num_heads,             \
+                    int64_t num_kv_heads, int64_t head_dim, const RopeParams& params);             \
   void SiluMul(const float* gate, const float* up, int64_t n, float* out);                         \
   void Add(const float* a, const float* b, int64_t n, float* out);                                 \
   void Softmax(float* x, int64_t n, int64_t dim);                                                  \
@@ -144,6 +146,10 @@ void Rope(float* x, const int32_t* positions, int64_t n, int64_t num_heads, int6
 void RopeQK(float* q, float* k, const int32_t* positions, int64_t n, int64_t num_heads,
             int64_t num_kv_heads, int64_t head_dim, const RopeParams& params) {
   TANDEM_DISPATCH(RopeQK, q, k, positions, n, num_heads, num_kv_heads, head_dim, params);
+}
+void RopeQKAngles(float* q, float* k, const float* cs, int64_t n, int64_t num_heads,
+                  int64_t num_kv_heads, int64_t head_dim, const RopeParams& params) {
+  TANDEM_DISPATCH(RopeQKAngles, q, k, cs, n, num_heads, num_kv_heads, head_dim, params);
 }
 void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
   TANDEM_DISPATCH(SiluMul, gate, up, n, out);

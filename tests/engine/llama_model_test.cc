@@ -432,7 +432,9 @@ void CheckSmolLm2Goldens(const GoldenBounds& bounds) {
         c["name"].str.c_str(), (long long)T, sum_kl / T, max_kl, argmax_ok, argmax_checked,
         first_diff < 0 ? "identical" : ("differs at " + std::to_string(first_diff)).c_str());
     EXPECT_LT(sum_kl / T, bounds.max_mean_kl) << c["name"].str;
-    if (bounds.all_argmax) EXPECT_EQ(argmax_ok, argmax_checked) << c["name"].str;
+    if (bounds.all_argmax) {
+      EXPECT_EQ(argmax_ok, argmax_checked) << c["name"].str;
+    }
     const size_t n = std::min(bounds.greedy_tokens, want.size());
     EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + n),
               std::vector<int32_t>(want.begin(), want.begin() + n))

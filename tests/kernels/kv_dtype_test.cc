@@ -118,8 +118,12 @@ TEST(KvDtypeTest, QuantizeDequantizeHeadWithinBounds) {
           ASSERT_LE(std::fabs(y[i] - x[i]), bound)
               << KvDtypeName(d) << " hd " << hd << " seed " << seed << " i " << i;
         }
-        if (d == KvDtype::kInt8) EXPECT_FLOAT_EQ(s, amax / 127.f);
-        if (d == KvDtype::kFp8) EXPECT_FLOAT_EQ(s, amax / 448.f);
+        if (d == KvDtype::kInt8) {
+          EXPECT_FLOAT_EQ(s, amax / 127.f);
+        }
+        if (d == KvDtype::kFp8) {
+          EXPECT_FLOAT_EQ(s, amax / 448.f);
+        }
       }
     }
     // A zero head stays zero (no division by a zero scale).
@@ -258,7 +262,9 @@ TEST(KvDtypeAttentionTest, EachDtypeMatchesTheReferences) {
                   KvDtypeName(d), (long long)c.head_dim, (long long)c.group,
                   (long long)c.block_size, err, RelErr(got, want));
       EXPECT_LT(err, bound);
-      if (d != KvDtype::kF32) EXPECT_GT(err, 0.0);  // the cache really is not f32
+      if (d != KvDtype::kF32) {
+        EXPECT_GT(err, 0.0);  // the cache really is not f32
+      }
       // Single-threaded and alone in its batch: bit-identical rows.
       std::vector<float> single(T * qw);
       PagedAttention(args, q.data(), fast.view(), single.data(), nullptr);

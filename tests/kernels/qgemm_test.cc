@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/thread_pool.h"
@@ -531,6 +532,44 @@ TEST(RopeQKTest, BitIdenticalToTwoRopes) {
     EXPECT_TRUE(BitEqual(q, q2));
     EXPECT_TRUE(BitEqual(k, k2));
   }
+}
+
+// The angles computed once (per forward) and reused: the same bits as RopeQK,
+// for both styles, a partial rot_dim, freq factors and scaling, on every SIMD
+// variant this CPU runs.
+TEST(RopeQKTest, PrecomputedAnglesAreBitIdentical) {
+  const int64_t n = 7, heads = 6, kv_heads = 2, hd = 80;
+  const std::vector<int32_t> pos = {0, 1, 2, 63, 64, 4095, 131071};
+  std::vector<float> factors(24);
+  for (size_t i = 0; i < factors.size(); ++i) factors[i] = 1.f + 0.37f * float(i);
+  const std::string was = SimdKernelsVariant();
+  for (const std::string variant : {"base", "avx2", "avx512"}) {
+    if (!SetSimdKernelsVariantForTesting(variant)) continue;
+    for (RopeStyle style : {RopeStyle::kAdjacentPairs, RopeStyle::kNeox}) {
+      for (const float* ff : {static_cast<const float*>(nullptr), std::as_const(factors).data()}) {
+        const RopeParams p{style, 48, 500000.f, 0.25f, ff};
+        std::vector<float> cs(n * p.rot_dim);
+        RopeAngles(pos.data(), n, p, cs.data());
+        std::vector<float> q = Random(n * heads * hd, 3), k = Random(n * kv_heads * hd, 4);
+        std::vector<float> q2 = q, k2 = k, q3 = q, k3 = k;
+        RopeQKAngles(q.data(), k.data(), cs.data(), n, heads, kv_heads, hd, p);
+        RopeQK(q2.data(), k2.data(), pos.data(), n, heads, kv_heads, hd, p);
+        ref::RopeQK(q3.data(), k3.data(), pos.data(), n, heads, kv_heads, hd, p);
+        EXPECT_TRUE(BitEqual(q, q2)) << variant;
+        EXPECT_TRUE(BitEqual(k, k2)) << variant;
+        EXPECT_TRUE(BitEqual(q, q3)) << variant;
+        EXPECT_TRUE(BitEqual(k, k3)) << variant;
+        // A slice of the table serves a slice of the tokens (per-thread ranges).
+        std::vector<float> q4 = Random(n * heads * hd, 3), k4 = Random(n * kv_heads * hd, 4);
+        RopeQKAngles(q4.data() + 3 * heads * hd, k4.data() + 3 * kv_heads * hd,
+                     cs.data() + 3 * p.rot_dim, n - 3, heads, kv_heads, hd, p);
+        EXPECT_EQ(0, std::memcmp(q4.data() + 3 * heads * hd, q.data() + 3 * heads * hd,
+                                 (n - 3) * heads * hd * sizeof(float)))
+            << variant;
+      }
+    }
+  }
+  EXPECT_TRUE(SetSimdKernelsVariantForTesting(was));
 }
 
 }  // namespace
