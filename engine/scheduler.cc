@@ -332,7 +332,9 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::Update(const SchedulerOutput& 
     TANDEM_CHECK(seq->num_computed_tokens() == s.start_position);
     auto r = by_id.find(s.seq_id);
     const SequenceResult* result = r == by_id.end() ? nullptr : r->second;
-    const std::optional<FinishReason> reason = result != nullptr ? result->finish : std::nullopt;
+    // Points into `results` (which outlives this loop); null: keep going.
+    const FinishReason* reason =
+        result != nullptr && result->finish.has_value() ? &*result->finish : nullptr;
     // Computed: the scheduled tokens except drafts, plus the drafts accepted
     // (their K/V was written this step and they are now the sequence's).
     int64_t accepted = 0;
@@ -343,7 +345,7 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::Update(const SchedulerOutput& 
       seq->AppendToken(result->token_id);
     } else {
       // A sequence that reached num_tokens must either grow or finish.
-      TANDEM_CHECK(!s.samples || reason.has_value());
+      TANDEM_CHECK(!s.samples || reason != nullptr);
     }
     seq->set_num_computed_tokens(s.start_position + s.num_tokens - s.num_spec_tokens + accepted);
     kv_->MarkComputed(seq->id(), seq->token_ids(), seq->num_computed_tokens());
@@ -358,7 +360,7 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::Update(const SchedulerOutput& 
       seq->set_spec_backoff(misses == 0 ? 0 : std::min<int64_t>(16, int64_t{1} << (misses - 1)),
                             misses);
     }
-    if (reason.has_value()) {
+    if (reason != nullptr) {
       Finish(seq, *reason);
       finished.push_back(std::move(it->second));
       seqs_.erase(it);

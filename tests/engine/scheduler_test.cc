@@ -63,7 +63,9 @@ class Harness {
       if (!s.samples) continue;
       const Sequence* seq = scheduler_.Find(s.seq_id);
       const int64_t index = seq->num_output_tokens();
-      SequenceResult r{s.seq_id, static_cast<int32_t>(100 * s.seq_id + index)};
+      SequenceResult r;
+      r.seq_id = s.seq_id;
+      r.token_id = static_cast<int32_t>(100 * s.seq_id + index);
       if (index + 1 >= max_output_[s.seq_id]) r.finish = FinishReason::kLength;
       results.push_back(r);
     }
@@ -291,7 +293,9 @@ TEST(SchedulerTest, CancelBetweenScheduleAndUpdateIsIgnoredByUpdate) {
   ASSERT_TRUE(h.Add({A, 3, 5}).ok());
   SchedulerOutput out = h.scheduler().Schedule();
   ASSERT_TRUE(h.scheduler().Cancel(A).ok());
-  SequenceResult r{A, 7};
+  SequenceResult r;
+  r.seq_id = A;
+  r.token_id = 7;
   EXPECT_TRUE(h.scheduler().Update(out, {&r, 1}).empty());
   EXPECT_EQ(h.kv().num_free_blocks(), 16);
 }

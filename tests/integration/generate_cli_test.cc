@@ -254,7 +254,7 @@ TEST(GenerateCliTest, SpeculativeDraftModelGivesTheGoldenTokens) {
        "--spec-draft-kernels"},
       {{"--spec-method", "draft", "--spec-draft-model", other_vocab}, "vocabulary"},
   };
-  for (const std::string& cmd : {"generate", "decode", "serve"}) {
+  for (const std::string cmd : {"generate", "decode", "serve"}) {
     for (const Bad& b : bad) {
       std::vector<std::string> a = {cmd};
       if (cmd == "generate") a.insert(a.end(), {"--prompt", "hi"});
@@ -336,7 +336,9 @@ TEST(GenerateCliTest, GreedyJsonMatchesReferenceGolden) {
   EXPECT_EQ(ids, std::vector<int>(ref.begin(), ref.begin() + ids.size()));
   const std::string reason = out["finish_reason"].str;
   EXPECT_TRUE(reason == "eos" || reason == "length") << reason;
-  if (reason == "length") EXPECT_EQ(ids.size(), 64u);
+  if (reason == "length") {
+    EXPECT_EQ(ids.size(), 64u);
+  }
   // The golden text starts with the same words; the CLI's text omits the EOG token.
   EXPECT_EQ((*capital)["greedy_text"].str.rfind(out["text"].str, 0), 0u) << out["text"].str;
   EXPECT_GT(out["ttft_ms"].number, 0.0);
