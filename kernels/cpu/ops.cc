@@ -66,7 +66,8 @@ void RotateHeads(float* x, int64_t num_heads, int64_t head_dim, const float* cs,
   }
 }
 
-// Applies rope to up to two arrays (k may be null) sharing positions.
+// Applies rope to up to two arrays (k may be null) with the same angles cs
+// ([n, rot_dim], RopeAngles).
 void RopeImpl(float* q, int64_t q_heads, float* k, int64_t k_heads, const float* cs, int64_t n,
               int64_t head_dim, const RopeParams& p) {
   for (int64_t t = 0; t < n; ++t) {

@@ -8,6 +8,7 @@
 #include "common/tokenizer/detokenizer.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/unicode.h"
+#include "common/utf8.h"
 #include "gtest/gtest.h"
 #include "tests/util/json_reader.h"
 #include "tests/util/test_paths.h"
@@ -16,15 +17,7 @@ namespace tandem::tokenizer {
 namespace {
 
 using ::tandem::testing::Json;
-
-bool IsValidUtf8(std::string_view s) {
-  for (size_t pos = 0; pos < s.size();) {
-    const size_t len = ValidUtf8Len(s, pos);
-    if (len == 0) return false;
-    pos += len;
-  }
-  return true;
-}
+using ::tandem::utf8::IsValidUtf8;
 
 // `s` without the bytes this byte-level vocab has no token for.
 std::string EncodableBytes(const Tokenizer& tok, std::string_view s) {

@@ -7,6 +7,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/unicode.h"
 #include "common/tokenizer/vocab.h"
+#include "common/utf8.h"
 #include "gtest/gtest.h"
 
 namespace tandem::tokenizer {
@@ -218,6 +219,12 @@ TEST(Utf8Test, Helpers) {
   EXPECT_EQ(IncompleteUtf8Suffix("ab\xFF"), 0u);
   EXPECT_EQ(IncompleteUtf8Suffix("ab\xC0"), 0u);  // can never complete
   EXPECT_EQ(IncompleteUtf8Suffix("\x80\x80"), 0u);
+  EXPECT_TRUE(utf8::IsValidUtf8(""));
+  EXPECT_TRUE(utf8::IsValidUtf8("a\xC3\xA9\xF0\x9F\x98\x80z"));
+  EXPECT_FALSE(utf8::IsValidUtf8("ab\xF0\x9F\x98"));  // truncated at the end
+  EXPECT_FALSE(utf8::IsValidUtf8("a\xC0\x80 b"));     // overlong in the middle
+  EXPECT_FALSE(utf8::IsValidUtf8("\xED\xA0\x80"));    // surrogate
+  EXPECT_FALSE(utf8::IsValidUtf8("a\x80"));           // stray continuation byte
   EXPECT_EQ(SanitizeUtf8("a\xFF\xFE"
                          "b\xE4"),
             "a\xEF\xBF\xBD"
