@@ -136,9 +136,9 @@ std::vector<TokenSegment> SplitTokenSegments(
   return out;
 }
 
-absl::StatusOr<std::vector<TokenSegment>> CheckTokenSegments(absl::Span<const int64_t> tokens,
-                                                             int64_t num_tokens,
-                                                             int64_t bytes_per_token) {
+absl::StatusOr<std::vector<TokenSegment>> CheckTokenSegmentsWithin(absl::Span<const int64_t> tokens,
+                                                                   int64_t max_tokens,
+                                                                   int64_t bytes_per_token) {
   if (tokens.empty() || static_cast<int64_t>(tokens.size()) > kMaxTokenSegments) {
     return absl::InvalidArgumentError(
         absl::StrCat("token_segments: ", tokens.size(), " segments, not 1 .. ", kMaxTokenSegments));
@@ -146,9 +146,9 @@ absl::StatusOr<std::vector<TokenSegment>> CheckTokenSegments(absl::Span<const in
   std::vector<TokenSegment> out;
   int64_t sum = 0;
   for (int64_t n : tokens) {
-    if (n < 1 || n > num_tokens - sum || n * bytes_per_token > kMaxSegmentBytes) {
+    if (n < 1 || n > max_tokens - sum || n * bytes_per_token > kMaxSegmentBytes) {
       return absl::InvalidArgumentError(
-          absl::StrCat("token_segments: a segment of ", n, " tokens (", num_tokens - sum,
+          absl::StrCat("token_segments: a segment of ", n, " tokens (", max_tokens - sum,
                        " left, at most ", kMaxSegmentBytes, " bytes each)"));
     }
     TokenSegment s;
@@ -158,7 +158,21 @@ absl::StatusOr<std::vector<TokenSegment>> CheckTokenSegments(absl::Span<const in
     sum += n;
     out.push_back(s);
   }
-  if (sum != num_tokens) {
+  return out;
+}
+
+int64_t SegmentTokens(const std::vector<TokenSegment>& segments) {
+  int64_t sum = 0;
+  for (const TokenSegment& s : segments) sum += s.tokens;
+  return sum;
+}
+
+absl::StatusOr<std::vector<TokenSegment>> CheckTokenSegments(absl::Span<const int64_t> tokens,
+                                                             int64_t num_tokens,
+                                                             int64_t bytes_per_token) {
+  TANDEM_ASSIGN_OR_RETURN(std::vector<TokenSegment> out,
+                          CheckTokenSegmentsWithin(tokens, num_tokens, bytes_per_token));
+  if (const int64_t sum = SegmentTokens(out); sum != num_tokens) {
     return absl::InvalidArgumentError(
         absl::StrCat("token_segments sum to ", sum, " tokens, the header has ", num_tokens));
   }

@@ -112,6 +112,12 @@ std::vector<TokenSegment> SplitTokenSegments(
 absl::StatusOr<std::vector<TokenSegment>> CheckTokenSegments(absl::Span<const int64_t> tokens,
                                                              int64_t num_tokens,
                                                              int64_t bytes_per_token);
+// The same for one round of a streamed push: the segments sum to at most
+// max_tokens (the tokens still to come).
+absl::StatusOr<std::vector<TokenSegment>> CheckTokenSegmentsWithin(absl::Span<const int64_t> tokens,
+                                                                   int64_t max_tokens,
+                                                                   int64_t bytes_per_token);
+int64_t SegmentTokens(const std::vector<TokenSegment>& segments);
 // Sender: one grouped ncclSend per segment from segment.data, then the wait
 // (interruptible, as SendKvBlocks).
 absl::Status SendTokenSegments(NcclOps& ops, NcclOps::Comm comm, NcclOps::Stream stream, int peer,

@@ -155,67 +155,65 @@ absl::Status NcclKvTransport::Connect(Pair& pair, const KvTransferTarget& target
   return absl::OkStatus();
 }
 
-namespace {
-
-// Collects the pieces of one handoff (host bytes, or device pieces kept
-// alive where they are); Finish sends them in one transfer.
-class BufferedKvSendStream final : public KvSendStream {
+// One streamed handoff (docs/nccl.md, "Streamed"): `begin` at Open (the
+// receiver reserves; nothing is posted), then one round per piece under the
+// pair's mutex (segment -> ready -> ncclSend -> received), `sent` at Finish.
+// Between rounds the pair is free for other handoffs to the same worker.
+class NcclKvTransport::StreamedSend final : public KvSendStream {
  public:
-  BufferedKvSendStream(NcclKvTransport* transport, KvTransferTarget target,
-                       tandem::v1::KvCompatibility compat, const KvSendPlan& plan,
-                       absl::Time deadline, int64_t num_layers, int64_t num_kv_heads,
-                       int64_t head_dim)
+  StreamedSend(NcclKvTransport* transport, const KvTransferTarget& target,
+               tandem::v1::KvCompatibility compat, const KvSendPlan& plan, absl::Time deadline)
       : transport_(transport),
-        target_(std::move(target)),
+        target_(target),
         compat_(std::move(compat)),
         plan_(plan),
-        deadline_(deadline) {
-    kv_.token_ids = plan.token_ids;
-    kv_.bytes_per_token = plan.bytes_per_token;
-    kv_.num_layers = num_layers;
-    kv_.num_kv_heads = num_kv_heads;
-    kv_.head_dim = head_dim;
-  }
+        deadline_(deadline),
+        start_(absl::Now()) {}
+  ~StreamedSend() override { End(); }
+
+  // `begin` -> `ready`, connecting first when the pair has no communicator;
+  // a receiver that lost our communicator (ABORTED) makes us reconnect once.
+  absl::Status Begin();
   absl::Status Write(std::string_view bytes) override {
-    if (!device_.empty()) {
-      return absl::InvalidArgumentError("NCCL KV transfer: host bytes after device pieces");
-    }
-    TANDEM_RETURN_IF_ERROR(Count(static_cast<int64_t>(bytes.size())));
-    if (kv_.bytes.empty()) kv_.bytes.reserve(plan_.total_bytes());
-    kv_.bytes.append(bytes);
-    return absl::OkStatus();
+    return Round(bytes.data(), static_cast<int64_t>(bytes.size()), /*on_device=*/false);
   }
   absl::Status WriteDevice(std::shared_ptr<const engine::KvDeviceBytes> piece) override {
     if (piece == nullptr || piece->domain() != transport_->device_memory_domain()) {
-      return absl::InvalidArgumentError(absl::StrCat("NCCL KV transfer: a device piece not in ",
-                                                     transport_->device_memory_domain()));
+      return Failed(absl::InvalidArgumentError(absl::StrCat(
+          "NCCL KV transfer: a device piece not in ", transport_->device_memory_domain())));
     }
-    if (!kv_.bytes.empty()) {
-      return absl::InvalidArgumentError("NCCL KV transfer: device pieces after host bytes");
-    }
-    if (plan_.bytes_per_token < 1 || piece->size() % plan_.bytes_per_token != 0) {
-      return absl::InvalidArgumentError("NCCL KV transfer: a device piece of partial tokens");
-    }
-    TANDEM_RETURN_IF_ERROR(Count(piece->size()));
-    device_.push_back(std::move(piece));
-    return absl::OkStatus();
+    return Round(static_cast<const char*>(piece->data()), piece->size(), /*on_device=*/true);
   }
-  absl::StatusOr<KvSendResult> Finish() override {
-    if (written_ != plan_.total_bytes()) {
-      return absl::InvalidArgumentError("NCCL KV transfer: fewer bytes than declared");
-    }
-    if (!device_.empty())
-      return transport_->SendDevice(target_, compat_, plan_, device_, deadline_);
-    return transport_->Send(target_, compat_, kv_, deadline_);
+  absl::StatusOr<KvSendResult> Finish() override;
+  void Cancel() override {
+    cancelled_.store(true);
+    if (context_ != nullptr) context_->TryCancel();
   }
 
  private:
-  absl::Status Count(int64_t bytes) {
-    if (written_ + bytes > plan_.total_bytes()) {
-      return absl::InvalidArgumentError("NCCL KV transfer: more bytes than declared");
-    }
-    written_ += bytes;
-    return absl::OkStatus();
+  using Stream =
+      grpc::ClientReaderWriter<tandem::v1::NcclPushKvRequest, tandem::v1::NcclPushKvResponse>;
+  absl::Status Round(const char* data, int64_t bytes, bool on_device);
+  // Round's NCCL part, with the pair's mutex held: `segment` -> `ready`,
+  // the sends, `received`. *comm_lost: the communicator's state is unknown.
+  absl::Status RoundLocked(Pair& pair, const char* data, int64_t bytes, bool on_device,
+                           bool* comm_lost);
+  // The call's status after the receiver ended it (or we cancel it now).
+  absl::Status EndWithStatus(absl::string_view what);
+  absl::Status Failed(absl::Status st) {
+    if (status_.ok()) status_ = st;
+    End();
+    return st;
+  }
+  void End() {
+    if (stream_ == nullptr || ended_) return;
+    ended_ = true;
+    context_->TryCancel();  // the receiver drops its reservation
+    stream_->Finish();
+  }
+  absl::Status Interrupted() const {
+    if (cancelled_.load()) return absl::CancelledError("the KV handoff was cancelled");
+    return CancelledBy(target_);
   }
 
   NcclKvTransport* const transport_;
@@ -223,19 +221,181 @@ class BufferedKvSendStream final : public KvSendStream {
   const tandem::v1::KvCompatibility compat_;
   const KvSendPlan plan_;
   const absl::Time deadline_;
-  engine::KvExport kv_;
-  std::vector<std::shared_ptr<const engine::KvDeviceBytes>> device_;
+  const absl::Time start_;
+  std::shared_ptr<Pair> pair_;
+  uint64_t generation_ = 0;  // of the communicator `begin` named
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::unique_ptr<Stream> stream_;
+  bool ended_ = false;
+  absl::Status status_;  // the first failure
   int64_t written_ = 0;
+  std::atomic<bool> cancelled_{false};
 };
 
-}  // namespace
+absl::Status NcclKvTransport::StreamedSend::EndWithStatus(absl::string_view what) {
+  ended_ = true;
+  context_->TryCancel();
+  const grpc::Status st = stream_->Finish();
+  if (st.ok() || st.error_code() == grpc::StatusCode::CANCELLED) {
+    if (absl::Status c = Interrupted(); !c.ok()) return WithPeer(target_.address, what, c);
+  }
+  if (st.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("NCCL KV transfer to ", target_.address, ": ", what, ": the stream ended"));
+  }
+  return WithPeer(target_.address, what, services::FromGrpcStatus(st));
+}
+
+absl::Status NcclKvTransport::StreamedSend::Begin() {
+  pair_ = transport_->PairFor(target_.address);
+  for (int attempt = 0;; ++attempt) {
+    {
+      absl::MutexLock lock(&pair_->mu);
+      if (absl::Status c = Interrupted(); !c.ok()) {
+        return WithPeer(target_.address, "before the transfer", c);
+      }
+      if (pair_->comm == nullptr) {
+        TANDEM_RETURN_IF_ERROR(transport_->Connect(*pair_, target_, compat_, deadline_));
+      }
+      generation_ = pair_->generation;
+    }
+    stream_.reset();  // a call `begin` was refused on, before its context
+    context_ = MakeTransferContext(target_, deadline_);
+    ended_ = false;
+    stream_ = pair_->stub->NcclPushKv(context_.get());
+    tandem::v1::NcclPushKvRequest request;
+    tandem::v1::NcclPushBegin* begin = request.mutable_begin();
+    begin->set_peer_id(transport_->options_.peer_id);
+    begin->set_comm_generation(generation_);
+    *begin->mutable_header() = HostKvTransport::MakeHeader(target_, compat_, plan_);
+    begin->set_streamed(true);
+    tandem::v1::NcclPushKvResponse response;
+    if (stream_->Write(request) && stream_->Read(&response) && response.has_ready()) {
+      return absl::OkStatus();
+    }
+    // `begin` posts nothing on either side: the communicator stays unless
+    // the receiver no longer has it.
+    absl::Status st = EndWithStatus("receiver");
+    if (absl::IsAborted(st) && attempt == 0) {
+      absl::MutexLock lock(&pair_->mu);
+      if (pair_->generation == generation_) transport_->Drop(*pair_);
+      continue;
+    }
+    return st;
+  }
+}
+
+absl::Status NcclKvTransport::StreamedSend::Round(const char* data, int64_t bytes, bool on_device) {
+  if (!status_.ok()) return status_;
+  if (stream_ == nullptr || ended_) {
+    return absl::FailedPreconditionError("NCCL KV transfer: the handoff has ended");
+  }
+  if (bytes < 1 || bytes % plan_.bytes_per_token != 0) {
+    return Failed(absl::InvalidArgumentError("NCCL KV transfer: a piece of partial tokens"));
+  }
+  if (written_ + bytes > plan_.total_bytes()) {
+    return Failed(absl::InvalidArgumentError("NCCL KV transfer: more bytes than declared"));
+  }
+  Pair& pair = *pair_;
+  absl::MutexLock lock(&pair.mu);
+  if (absl::Status c = Interrupted(); !c.ok()) {
+    return Failed(WithPeer(target_.address, "between segments", c));
+  }
+  if (pair.comm == nullptr || pair.generation != generation_) {
+    return Failed(absl::UnavailableError(
+        absl::StrCat("NCCL KV transfer to ", target_.address,
+                     ": the communicator was aborted by another transfer's failure")));
+  }
+  bool comm_lost = false;
+  absl::Status st = RoundLocked(pair, data, bytes, on_device, &comm_lost);
+  if (comm_lost) transport_->Drop(pair);  // ncclCommAbort; the receiver aborts its side
+  if (!st.ok()) return Failed(st);
+  written_ += bytes;
+  return absl::OkStatus();
+}
+
+absl::Status NcclKvTransport::StreamedSend::RoundLocked(Pair& pair, const char* data, int64_t bytes,
+                                                        bool on_device, bool* comm_lost) {
+  NcclOps& ops = *transport_->ops_;
+  const char* src = data;
+  if (!on_device) {  // host bytes: through the pair's staging buffers
+    if (absl::Status st = pair.staging.Reserve(bytes); !st.ok()) {
+      return TransportError(target_.address, "staging", st);
+    }
+    std::copy_n(data, bytes, pair.staging.host());
+    if (absl::Status st =
+            ops.CopyToDevice(pair.staging.device(), pair.staging.host(), bytes, pair.stream);
+        !st.ok()) {
+      *comm_lost = true;
+      return TransportError(target_.address, "upload", st);
+    }
+    src = static_cast<const char*>(pair.staging.device());
+  }
+  const std::vector<TokenSegment> segments = SplitTokenSegments(
+      {{src, bytes}}, plan_.bytes_per_token, transport_->options_.max_segment_bytes);
+  tandem::v1::NcclPushKvRequest request;
+  for (const TokenSegment& seg : segments) {
+    request.mutable_segment()->add_token_segments(seg.tokens);
+  }
+  tandem::v1::NcclPushKvResponse response;
+  if (!stream_->Write(request) || !stream_->Read(&response) || !response.has_ready()) {
+    *comm_lost = true;  // whether the receiver posted its receives is unknown
+    return EndWithStatus("receiver");
+  }
+  const absl::Time nccl_deadline =
+      std::min(deadline_, absl::Now() + transport_->options_.transfer_timeout);
+  absl::Status sent = SendTokenSegments(ops, pair.comm, pair.stream, kReceiverRank, segments,
+                                        nccl_deadline, [this] { return Interrupted(); });
+  if (!sent.ok()) {
+    *comm_lost = true;
+    End();
+    return TransportError(target_.address, "ncclSend", sent);
+  }
+  if (!stream_->Read(&response) || !response.has_received()) {
+    *comm_lost = true;  // the receiver aborted its communicator
+    return EndWithStatus("receiver");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KvSendResult> NcclKvTransport::StreamedSend::Finish() {
+  if (!status_.ok()) return status_;
+  if (stream_ == nullptr || ended_) {
+    return absl::FailedPreconditionError("NCCL KV transfer: the handoff has ended");
+  }
+  if (written_ != plan_.total_bytes()) {
+    return Failed(absl::InvalidArgumentError("NCCL KV transfer: fewer bytes than declared"));
+  }
+  tandem::v1::NcclPushKvRequest request;
+  request.mutable_sent();
+  tandem::v1::NcclPushKvResponse response;
+  if (!stream_->Write(request) || !stream_->WritesDone() || !stream_->Read(&response) ||
+      !response.has_done()) {
+    return Failed(EndWithStatus("receiver"));
+  }
+  ended_ = true;
+  const grpc::Status st = stream_->Finish();
+  if (!st.ok()) return WithPeer(target_.address, "receiver", services::FromGrpcStatus(st));
+  KvSendResult result;
+  result.num_bytes = response.done().bytes_received();
+  result.lease_seconds = response.done().lease_seconds();
+  result.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+  if (result.num_bytes != plan_.total_bytes()) {
+    return absl::DataLossError(absl::StrCat("NCCL KV transfer to ", target_.address,
+                                            ": receiver counted a different size"));
+  }
+  return result;
+}
 
 absl::StatusOr<std::unique_ptr<KvSendStream>> NcclKvTransport::Open(
     const KvTransferTarget& target, const tandem::v1::KvCompatibility& compat,
     const KvSendPlan& plan, absl::Time deadline) {
-  return std::unique_ptr<KvSendStream>(std::make_unique<BufferedKvSendStream>(
-      this, target, compat, plan, deadline, compat.num_layers(), compat.num_kv_heads(),
-      compat.head_dim()));
+  if (plan.token_ids.empty() || plan.bytes_per_token < 1) {
+    return absl::InvalidArgumentError("NCCL KV transfer: no tokens or no bytes per token");
+  }
+  auto stream = std::make_unique<StreamedSend>(this, target, compat, plan, deadline);
+  TANDEM_RETURN_IF_ERROR(stream->Begin());
+  return std::unique_ptr<KvSendStream>(std::move(stream));
 }
 
 absl::StatusOr<KvSendResult> NcclKvTransport::Send(const KvTransferTarget& target,

@@ -8,32 +8,49 @@
 // generation) while this side runs CommInitRank at the same time (both ranks
 // must be inside init together); both bounded by connect_timeout.
 //
-// One transfer (serialized per pair: NCCL operations on one communicator are
-// ordered), on one DecodeWorker.NcclPushKv stream:
+// A handoff (Open / Write / Finish, what a prefill worker uses) is streamed,
+// on one DecodeWorker.NcclPushKv stream:
+//   open:   -> begin{header, streamed}; the receiver validates the header
+//           (transfer::ValidateKvHeader), reserves the whole size and
+//           answers <- ready; nothing is posted on either side. A
+//           rejection is the receiver's error (FailedPrecondition,
+//           InvalidArgument, ResourceExhausted, Unavailable).
+//   Write:  one round per piece, with the pair's mutex held: -> segment
+//           {token_segments}; the receiver posts its ncclRecvs <- ready;
+//           grouped ncclSend (host bytes uploaded through the pair's
+//           staging first), wait (transfer_timeout); <- received.
+//   Finish: -> sent; <- done{bytes_received, lease_seconds} once the
+//           receiver committed the lease.
+// Between rounds the pair is free: handoffs to one decode worker interleave
+// round by round instead of queueing behind a whole prefill.
+// Send (a whole KvExport) is one transfer, serialized per pair:
 //   1. -> begin{header, blocks_per_segment}; the receiver validates the
-//      header (transfer::ValidateKvHeader), reserves the size in its
-//      KvLeaseTable and posts its ncclRecv, then <- ready. A rejection ends
-//      the stream before any NCCL operation on either side (the error is the
-//      receiver's: FailedPrecondition, InvalidArgument, ResourceExhausted).
+//      header, reserves the size in its KvLeaseTable and posts its
+//      ncclRecv, then <- ready. A rejection ends the stream before any NCCL
+//      operation on either side.
 //   2. pack the KvExport into blocks (kv_block_packing.h), upload, grouped
 //      ncclSend per segment, wait for the stream (transfer_timeout).
 //   3. -> sent; <- done{bytes_received, lease_seconds} once the receiver
 //      unpacked and committed the lease.
-// Failure, timeout or cancellation after `ready`: this side aborts the pair's
-// communicator (ncclCommAbort) and drops it (the next transfer makes a new
-// one), cancels the stream so that the receiver aborts its communicator and
-// its reservation, and returns Unavailable / DeadlineExceeded / Cancelled
-// naming the peer.
+// Failure, timeout or cancellation during a round (or after `ready` of a
+// transfer): this side aborts the pair's communicator (ncclCommAbort) and
+// drops it (the next transfer makes a new one; other handoffs open on it
+// fail at their next round), cancels the stream so that the receiver aborts
+// its communicator and its reservation, and returns Unavailable /
+// DeadlineExceeded / Cancelled naming the peer. A streamed handoff dropped
+// or cancelled between rounds only cancels its stream: nothing is in flight,
+// the communicator stays.
 // When the transfer serves a Prefill call (KvTransferTarget::parent), its
 // gRPC calls are children of that call, and cancelling it ends the wait for
 // the peer's init or for the ncclSend within 20 ms (Cancelled); the receiver
 // sees its stream cancelled and drops its side the same way.
-// ABORTED from the receiver at step 1 means it has no (or another)
+// ABORTED from the receiver at `begin` means it has no (or another)
 // communicator for us (it restarted, or aborted after a failure): the pair is
 // re-created and the transfer retried once.
 //
-// Thread safety: Send is thread-safe; transfers to different decode workers
-// run concurrently.
+// Thread safety: Open and Send are thread-safe; one KvSendStream is driven
+// by one thread (its Cancel from any); transfers to different decode
+// workers run concurrently.
 #ifndef TANDEM_SERVICES_TRANSFER_NCCL_KV_TRANSPORT_H_
 #define TANDEM_SERVICES_TRANSFER_NCCL_KV_TRANSPORT_H_
 
@@ -67,11 +84,11 @@ class NcclKvTransport final : public KvTransport {
   NcclKvTransport(std::shared_ptr<NcclOps> ops, NcclTransportOptions options = {});
   ~NcclKvTransport() override;  // aborts every communicator
 
-  // Buffers the pieces and sends them all at Finish (one Send): NCCL
-  // operations on a pair's communicator are serialized, so a handoff that
-  // streamed over the whole prefill would block every other handoff to that
-  // decode worker meanwhile. The first token still leaves before the
-  // transfer (the prefill worker sends it as soon as it is sampled).
+  // A streamed handoff: `begin` now (the receiver checks the header and
+  // reserves), then each Write / WriteDevice is one round on the pair's
+  // communicator, sent while the prefill computes the next chunk; the pair
+  // is held for a round, not for the handoff, so handoffs to one decode
+  // worker interleave instead of queueing behind a whole prefill.
   absl::StatusOr<std::unique_ptr<KvSendStream>> Open(const KvTransferTarget& target,
                                                      const tandem::v1::KvCompatibility& compat,
                                                      const KvSendPlan& plan,
@@ -96,6 +113,7 @@ class NcclKvTransport final : public KvTransport {
 
  private:
   struct Pair;
+  class StreamedSend;
   std::shared_ptr<Pair> PairFor(const std::string& address);
   absl::Status Connect(Pair& pair, const KvTransferTarget& target,
                        const tandem::v1::KvCompatibility& compat, absl::Time deadline);

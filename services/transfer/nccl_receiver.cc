@@ -28,6 +28,31 @@ grpc::Status Error(grpc::StatusCode code, absl::string_view message) {
   return grpc::Status(code, std::string(message));
 }
 
+grpc::Status InFlightError() {
+  return Error(grpc::StatusCode::ABORTED,
+               "NcclPushKv: a transfer is already in flight on this communicator");
+}
+
+grpc::Status AbortedCommError() {
+  return Error(grpc::StatusCode::ABORTED, "NcclPushKv: the communicator was aborted");
+}
+
+// The status of a failed streamed round, as the RPC's.
+grpc::StatusCode RoundErrorCode(const absl::Status& st) {
+  switch (st.code()) {
+    case absl::StatusCode::kDeadlineExceeded:
+      return grpc::StatusCode::DEADLINE_EXCEEDED;
+    case absl::StatusCode::kCancelled:
+      return grpc::StatusCode::CANCELLED;
+    case absl::StatusCode::kAborted:
+      return grpc::StatusCode::ABORTED;
+    case absl::StatusCode::kResourceExhausted:
+      return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    default:
+      return grpc::StatusCode::UNAVAILABLE;
+  }
+}
+
 }  // namespace
 
 struct NcclKvReceiver::Pair {
@@ -162,6 +187,13 @@ absl::StatusOr<NcclKvReceiver::RecvPlan> NcclKvReceiver::CheckPushBegin(
   TANDEM_ASSIGN_OR_RETURN(
       plan.layout, MakeKvBlockLayout(header.num_tokens(), header.bytes_per_token(),
                                      config_.compat.block_size(), config_.compat.num_layers()));
+  if (begin.streamed()) {
+    if (begin.blocks_per_segment() != 0 || !begin.token_segments().empty()) {
+      return absl::InvalidArgumentError(
+          "a streamed push has blocks_per_segment 0 and no token_segments in `begin`");
+    }
+    return plan;
+  }
   if (begin.token_segments().empty()) {
     TANDEM_RETURN_IF_ERROR(CheckBlocksPerSegment(plan.layout, begin.blocks_per_segment()));
     return plan;
@@ -175,6 +207,18 @@ absl::StatusOr<NcclKvReceiver::RecvPlan> NcclKvReceiver::CheckPushBegin(
   return plan;
 }
 
+absl::StatusOr<std::shared_ptr<engine::KvDeviceBytes>> NcclKvReceiver::KeptDeviceBytes(
+    int64_t bytes) {
+  // Memory the decode executor reads: the lease holds it.
+  TANDEM_ASSIGN_OR_RETURN(void* mem, ops_->DeviceAlloc(bytes));
+  // Freed off the thread that drops it (the decode engine's, after the
+  // import): cudaFree synchronizes the device, NCCL receives included.
+  std::shared_ptr<NcclOps> ops = ops_;
+  return std::make_shared<engine::KvDeviceBytes>(mem, bytes, ops_->memory_domain(), [ops](void* p) {
+    FreeInBackground([ops, p] { ops->DeviceFree(p); });
+  });
+}
+
 absl::Status NcclKvReceiver::PostReceives(const tandem::v1::NcclPushBegin& begin,
                                           const RecvPlan& plan, Pair& pair, absl::Time deadline,
                                           std::shared_ptr<engine::KvDeviceBytes>* device) {
@@ -185,15 +229,8 @@ absl::Status NcclKvReceiver::PostReceives(const tandem::v1::NcclPushBegin& begin
   const int64_t bytes = plan.layout.payload_bytes();
   char* base = nullptr;
   if (config_.kv_memory_domain == ops_->memory_domain()) {
-    // Straight into memory the decode executor reads: the lease holds it.
-    TANDEM_ASSIGN_OR_RETURN(void* mem, ops_->DeviceAlloc(bytes));
-    // Freed off the thread that drops it (the decode engine's, after the
-    // import): cudaFree synchronizes the device, NCCL receives included.
-    std::shared_ptr<NcclOps> ops = ops_;
-    *device = std::make_shared<engine::KvDeviceBytes>(
-        mem, bytes, ops_->memory_domain(),
-        [ops](void* p) { FreeInBackground([ops, p] { ops->DeviceFree(p); }); });
-    base = static_cast<char*>(mem);
+    TANDEM_ASSIGN_OR_RETURN(*device, KeptDeviceBytes(bytes));
+    base = static_cast<char*>((*device)->data());
   } else {
     TANDEM_RETURN_IF_ERROR(pair.staging.Reserve(bytes));
     base = static_cast<char*>(pair.staging.device());
@@ -227,7 +264,7 @@ grpc::Status NcclKvReceiver::ReceiveLocked(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<tandem::v1::NcclPushKvResponse, tandem::v1::NcclPushKvRequest>* stream,
     const tandem::v1::NcclPushBegin& begin, const RecvPlan& plan, const std::string& peer,
-    const std::shared_ptr<Pair>& pair) {
+    const std::shared_ptr<Pair>& pair, tandem::v1::NcclPushKvResponse* done) {
   const tandem::v1::KvTransferHeader& header = begin.header();
   tandem::v1::NcclPushKvRequest msg;
   const std::string& handle = header.kv_handle();
@@ -273,24 +310,29 @@ grpc::Status NcclKvReceiver::ReceiveLocked(
     return fail(grpc::StatusCode::CANCELLED, "the sender did not confirm the send");
   }
   auto kv = std::make_shared<engine::KvExport>();
+  st = TakePayload(plan, *pair, deadline, std::move(device), kv.get());
+  if (!st.ok()) {
+    return fail(grpc::StatusCode::UNAVAILABLE, absl::StrCat("download: ", st.message()));
+  }
+  Commit(header, std::move(kv), start, done);
+  return grpc::Status::OK;
+}
+
+void NcclKvReceiver::Commit(const tandem::v1::KvTransferHeader& header,
+                            std::shared_ptr<engine::KvExport> kv, absl::Time start,
+                            tandem::v1::NcclPushKvResponse* done) {
   kv->token_ids.assign(header.token_ids().begin(), header.token_ids().end());
   kv->num_layers = config_.compat.num_layers();
   kv->num_kv_heads = config_.compat.num_kv_heads();
   kv->head_dim = config_.compat.head_dim();
   kv->bytes_per_token = header.bytes_per_token();
-  st = TakePayload(plan, *pair, deadline, std::move(device), kv.get());
-  if (!st.ok()) {
-    return fail(grpc::StatusCode::UNAVAILABLE, absl::StrCat("download: ", st.message()));
-  }
   const int64_t received = kv->payload_bytes();
-  leases_->Commit(handle, std::move(kv));
+  leases_->Commit(header.kv_handle(), std::move(kv));
   if (config_.on_received) {
     config_.on_received(received, absl::ToDoubleSeconds(absl::Now() - start));
   }
-  reply.mutable_done()->set_bytes_received(received);
-  reply.mutable_done()->set_lease_seconds(absl::ToDoubleSeconds(leases_->lease()));
-  stream->Write(reply);
-  return grpc::Status::OK;
+  done->mutable_done()->set_bytes_received(received);
+  done->mutable_done()->set_lease_seconds(absl::ToDoubleSeconds(leases_->lease()));
 }
 
 grpc::Status NcclKvReceiver::PushKv(
@@ -319,15 +361,123 @@ grpc::Status NcclKvReceiver::PushKv(
                  absl::StrCat("NcclPushKv: no NCCL communicator for peer '", peer, "' generation ",
                               begin.comm_generation(), " (connect again)"));
   }
-  if (!pair->mu.TryLock()) {
-    return Error(grpc::StatusCode::ABORTED,
-                 "NcclPushKv: a transfer is already in flight on this communicator");
+  if (begin.streamed()) return ReceiveStreamed(context, stream, begin, peer, pair);
+  tandem::v1::NcclPushKvResponse done;
+  {
+    if (!pair->mu.TryLock()) return InFlightError();
+    HeldLock unlock(&pair->mu);  // releases the TryLock
+    if (pair->comm == nullptr || pair->superseded.load()) return AbortedCommError();
+    grpc::Status st = ReceiveLocked(context, stream, begin, *plan, peer, pair, &done);
+    if (!st.ok()) return st;
   }
-  HeldLock unlock(&pair->mu);  // releases the TryLock
-  if (pair->comm == nullptr || pair->superseded.load()) {
-    return Error(grpc::StatusCode::ABORTED, "NcclPushKv: the communicator was aborted");
+  // After the communicator is free again: the sender may start its next
+  // transfer on it as soon as it reads this.
+  stream->Write(done);
+  return grpc::Status::OK;
+}
+
+absl::Status NcclKvReceiver::ReceiveRound(grpc::ServerContext* context, Stream* stream,
+                                          const std::vector<TokenSegment>& segments, Pair& pair,
+                                          char* dst_device, char* dst_host) {
+  // REQUIRES: pair.mu held; on an error the caller aborts the communicator.
+  const int64_t bytes = SegmentTokens(segments) * config_.bytes_per_token;
+  const absl::Time deadline = RpcDeadline(context, config_.transfer_timeout);
+  char* base = dst_device;
+  if (base == nullptr) {  // host bytes: through the staging buffers
+    TANDEM_RETURN_IF_ERROR(pair.staging.Reserve(bytes));
+    base = static_cast<char*>(pair.staging.device());
   }
-  return ReceiveLocked(context, stream, begin, *plan, peer, pair);
+  TANDEM_RETURN_IF_ERROR(
+      PostRecvTokenSegments(*ops_, pair.comm, pair.stream, kSenderRank, base, segments, deadline));
+  if (dst_device == nullptr) {
+    TANDEM_RETURN_IF_ERROR(
+        ops_->CopyToHost(pair.staging.host(), pair.staging.device(), bytes, pair.stream));
+  }
+  tandem::v1::NcclPushKvResponse reply;
+  reply.mutable_ready();
+  if (!stream->Write(reply)) return absl::CancelledError("the sender went away");
+  TANDEM_RETURN_IF_ERROR(WaitStreamInterruptible(*ops_, pair.comm, pair.stream, deadline, [&] {
+    if (context->IsCancelled()) return absl::CancelledError("the sender cancelled");
+    if (pair.superseded.load()) return absl::AbortedError("the communicator was replaced");
+    return absl::OkStatus();
+  }));
+  if (dst_device == nullptr) std::copy_n(pair.staging.host(), bytes, dst_host);
+  return absl::OkStatus();
+}
+
+grpc::Status NcclKvReceiver::ReceiveStreamed(grpc::ServerContext* context, Stream* stream,
+                                             const tandem::v1::NcclPushBegin& begin,
+                                             const std::string& peer,
+                                             const std::shared_ptr<Pair>& pair) {
+  const tandem::v1::KvTransferHeader& header = begin.header();
+  const std::string& handle = header.kv_handle();
+  absl::Status st = leases_->Reserve(handle, header.total_bytes(), config_.free_bytes());
+  if (!st.ok()) return services::ToGrpcStatus(st, context);
+  const absl::Time start = absl::Now();
+  // Between rounds no NCCL operation is in flight: a failure there drops
+  // the reservation only; inside a round it also aborts the communicator.
+  auto fail = [&](grpc::StatusCode code, absl::string_view what) {
+    leases_->Abort(handle);
+    return Error(code, absl::StrCat("NcclPushKv from '", peer, "': ", what));
+  };
+  auto kv = std::make_shared<engine::KvExport>();
+  const int64_t total = header.total_bytes();  // validated: num_tokens * bytes_per_token
+  if (config_.kv_memory_domain == ops_->memory_domain()) {
+    absl::StatusOr<std::shared_ptr<engine::KvDeviceBytes>> mem = KeptDeviceBytes(total);
+    if (!mem.ok()) return fail(grpc::StatusCode::RESOURCE_EXHAUSTED, mem.status().message());
+    kv->device = *std::move(mem);
+  } else {
+    kv->bytes.resize(static_cast<size_t>(total));
+  }
+  tandem::v1::NcclPushKvResponse reply;
+  reply.mutable_ready();
+  if (!stream->Write(reply)) return fail(grpc::StatusCode::CANCELLED, "the sender went away");
+  int64_t tokens = 0;
+  tandem::v1::NcclPushKvRequest msg;
+  while (true) {
+    if (!stream->Read(&msg)) return fail(grpc::StatusCode::CANCELLED, "the sender went away");
+    if (msg.has_sent()) break;
+    if (!msg.has_segment()) {
+      return fail(grpc::StatusCode::INVALID_ARGUMENT, "expected `segment` or `sent`");
+    }
+    absl::StatusOr<std::vector<TokenSegment>> segments = CheckTokenSegmentsWithin(
+        msg.segment().token_segments(), header.num_tokens() - tokens, header.bytes_per_token());
+    if (!segments.ok()) {
+      return fail(grpc::StatusCode::INVALID_ARGUMENT, segments.status().message());
+    }
+    const int64_t offset = tokens * header.bytes_per_token();
+    char* dst_device = nullptr;
+    char* dst_host = nullptr;
+    if (kv->device != nullptr) {
+      dst_device = static_cast<char*>(kv->device->data()) + offset;
+    } else {
+      dst_host = kv->bytes.data() + offset;
+    }
+    {
+      if (!pair->mu.TryLock())
+        return fail(grpc::StatusCode::ABORTED, InFlightError().error_message());
+      HeldLock unlock(&pair->mu);
+      if (pair->comm == nullptr || pair->superseded.load()) {
+        return fail(grpc::StatusCode::ABORTED, AbortedCommError().error_message());
+      }
+      st = ReceiveRound(context, stream, *segments, *pair, dst_device, dst_host);
+      if (!st.ok()) {
+        Fail(peer, pair);
+        return fail(RoundErrorCode(st),
+                    absl::StrCat("segment at token ", tokens, ": ", st.message()));
+      }
+    }
+    tokens += SegmentTokens(*segments);
+    reply.mutable_received();
+    if (!stream->Write(reply)) return fail(grpc::StatusCode::CANCELLED, "the sender went away");
+  }
+  if (tokens != header.num_tokens()) {
+    return fail(grpc::StatusCode::INVALID_ARGUMENT,
+                absl::StrCat("`sent` after ", tokens, " of ", header.num_tokens(), " tokens"));
+  }
+  Commit(header, std::move(kv), start, &reply);
+  stream->Write(reply);
+  return grpc::Status::OK;
 }
 
 }  // namespace tandem::transfer

@@ -19,6 +19,12 @@
 // exactly like PushKv. Any failure after the reservation: ncclCommAbort of
 // the pair's communicator (dropped; the sender must reconnect), the
 // reservation aborted, an error status.
+// A streamed push (begin.streamed): the same checks and the reservation at
+// `begin`, nothing posted; then per `segment` round, with the pair's lock
+// held: receives posted, `ready`, the wait, `received` (after the lock is
+// released). A failure inside a round aborts the communicator as above; one
+// between rounds (the sender went away, a bad segment, `sent` too early)
+// drops the reservation only.
 //
 // Thread safety: thread-safe; transfers from different peers run
 // concurrently.
@@ -93,11 +99,29 @@ class NcclKvReceiver {
     std::vector<TokenSegment> token_segments;
   };
   absl::StatusOr<RecvPlan> CheckPushBegin(const tandem::v1::NcclPushBegin& begin) const;
-  grpc::Status ReceiveLocked(grpc::ServerContext* context,
-                             grpc::ServerReaderWriter<tandem::v1::NcclPushKvResponse,
-                                                      tandem::v1::NcclPushKvRequest>* stream,
+  using Stream =
+      grpc::ServerReaderWriter<tandem::v1::NcclPushKvResponse, tandem::v1::NcclPushKvRequest>;
+  // The one-transfer form; *done is the reply PushKv writes once the pair's
+  // lock is released.
+  grpc::Status ReceiveLocked(grpc::ServerContext* context, Stream* stream,
                              const tandem::v1::NcclPushBegin& begin, const RecvPlan& plan,
-                             const std::string& peer, const std::shared_ptr<Pair>& pair);
+                             const std::string& peer, const std::shared_ptr<Pair>& pair,
+                             tandem::v1::NcclPushKvResponse* done);
+  // The streamed form: reserve, then one ReceiveRound per `segment` (each
+  // under the pair's lock), commit at `sent`.
+  grpc::Status ReceiveStreamed(grpc::ServerContext* context, Stream* stream,
+                               const tandem::v1::NcclPushBegin& begin, const std::string& peer,
+                               const std::shared_ptr<Pair>& pair);
+  // One round: post the receives (into dst_device, or through the staging
+  // buffers into dst_host), `ready`, wait for them. REQUIRES: pair.mu held.
+  absl::Status ReceiveRound(grpc::ServerContext* context, Stream* stream,
+                            const std::vector<TokenSegment>& segments, Pair& pair, char* dst_device,
+                            char* dst_host);
+  // Fills kv's geometry from the header, commits the lease and sets *done.
+  void Commit(const tandem::v1::KvTransferHeader& header, std::shared_ptr<engine::KvExport> kv,
+              absl::Time start, tandem::v1::NcclPushKvResponse* done);
+  // New ops memory a lease holds (KvExport::device), freed in the background.
+  absl::StatusOr<std::shared_ptr<engine::KvDeviceBytes>> KeptDeviceBytes(int64_t bytes);
   // Posts the receives of `plan` on the pair's stream. Token segments go into
   // *device (new ops memory) when kept on the device, else into the staging
   // buffer; block-packed pushes into the staging buffer, with the download.

@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -357,19 +358,40 @@ TEST(NcclGpuTest, TwoGpusEndToEnd) {
     const std::string dh = handle + "d";
     r = transport.Send({address, dh, dh}, Compat(), dev, In(absl::Seconds(120)));
     ASSERT_TRUE(r.ok()) << r.status();
-    got = service.leases().Claim(dh);
-    ASSERT_TRUE(got.ok()) << got.status();
-    ASSERT_NE((*got)->device, nullptr);
-    EXPECT_EQ((*got)->device->domain(), "cuda:1");
-    NcclStaging down(recv_ops.get());
-    ASSERT_TRUE(down.Reserve(kv.bytes.size()).ok());
-    absl::StatusOr<NcclOps::Stream> rs = recv_ops->StreamCreate();
-    ASSERT_TRUE(rs.ok());
-    ASSERT_TRUE(
-        recv_ops->CopyToHost(down.host(), (*got)->device->data(), kv.bytes.size(), *rs).ok());
-    ASSERT_TRUE(recv_ops->WaitStream(nullptr, *rs, In(absl::Seconds(30))).ok());
-    recv_ops->StreamDestroy(*rs);
-    EXPECT_EQ(std::memcmp(down.host(), kv.bytes.data(), kv.bytes.size()), 0);
+    // The lease of `h` holds kv's payload in GPU 1's memory.
+    auto expect_on_gpu1 = [&](const std::string& h) {
+      absl::StatusOr<std::shared_ptr<const engine::KvExport>> g = service.leases().Claim(h);
+      ASSERT_TRUE(g.ok()) << g.status();
+      ASSERT_NE((*g)->device, nullptr);
+      EXPECT_EQ((*g)->device->domain(), "cuda:1");
+      NcclStaging down(recv_ops.get());
+      ASSERT_TRUE(down.Reserve(kv.bytes.size()).ok());
+      absl::StatusOr<NcclOps::Stream> rs = recv_ops->StreamCreate();
+      ASSERT_TRUE(rs.ok());
+      ASSERT_TRUE(
+          recv_ops->CopyToHost(down.host(), (*g)->device->data(), kv.bytes.size(), *rs).ok());
+      ASSERT_TRUE(recv_ops->WaitStream(nullptr, *rs, In(absl::Seconds(30))).ok());
+      recv_ops->StreamDestroy(*rs);
+      EXPECT_EQ(std::memcmp(down.host(), kv.bytes.data(), kv.bytes.size()), 0);
+    };
+    ASSERT_NO_FATAL_FAILURE(expect_on_gpu1(dh));
+    // Streamed, as a prefill worker sends it: pieces of at most 512 tokens
+    // (host bytes here, uploaded through the pair's staging), one round each.
+    const std::string sh = handle + "s";
+    absl::StatusOr<std::unique_ptr<KvSendStream>> s =
+        transport.Open({address, sh, sh}, Compat(), KvSendPlan{kv.token_ids, kv.bytes_per_token},
+                       In(absl::Seconds(120)));
+    ASSERT_TRUE(s.ok()) << s.status();
+    for (int from = 0; from < tokens; from += 512) {
+      const int n = std::min(512, tokens - from);
+      ASSERT_TRUE((*s)->Write(std::string_view(kv.bytes).substr(from * kv.bytes_per_token,
+                                                                n * kv.bytes_per_token))
+                      .ok());
+    }
+    r = (*s)->Finish();
+    ASSERT_TRUE(r.ok()) << r.status();
+    std::printf("2 GPUs, streamed: %5d tokens in %.3f ms\n", tokens, r->seconds * 1e3);
+    ASSERT_NO_FATAL_FAILURE(expect_on_gpu1(sh));
   }
   EXPECT_EQ(transport.num_connects(), 1);
   server->Shutdown(std::chrono::system_clock::now());

@@ -560,6 +560,215 @@ TEST_F(NcclTransportTest, TwoSendersToOneReceiver) {
   EXPECT_EQ(node->service->receiver()->num_peers(), 2);
 }
 
+// ---- streamed handoffs (Open / Write / Finish: what a prefill worker uses) ---
+
+std::unique_ptr<KvSendStream> OpenKv(NcclKvTransport& t, const DecodeNode& node,
+                                     const std::string& handle, const engine::KvExport& kv) {
+  absl::StatusOr<std::unique_ptr<KvSendStream>> s =
+      t.Open(KvTransferTarget{node.address, handle, "req-" + handle}, TestCompat(),
+             KvSendPlan{kv.token_ids, kv.bytes_per_token}, absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *std::move(s) : nullptr;
+}
+
+// Tokens [from, to) of kv as one piece: host bytes, or a copy in "device"
+// memory of the fake ops' domain ("cpu": host memory) for WriteDevice.
+absl::Status WriteTokens(KvSendStream& s, const engine::KvExport& kv, int from, int to,
+                         bool device = false) {
+  const std::string_view piece =
+      std::string_view(kv.bytes).substr(from * Bpt(), (to - from) * Bpt());
+  if (!device) return s.Write(piece);
+  char* mem = new char[piece.size()];
+  std::copy(piece.begin(), piece.end(), mem);
+  return s.WriteDevice(
+      std::make_shared<engine::KvDeviceBytes>(mem, static_cast<int64_t>(piece.size()), "cpu",
+                                              [](void* p) { delete[] static_cast<char*>(p); }));
+}
+
+// Each piece is one round that has landed on the receiver when Write
+// returns, while the handoff is still open (reserved, not leased); the
+// pieces are split into segments of at most max_segment_bytes.
+TEST_F(NcclTransportTest, StreamsEachPieceAsItIsWritten) {
+  for (const bool device : {false, true}) {
+    SCOPED_TRACE(device ? "device pieces" : "host pieces");
+    auto node = StartDecode(fabric_);
+    NcclTransportOptions o = FastOptions();
+    o.max_segment_bytes = 8 * Bpt();
+    auto ops = std::make_shared<FakeNcclOps>(fabric_);  // the previous case's was aborted
+    NcclKvTransport t(ops, o);
+    const KvLeaseTable& leases = node->service->leases();
+    const engine::KvExport kv = MakeKv(45, device ? 4 : 3);
+    const std::string handle = device ? "dev" : "host";
+    std::unique_ptr<KvSendStream> s = OpenKv(t, *node, handle, kv);
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(leases.Stats().num_reserved, 1) << "`begin` reserves the whole size";
+    const int64_t recvs = node->ops->num_recvs();
+    EXPECT_EQ(recvs, 0) << "`begin` posts nothing";
+    ASSERT_TRUE(WriteTokens(*s, kv, 0, 16, device).ok());  // 8 + 8
+    EXPECT_EQ(node->ops->num_recvs(), 2);
+    ASSERT_TRUE(WriteTokens(*s, kv, 16, 38, device).ok());  // 8 + 8 + 6
+    EXPECT_EQ(node->ops->num_recvs(), 5);
+    EXPECT_EQ(leases.Stats().num_reserved, 1);
+    EXPECT_EQ(leases.Stats().num_leases, 0);
+    ASSERT_TRUE(WriteTokens(*s, kv, 38, 45, device).ok());
+    absl::StatusOr<KvSendResult> r = s->Finish();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->num_bytes, static_cast<int64_t>(kv.bytes.size()));
+    EXPECT_EQ(node->ops->num_recvs(), 6);
+    ExpectLeased(*node, handle, kv);
+    EXPECT_EQ(leases.Stats().num_reserved, 0);
+    EXPECT_EQ(t.num_connects(), 1);
+    EXPECT_EQ(ops->num_aborts(), 0);
+  }
+}
+
+// The pair's communicator is held for a round, not for a handoff: a second
+// handoff to the same decode worker completes while the first is still
+// waiting for its next piece (no head-of-line blocking behind a prefill).
+TEST_F(NcclTransportTest, HandoffsToOneWorkerInterleave) {
+  auto node = StartDecode(fabric_);
+  NcclKvTransport t(prefill_ops_, FastOptions());
+  const engine::KvExport a = MakeKv(40, 1), b = MakeKv(30, 2);
+  std::unique_ptr<KvSendStream> sa = OpenKv(t, *node, "a", a);
+  ASSERT_NE(sa, nullptr);
+  ASSERT_TRUE(WriteTokens(*sa, a, 0, 20).ok());
+  std::unique_ptr<KvSendStream> sb = OpenKv(t, *node, "b", b);
+  ASSERT_NE(sb, nullptr);
+  ASSERT_TRUE(WriteTokens(*sb, b, 0, 30).ok());
+  ASSERT_TRUE(sb->Finish().ok());
+  ExpectLeased(*node, "b", b);
+  EXPECT_EQ(node->service->leases().Stats().num_reserved, 1);  // a's
+  ASSERT_TRUE(WriteTokens(*sa, a, 20, 40).ok());
+  ASSERT_TRUE(sa->Finish().ok());
+  ExpectLeased(*node, "a", a);
+  EXPECT_EQ(t.num_connects(), 1);
+}
+
+// Many handoffs to one worker from several threads at once, each in
+// several pieces: the rounds of all of them share one communicator, and
+// every payload lands where it belongs.
+TEST_F(NcclTransportTest, ConcurrentStreamedHandoffsShareOnePair) {
+  auto node = StartDecode(fabric_);
+  NcclTransportOptions o = FastOptions();
+  o.max_segment_bytes = 5 * Bpt();
+  NcclKvTransport t(prefill_ops_, o);
+  constexpr int kThreads = 4, kPerThread = 6;
+  std::vector<engine::KvExport> kvs;
+  for (int i = 0; i < kThreads * kPerThread; ++i) kvs.push_back(MakeKv(3 + 11 * i % 57, 200 + i));
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int th = 0; th < kThreads; ++th) {
+    threads.emplace_back([&, th] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const int k = th * kPerThread + i;
+        const engine::KvExport& kv = kvs[k];
+        const int n = static_cast<int>(kv.token_ids.size());
+        std::unique_ptr<KvSendStream> s = OpenKv(t, *node, "k" + std::to_string(k), kv);
+        if (s == nullptr) continue;
+        bool good = true;
+        for (int from = 0; from < n && good; from += 7) {  // pieces of 7 tokens
+          good = WriteTokens(*s, kv, from, std::min(n, from + 7), /*device=*/k % 2 == 1).ok();
+        }
+        absl::StatusOr<KvSendResult> r = s->Finish();
+        EXPECT_TRUE(good && r.ok()) << r.status();
+        if (good && r.ok()) ++ok;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), kThreads * kPerThread);
+  EXPECT_EQ(t.num_connects(), 1);
+  EXPECT_EQ(prefill_ops_->num_aborts(), 0);
+  for (int k = 0; k < kThreads * kPerThread; ++k) {
+    ExpectLeased(*node, "k" + std::to_string(k), kvs[k]);
+  }
+}
+
+// Dropped (or cancelled) between pieces no NCCL operation is in flight: the
+// receiver frees the reservation and both sides keep the communicator.
+TEST_F(NcclTransportTest, HandoffDroppedBetweenPiecesKeepsTheCommunicator) {
+  auto node = StartDecode(fabric_);
+  NcclKvTransport t(prefill_ops_, FastOptions());
+  const KvLeaseTable& leases = node->service->leases();
+  const engine::KvExport kv = MakeKv(30, 5);
+  std::unique_ptr<KvSendStream> s = OpenKv(t, *node, "dropped", kv);
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(WriteTokens(*s, kv, 0, 10).ok());
+  s.reset();
+  EXPECT_TRUE(WaitFor([&] { return leases.Stats().num_reserved == 0; }));
+  s = OpenKv(t, *node, "cancelled", kv);
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(WriteTokens(*s, kv, 0, 10).ok());
+  s->Cancel();
+  const absl::Status st = WriteTokens(*s, kv, 10, 30);
+  EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
+  EXPECT_FALSE(s->Finish().ok());
+  EXPECT_TRUE(WaitFor([&] { return leases.Stats().num_reserved == 0; }));
+  EXPECT_EQ(leases.Stats().num_leases, 0);
+  EXPECT_EQ(leases.Stats().num_bytes, 0);
+  EXPECT_EQ(prefill_ops_->num_aborts(), 0);
+  EXPECT_EQ(node->ops->num_aborts(), 0);
+  EXPECT_TRUE(t.HasComm(node->address));
+  ASSERT_TRUE(SendKv(t, *node, "after", kv).ok());
+  ExpectLeased(*node, "after", kv);
+  EXPECT_EQ(t.num_connects(), 1);
+}
+
+// A round that fails (here a hung ncclSend) aborts the pair's communicator
+// on both sides; another handoff open on the same pair fails at its next
+// piece; every reservation is released; the next handoff reconnects.
+TEST_F(NcclTransportTest, FailedRoundAbortsThePairAndFailsItsOpenHandoffs) {
+  auto node = StartDecode(fabric_);
+  NcclTransportOptions o = FastOptions();
+  o.transfer_timeout = absl::Milliseconds(300);
+  NcclKvTransport t(prefill_ops_, o);
+  const engine::KvExport a = MakeKv(20, 1), b = MakeKv(20, 2);
+  std::unique_ptr<KvSendStream> sa = OpenKv(t, *node, "a", a);
+  std::unique_ptr<KvSendStream> sb = OpenKv(t, *node, "b", b);
+  ASSERT_TRUE(sa != nullptr && sb != nullptr);
+  ASSERT_TRUE(WriteTokens(*sa, a, 0, 10).ok());
+  prefill_ops_->faults().hang_send = true;
+  absl::Status st = WriteTokens(*sa, a, 10, 20);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+  EXPECT_NE(st.message().find(node->address), std::string::npos) << st;
+  EXPECT_FALSE(t.HasComm(node->address));
+  prefill_ops_->faults().hang_send = false;
+  st = WriteTokens(*sb, b, 0, 10);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(sb->Finish().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(prefill_ops_->num_live_comms(), 0);
+  EXPECT_TRUE(WaitFor([&] { return node->Released(); }));
+  EXPECT_EQ(node->service->leases().Stats().num_leases, 0);
+  ASSERT_TRUE(SendKv(t, *node, "again", b).ok());
+  ExpectLeased(*node, "again", b);
+  EXPECT_EQ(t.num_connects(), 2);
+}
+
+// Pieces must be whole tokens and add up to what Open declared; a misuse
+// fails the handoff without touching the communicator.
+TEST_F(NcclTransportTest, StreamedPiecesMustBeWholeDeclaredTokens) {
+  auto node = StartDecode(fabric_);
+  NcclKvTransport t(prefill_ops_, FastOptions());
+  const engine::KvExport kv = MakeKv(10, 6);
+  std::unique_ptr<KvSendStream> s = OpenKv(t, *node, "partial", kv);
+  ASSERT_NE(s, nullptr);
+  absl::Status st = s->Write(std::string_view(kv.bytes).substr(0, Bpt() + Bpt() / 2));
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_EQ(s->Finish().status().code(), absl::StatusCode::kInvalidArgument);
+  s = OpenKv(t, *node, "more", kv);
+  ASSERT_TRUE(WriteTokens(*s, kv, 0, 6).ok());
+  st = WriteTokens(*s, kv, 0, 6);  // 12 of 10 tokens
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  s = OpenKv(t, *node, "fewer", kv);
+  ASSERT_TRUE(WriteTokens(*s, kv, 0, 6).ok());
+  EXPECT_EQ(s->Finish().status().code(), absl::StatusCode::kInvalidArgument);
+  s.reset();
+  EXPECT_TRUE(WaitFor([&] { return node->service->leases().Stats().num_reserved == 0; }));
+  EXPECT_EQ(node->service->leases().Stats().num_leases, 0);
+  EXPECT_EQ(prefill_ops_->num_aborts(), 0);
+  EXPECT_TRUE(t.HasComm(node->address));
+}
+
 // ---- the receiver against a hostile / confused peer --------------------------
 
 class NcclReceiverProtocolTest : public NcclTransportTest {
@@ -658,6 +867,82 @@ TEST_F(NcclReceiverProtocolTest, StaleGenerationIsAborted) {
   EXPECT_EQ(node_->service->leases().Stats().num_reserved, 0);
 }
 
+// A streamed push from a confused peer: every bad message is refused before
+// anything is posted for it, the reservation is released and the
+// communicator stays.
+TEST_F(NcclReceiverProtocolTest, StreamedPushRefusesBadRounds) {
+  NcclTransportOptions o = FastOptions();
+  o.peer_id = "nobody";
+  NcclKvTransport t(prefill_ops_, o);
+  ASSERT_TRUE(SendKv(t, *node_, "first", MakeKv(5, 1)).ok());  // generation 1
+  const int64_t recvs = node_->ops->num_recvs();
+  auto streamed_begin = [&] {
+    v1::NcclPushKvRequest r = Begin(20);
+    r.mutable_begin()->set_blocks_per_segment(0);
+    r.mutable_begin()->set_streamed(true);
+    return r;
+  };
+  auto segment = [](std::vector<int64_t> tokens) {
+    v1::NcclPushKvRequest r;
+    for (int64_t n : tokens) r.mutable_segment()->add_token_segments(n);
+    return r;
+  };
+  v1::NcclPushKvRequest sent;
+  sent.mutable_sent();
+  // `begin` then `rest`: the status, and whether `begin` was accepted.
+  auto push = [&](const v1::NcclPushKvRequest& begin,
+                  const std::vector<v1::NcclPushKvRequest>& rest, bool* ready) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    auto s = stub_->NcclPushKv(&ctx);
+    v1::NcclPushKvResponse resp;
+    *ready = s->Write(begin) && s->Read(&resp) && resp.has_ready();
+    for (const auto& m : rest) s->Write(m);
+    s->WritesDone();
+    while (s->Read(&resp)) {
+    }
+    return s->Finish();
+  };
+  bool ready = false;
+  v1::NcclPushKvRequest b = streamed_begin();
+  b.mutable_begin()->set_blocks_per_segment(1);
+  EXPECT_EQ(push(b, {}, &ready).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_FALSE(ready);
+  b = streamed_begin();
+  b.mutable_begin()->add_token_segments(20);
+  EXPECT_EQ(push(b, {}, &ready).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  struct Case {
+    const char* name;
+    std::vector<v1::NcclPushKvRequest> rest;
+    grpc::StatusCode code;
+  };
+  const Case cases[] = {
+      {"more tokens than declared", {segment({21})}, grpc::StatusCode::INVALID_ARGUMENT},
+      {"an empty segment", {segment({0, 5})}, grpc::StatusCode::INVALID_ARGUMENT},
+      {"no segments", {segment({})}, grpc::StatusCode::INVALID_ARGUMENT},
+      {"`sent` before every token", {sent}, grpc::StatusCode::INVALID_ARGUMENT},
+      {"a second `begin`", {streamed_begin()}, grpc::StatusCode::INVALID_ARGUMENT},
+      {"the stream closed", {}, grpc::StatusCode::CANCELLED},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    EXPECT_EQ(push(streamed_begin(), c.rest, &ready).error_code(), c.code);
+    EXPECT_TRUE(ready);
+    EXPECT_EQ(node_->service->leases().Stats().num_reserved, 0);
+  }
+  EXPECT_EQ(node_->ops->num_recvs(), recvs) << "nothing posted for a refused round";
+  EXPECT_EQ(node_->ops->num_aborts(), 0);
+  EXPECT_EQ(node_->service->leases().Stats().num_leases, 1);  // "first"
+  // The communicator is still good for a streamed handoff.
+  const engine::KvExport kv = MakeKv(12, 9);
+  std::unique_ptr<KvSendStream> s = OpenKv(t, *node_, "streamed", kv);
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(WriteTokens(*s, kv, 0, 12).ok());
+  ASSERT_TRUE(s->Finish().ok());
+  ExpectLeased(*node_, "streamed", kv);
+  EXPECT_EQ(t.num_connects(), 1);
+}
+
 TEST(NcclTransportKindTest, FlagValuesAndMissingGpu) {
   EXPECT_TRUE(CheckKvTransportKind("host").ok());
   EXPECT_TRUE(CheckKvTransportKind("nccl").ok());
@@ -704,12 +989,16 @@ class NcclWorkersTest : public ::testing::Test {
   };
   // The ops' memory domains: "cpu" (the CPU executors') makes that side
   // GPU-resident (no staging), anything else stages through the host.
+  // prefill_chunk > 0: the prefill engine's token budget per step (chunked
+  // prefill).
   void StartWorkers(Workers* w, const std::string& prefill_domain = "cpu",
-                    const std::string& decode_domain = "cpu") {
+                    const std::string& decode_domain = "cpu", int64_t prefill_chunk = 0) {
     auto fabric = std::make_shared<FakeNcclFabric>();
     w->pops = std::make_shared<FakeNcclOps>(fabric, prefill_domain);
     w->dops = std::make_shared<FakeNcclOps>(fabric, decode_domain);
-    auto p = prefill::PrefillServer::Start(Config(w->pops));
+    services::WorkerServerConfig pc = Config(w->pops);
+    if (prefill_chunk > 0) pc.engine.scheduler.max_num_batched_tokens = prefill_chunk;
+    auto p = prefill::PrefillServer::Start(pc);
     ASSERT_TRUE(p.ok()) << p.status();
     w->p = *std::move(p);
     auto d = decode::DecodeServer::Start(Config(w->dops));
@@ -727,7 +1016,11 @@ class NcclWorkersTest : public ::testing::Test {
     pr.set_kv_handle(handle);
     return pr;
   }
-  void RunHandoffs(const std::string& prefill_domain, const std::string& decode_domain);
+  void RunHandoffs(const std::string& prefill_domain, const std::string& decode_domain,
+                   int64_t prefill_chunk = 0);
+  // Decodes `handle` (prefilled as pr, first token `first`) on w.d: all the
+  // tokens, the first included.
+  static std::vector<int32_t> Decode(Workers& w, const v1::PrefillRequest& pr, int32_t first);
   static engine::TinyModel* tiny_;
 };
 engine::TinyModel* NcclWorkersTest::tiny_ = nullptr;
@@ -737,27 +1030,53 @@ engine::TinyModel* NcclWorkersTest::tiny_ = nullptr;
 //     engine's chunks where they are (no staging: its ops never allocate),
 //     the decode side receives into new ops memory that the lease holds
 //     until Decode writes it into the cache (then it is freed);
-//   staged -> cpu: block-packed through the prefill side's staging buffers,
-//     the decode side unpacks into host bytes;
-//   cpu -> staged: token segments from the prefill chunks, downloaded
+//   staged -> cpu: host pieces uploaded through the prefill side's staging
+//     buffers, the decode side receives into host bytes;
+//   cpu -> staged: the prefill chunks sent where they are, downloaded
 //     token-major through the decode side's staging buffers.
+// Each case once with whole prompts per step and once with chunked prefill
+// (16 tokens a step): then every chunk is its own round, sent while the
+// next chunk computes.
 TEST_F(NcclWorkersTest, PrefillToDecodeOverNcclMatchesColocated) {
   struct Case {
     std::string prefill_domain, decode_domain;
   };
   for (const Case& c :
        {Case{"cpu", "cpu"}, Case{"fake-device", "cpu"}, Case{"cpu", "fake-device"}}) {
-    SCOPED_TRACE(c.prefill_domain + " -> " + c.decode_domain);
-    ASSERT_NO_FATAL_FAILURE(RunHandoffs(c.prefill_domain, c.decode_domain));
+    for (const int64_t chunk : {0, 16}) {
+      SCOPED_TRACE(absl::StrCat(c.prefill_domain, " -> ", c.decode_domain, ", chunk ", chunk));
+      ASSERT_NO_FATAL_FAILURE(RunHandoffs(c.prefill_domain, c.decode_domain, chunk));
+    }
   }
 }
 
+std::vector<int32_t> NcclWorkersTest::Decode(Workers& w, const v1::PrefillRequest& pr,
+                                             int32_t first) {
+  auto ds = v1::DecodeWorker::NewStub(MakeWorkerChannel(w.d->address()));
+  std::vector<int32_t> tokens = {first};
+  v1::DecodeRequest dr;
+  dr.set_request_id(pr.kv_handle());
+  dr.set_kv_handle(pr.kv_handle());
+  *dr.mutable_prompt_token_ids() = pr.prompt_token_ids();
+  dr.set_first_token_id(first);
+  *dr.mutable_params() = pr.params();
+  grpc::ClientContext dctx;
+  auto reader = ds->Decode(&dctx, dr);
+  v1::DecodeResponse resp;
+  while (reader->Read(&resp)) {
+    for (int32_t t : resp.token_ids()) tokens.push_back(t);
+  }
+  const grpc::Status st = reader->Finish();
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return tokens;
+}
+
 void NcclWorkersTest::RunHandoffs(const std::string& prefill_domain,
-                                  const std::string& decode_domain) {
+                                  const std::string& decode_domain, int64_t prefill_chunk) {
   const bool resident = prefill_domain == "cpu" && decode_domain == "cpu";
   Workers w;
-  ASSERT_NO_FATAL_FAILURE(StartWorkers(&w, prefill_domain, decode_domain));
-  auto ds = v1::DecodeWorker::NewStub(MakeWorkerChannel(w.d->address()));
+  ASSERT_NO_FATAL_FAILURE(StartWorkers(&w, prefill_domain, decode_domain, prefill_chunk));
+  int64_t rounds = 0;  // one per engine chunk
   for (int i = 0; i < 3; ++i) {
     engine::EngineRequest r =
         engine::MakeRequest(engine::RandomPrompt(5 + 21 * i, 256, 70 + i), 6, 0.0, 9 + i);
@@ -775,25 +1094,13 @@ void NcclWorkersTest::RunHandoffs(const std::string& prefill_domain,
       WaitForBackgroundFrees();  // the previous request's buffer
       EXPECT_EQ(w.dops->live_device_bytes(), presp.kv_bytes());
     }
-    std::vector<int32_t> tokens = {presp.first_token_id()};
-    v1::DecodeRequest dr;
-    dr.set_request_id(handle);
-    dr.set_kv_handle(handle);
-    *dr.mutable_prompt_token_ids() = pr.prompt_token_ids();
-    dr.set_first_token_id(presp.first_token_id());
-    *dr.mutable_params() = pr.params();
-    grpc::ClientContext dctx;
-    auto reader = ds->Decode(&dctx, dr);
-    v1::DecodeResponse resp;
-    while (reader->Read(&resp)) {
-      for (int32_t t : resp.token_ids()) tokens.push_back(t);
-    }
-    st = reader->Finish();
-    ASSERT_TRUE(st.ok()) << st.error_message();
-    EXPECT_EQ(tokens, alone.token_ids) << "request " << i;
+    EXPECT_EQ(Decode(w, pr, presp.first_token_id()), alone.token_ids) << "request " << i;
+    const int64_t n = static_cast<int64_t>(r.prompt_token_ids.size());
+    rounds += prefill_chunk > 0 ? (n + prefill_chunk - 1) / prefill_chunk : 1;
   }
   EXPECT_EQ(w.pops->num_inits(), 1);
-  EXPECT_GT(w.pops->num_sends(), 0);
+  EXPECT_EQ(w.pops->num_sends(), rounds);
+  EXPECT_EQ(w.dops->num_recvs(), rounds);
   EXPECT_EQ(w.d->service().leases().Stats().num_leases, 0);
   // No staging buffer on a resident side; the leases' memory went back.
   EXPECT_EQ(w.pops->live_device_bytes() == 0, prefill_domain == "cpu");
