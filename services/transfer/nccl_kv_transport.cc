@@ -198,8 +198,14 @@ class NcclKvTransport::StreamedSend final : public KvSendStream {
   // the sends, `received`. *comm_lost: the communicator's state is unknown.
   absl::Status RoundLocked(Pair& pair, const char* data, int64_t bytes, bool on_device,
                            bool* comm_lost);
-  // The call's status after the receiver ended it (or we cancel it now).
-  absl::Status EndWithStatus(absl::string_view what);
+  // Writes `request` (then WritesDone when asked) and reads the reply: OK
+  // when it is `expected`, else the call ended with its status.
+  absl::Status Exchange(const tandem::v1::NcclPushKvRequest& request, bool writes_done,
+                        tandem::v1::NcclPushKvResponse::PartCase expected, absl::string_view what,
+                        tandem::v1::NcclPushKvResponse* response);
+  // Ends the call (cancelling it first when `cancel`: the receiver has not
+  // ended it) and returns its status as this handoff's error.
+  absl::Status EndWithStatus(absl::string_view what, bool cancel);
   absl::Status Failed(absl::Status st) {
     if (status_.ok()) status_ = st;
     End();
@@ -232,9 +238,21 @@ class NcclKvTransport::StreamedSend final : public KvSendStream {
   std::atomic<bool> cancelled_{false};
 };
 
-absl::Status NcclKvTransport::StreamedSend::EndWithStatus(absl::string_view what) {
+absl::Status NcclKvTransport::StreamedSend::Exchange(
+    const tandem::v1::NcclPushKvRequest& request, bool writes_done,
+    tandem::v1::NcclPushKvResponse::PartCase expected, absl::string_view what,
+    tandem::v1::NcclPushKvResponse* response) {
+  bool alive =
+      stream_->Write(request) && (!writes_done || stream_->WritesDone()) && stream_->Read(response);
+  if (alive && response->part_case() == expected) return absl::OkStatus();
+  // A stream the receiver ended carries its status; one that answered
+  // something unexpected is ended by us.
+  return EndWithStatus(what, /*cancel=*/alive);
+}
+
+absl::Status NcclKvTransport::StreamedSend::EndWithStatus(absl::string_view what, bool cancel) {
   ended_ = true;
-  context_->TryCancel();
+  if (cancel) context_->TryCancel();
   const grpc::Status st = stream_->Finish();
   if (st.ok() || st.error_code() == grpc::StatusCode::CANCELLED) {
     if (absl::Status c = Interrupted(); !c.ok()) return WithPeer(target_.address, what, c);
@@ -270,12 +288,11 @@ absl::Status NcclKvTransport::StreamedSend::Begin() {
     *begin->mutable_header() = HostKvTransport::MakeHeader(target_, compat_, plan_);
     begin->set_streamed(true);
     tandem::v1::NcclPushKvResponse response;
-    if (stream_->Write(request) && stream_->Read(&response) && response.has_ready()) {
-      return absl::OkStatus();
-    }
+    absl::Status st = Exchange(request, /*writes_done=*/false,
+                               tandem::v1::NcclPushKvResponse::kReady, "receiver", &response);
+    if (st.ok()) return st;
     // `begin` posts nothing on either side: the communicator stays unless
     // the receiver no longer has it.
-    absl::Status st = EndWithStatus("receiver");
     if (absl::IsAborted(st) && attempt == 0) {
       absl::MutexLock lock(&pair_->mu);
       if (pair_->generation == generation_) transport_->Drop(*pair_);
@@ -338,9 +355,11 @@ absl::Status NcclKvTransport::StreamedSend::RoundLocked(Pair& pair, const char* 
     request.mutable_segment()->add_token_segments(seg.tokens);
   }
   tandem::v1::NcclPushKvResponse response;
-  if (!stream_->Write(request) || !stream_->Read(&response) || !response.has_ready()) {
+  if (absl::Status st = Exchange(request, /*writes_done=*/false,
+                                 tandem::v1::NcclPushKvResponse::kReady, "receiver", &response);
+      !st.ok()) {
     *comm_lost = true;  // whether the receiver posted its receives is unknown
-    return EndWithStatus("receiver");
+    return st;
   }
   const absl::Time nccl_deadline =
       std::min(deadline_, absl::Now() + transport_->options_.transfer_timeout);
@@ -351,9 +370,9 @@ absl::Status NcclKvTransport::StreamedSend::RoundLocked(Pair& pair, const char* 
     End();
     return TransportError(target_.address, "ncclSend", sent);
   }
-  if (!stream_->Read(&response) || !response.has_received()) {
+  if (const bool alive = stream_->Read(&response); !alive || !response.has_received()) {
     *comm_lost = true;  // the receiver aborted its communicator
-    return EndWithStatus("receiver");
+    return EndWithStatus("receiver", /*cancel=*/alive);
   }
   return absl::OkStatus();
 }
@@ -369,9 +388,10 @@ absl::StatusOr<KvSendResult> NcclKvTransport::StreamedSend::Finish() {
   tandem::v1::NcclPushKvRequest request;
   request.mutable_sent();
   tandem::v1::NcclPushKvResponse response;
-  if (!stream_->Write(request) || !stream_->WritesDone() || !stream_->Read(&response) ||
-      !response.has_done()) {
-    return Failed(EndWithStatus("receiver"));
+  if (absl::Status st = Exchange(request, /*writes_done=*/true,
+                                 tandem::v1::NcclPushKvResponse::kDone, "receiver", &response);
+      !st.ok()) {
+    return Failed(st);
   }
   ended_ = true;
   const grpc::Status st = stream_->Finish();

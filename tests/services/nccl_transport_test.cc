@@ -505,6 +505,45 @@ TEST_F(NcclTransportTest, ReconnectsAfterTheReceiverRestarted) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(t.num_connects(), 2);
   ExpectLeased(*node, "b", kv);
+  // A streamed handoff's `begin` gets ABORTED the same way: reconnect, retry.
+  node->service->Restart();
+  absl::StatusOr<std::unique_ptr<KvSendStream>> s =
+      t.Open(KvTransferTarget{node->address, "c", "req-c"}, TestCompat(),
+             KvSendPlan{kv.token_ids, kv.bytes_per_token}, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE((*s)->Write(kv.bytes).ok());
+  ASSERT_TRUE((*s)->Finish().ok());
+  EXPECT_EQ(t.num_connects(), 3);
+  ExpectLeased(*node, "c", kv);
+}
+
+// A streamed `begin` the receiver refuses is the receiver's error; nothing
+// was posted or reserved and the communicator stays.
+TEST_F(NcclTransportTest, StreamedBeginRefusalsAreTheReceivers) {
+  auto node = StartDecode(fabric_);
+  NcclKvTransport t(prefill_ops_, FastOptions());
+  const engine::KvExport kv = MakeKv(12, 3);
+  auto open = [&](const v1::KvCompatibility& compat) {
+    return t
+        .Open(KvTransferTarget{node->address, "x", "req-x"}, compat,
+              KvSendPlan{kv.token_ids, kv.bytes_per_token}, absl::Now() + absl::Seconds(10))
+        .status();
+  };
+  ASSERT_TRUE(SendKv(t, *node, "ok", kv).ok());  // the communicator
+  node->service->free_bytes = 100;
+  EXPECT_EQ(open(TestCompat()).code(), absl::StatusCode::kResourceExhausted);
+  node->service->free_bytes = int64_t{1} << 30;
+  node->service->draining = true;
+  EXPECT_EQ(open(TestCompat()).code(), absl::StatusCode::kUnavailable);
+  node->service->draining = false;
+  v1::KvCompatibility other = TestCompat();
+  other.set_model_fingerprint(43);
+  other.set_hash(services::CompatHash(other));
+  EXPECT_EQ(open(other).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(node->service->leases().Stats().num_reserved, 0);
+  EXPECT_EQ(prefill_ops_->num_aborts(), 0);
+  EXPECT_TRUE(t.HasComm(node->address));
+  EXPECT_EQ(t.num_connects(), 1);
 }
 
 TEST_F(NcclTransportTest, ConcurrentTransfersToTwoReceivers) {
