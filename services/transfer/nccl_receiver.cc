@@ -454,8 +454,9 @@ grpc::Status NcclKvReceiver::ReceiveStreamed(grpc::ServerContext* context, Strea
       dst_host = kv->bytes.data() + offset;
     }
     {
-      if (!pair->mu.TryLock())
+      if (!pair->mu.TryLock()) {
         return fail(grpc::StatusCode::ABORTED, InFlightError().error_message());
+      }
       HeldLock unlock(&pair->mu);
       if (pair->comm == nullptr || pair->superseded.load()) {
         return fail(grpc::StatusCode::ABORTED, AbortedCommError().error_message());
