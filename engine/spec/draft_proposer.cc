@@ -22,7 +22,7 @@ struct DraftProposer::Work {
 };
 
 DraftProposer::DraftProposer(const LlamaModel* model, const DraftProposerOptions& options)
-    : model_(model), options_(options), vocab_size_(model->config().vocab_size) {}
+    : options_(options), vocab_size_(model->config().vocab_size) {}
 
 absl::StatusOr<std::unique_ptr<DraftProposer>> DraftProposer::Create(
     const LlamaModel* model, const DraftProposerOptions& options) {

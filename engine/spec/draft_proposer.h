@@ -103,7 +103,6 @@ class DraftProposer final : public BatchProposer {
   // Chooses the next draft of `w` from its logits row.
   void Choose(Work* w, absl::Span<const float> logits);
 
-  const LlamaModel* model_;
   DraftProposerOptions options_;
   int64_t vocab_size_;
   std::unique_ptr<Executor> executor_;
