@@ -45,10 +45,13 @@ start=$(date +%s)
 echo "[sanitizers] configuring and building $BUILD_DIR (ASan + UBSan)" >&2
 # RelWithDebInfo with -g1 (line tables: reports keep file:line, the build
 # is ~25 % faster and much smaller than with full -g).
+# -Wno-maybe-uninitialized: GCC's flow analysis gives false positives under
+# the sanitizers' instrumentation (it flagged boost::optional inside
+# Beast's parser here); the normal build keeps the warning.
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DTANDEM_SANITIZE=address,undefined -DTANDEM_CUDA=OFF \
   -DCMAKE_C_FLAGS=-fno-sanitize-recover=undefined \
-  -DCMAKE_CXX_FLAGS=-fno-sanitize-recover=undefined \
+  "-DCMAKE_CXX_FLAGS=-fno-sanitize-recover=undefined -Wno-maybe-uninitialized" \
   "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" >/dev/null
 # Only what ctest runs: the `tandem` binary and the test executables (not
