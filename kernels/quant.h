@@ -15,6 +15,11 @@
 
 namespace tandem::kernels {
 
+// Weights per block: kQK for the legacy quants (Q4_0 .. Q8_0), kQKK (QK_K)
+// per super-block of the K-quants.
+inline constexpr int kQK = 32;
+inline constexpr int kQKK = 256;
+
 // IEEE binary16 <-> binary32. Fp32ToFp16 rounds to nearest even, overflows to
 // inf and keeps NaN a (quiet) NaN; Fp16ToFp32 is exact.
 float Fp16ToFp32(uint16_t h);

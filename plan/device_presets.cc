@@ -10,13 +10,13 @@
 namespace tandem::plan {
 namespace {
 
-struct Preset {
+struct DevicePreset {
   const char* name;
   double memory_gb, bandwidth_tbs, tflops;
 };
 
 // NVIDIA datasheets, SXM form factor, dense (no sparsity) bf16 tensor cores.
-constexpr std::array<Preset, 3> kPresets = {{
+constexpr std::array<DevicePreset, 3> kDevicePresets = {{
     {"A100-80GB", 80, 2.039, 312},
     {"H100-80GB", 80, 3.35, 989},
     {"H200-141GB", 141, 4.8, 989},
@@ -39,7 +39,7 @@ absl::Status DeviceSpec::Validate() const {
 
 absl::StatusOr<DeviceSpec> FindDevicePreset(std::string_view name) {
   const std::string lower = absl::AsciiStrToLower(std::string(name));
-  for (const Preset& p : kPresets) {
+  for (const DevicePreset& p : kDevicePresets) {
     if (lower != absl::AsciiStrToLower(p.name)) continue;
     DeviceSpec d;
     d.name = p.name;
@@ -60,7 +60,7 @@ absl::StatusOr<DeviceSpec> FindDevicePreset(std::string_view name) {
 
 std::vector<std::string> DevicePresetNames() {
   std::vector<std::string> names;
-  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  for (const DevicePreset& p : kDevicePresets) names.emplace_back(p.name);
   names.emplace_back("cpu");
   names.emplace_back("custom");
   return names;

@@ -10,13 +10,13 @@ namespace tandem::plan {
 namespace {
 
 // Hyper-parameters from each checkpoint's Hugging Face config.json.
-struct Preset {
+struct ModelPresetRow {
   const char* name;
   int64_t layers, hidden, heads, kv_heads, head_dim, ffn, vocab, context;
   bool tied;
 };
 
-constexpr std::array<Preset, 6> kPresets = {{
+constexpr std::array<ModelPresetRow, 6> kModelPresetRows = {{
     // name            layers hidden heads kv  hd   ffn    vocab   ctx   tied
     {"llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000, 4096, false},
     {"llama-2-13b", 40, 5120, 40, 40, 128, 13824, 32000, 4096, false},
@@ -78,7 +78,7 @@ absl::Status ModelShape::Validate() const {
 
 absl::StatusOr<ModelShape> FindModelPreset(std::string_view name) {
   const std::string lower = absl::AsciiStrToLower(std::string(name));
-  for (const Preset& p : kPresets) {
+  for (const ModelPresetRow& p : kModelPresetRows) {
     if (lower != p.name) continue;
     ModelShape m;
     m.name = p.name;
@@ -100,7 +100,7 @@ absl::StatusOr<ModelShape> FindModelPreset(std::string_view name) {
 
 std::vector<std::string> ModelPresetNames() {
   std::vector<std::string> names;
-  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  for (const ModelPresetRow& p : kModelPresetRows) names.emplace_back(p.name);
   return names;
 }
 

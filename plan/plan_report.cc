@@ -11,7 +11,7 @@ namespace tandem::plan {
 namespace {
 
 // SI bytes: "26.03 GB", "96.6 MB", "46.1 kB".
-std::string Gb(double bytes) {
+std::string GbText(double bytes) {
   const double a = bytes < 0 ? -bytes : bytes;
   if (a >= 1e9) return absl::StrFormat("%.2f GB", bytes / 1e9);
   if (a >= 1e6) return absl::StrFormat("%.1f MB", bytes / 1e6);
@@ -132,11 +132,11 @@ std::string FormatPlanTable(const PlanInputs& in, const Plan& p,
   const DeviceSpec& d = in.device;
   std::string out =
       absl::StrFormat("plan: %s on %s (%s, %s, %.4g TFLOP/s), context %d, $%.2f/hour\n", m.name,
-                      d.name, Gb(d.memory_bytes), Bandwidth(d.bandwidth_bytes_per_second),
+                      d.name, GbText(d.memory_bytes), Bandwidth(d.bandwidth_bytes_per_second),
                       d.flops_per_second / 1e12, in.context_length, in.usd_per_hour);
   out += "memory\n";
   Row(&out, "parameters", Count(static_cast<double>(p.num_parameters)));
-  Row(&out, "weights", Gb(static_cast<double>(p.weights_bytes)),
+  Row(&out, "weights", GbText(static_cast<double>(p.weights_bytes)),
       absl::StrFormat("%.3g bits/weight", p.weight_bits));
   Row(&out, "KV per token", WithCommas(p.kv_bytes_per_token) + " B",
       absl::StrFormat("2 x %d layers x %d KV heads x (%d head dim x %g B%s)%s", m.num_layers,
@@ -145,28 +145,29 @@ std::string FormatPlanTable(const PlanInputs& in, const Plan& p,
                           ? absl::StrFormat(" + %g B scale", in.kv_scale_bytes_per_head)
                           : "",
                       in.kv_dtype.empty() ? "" : ", KV " + in.kv_dtype));
-  Row(&out, "KV per sequence", Gb(static_cast<double>(p.kv_bytes_per_sequence)),
+  Row(&out, "KV per sequence", GbText(static_cast<double>(p.kv_bytes_per_sequence)),
       absl::StrFormat("%d tokens", in.context_length));
-  Row(&out, "free for KV", Gb(p.kv_budget_bytes),
-      absl::StrFormat("%s - weights - %s reserve", Gb(d.memory_bytes), Gb(in.reserve_bytes)));
+  Row(&out, "free for KV", GbText(p.kv_budget_bytes),
+      absl::StrFormat("%s - weights - %s reserve", GbText(d.memory_bytes),
+                      GbText(in.reserve_bytes)));
   Row(&out, "max concurrent sequences", absl::StrCat(p.max_concurrent_sequences));
   for (const Plan::KvDtypeCapacity& k : p.kv_dtype_capacity) {
     Row(&out, absl::StrCat("  with --kv-cache-dtype ", k.dtype),
         absl::StrCat(p.kv_budget_bytes > 0 ? k.max_concurrent_sequences : 0, " sequences"),
         WithCommas(k.kv_bytes_per_token) + " B/token");
   }
-  Row(&out, absl::StrCat("KV for batch ", p.batch), Gb(p.kv_bytes_for_batch),
+  Row(&out, absl::StrCat("KV for batch ", p.batch), GbText(p.kv_bytes_for_batch),
       p.batch_fits ? "fits" : "DOES NOT FIT");
   out +=
       p.decode_compute_bound ? "decode (compute-bound at this batch)\n" : "decode (memory-bound)\n";
-  Row(&out, "bytes read per step", Gb(p.decode_bytes_per_step),
+  Row(&out, "bytes read per step", GbText(p.decode_bytes_per_step),
       p.decode_context == 0
           ? "weights"
           : absl::StrFormat("weights + KV of %d tokens x %d", p.decode_context, p.batch));
   Row(&out, "steps/s bound", Rate(p.decode_steps_per_second_bound), "peak bandwidth / bytes");
   Row(&out, "steps/s bound, full context", Rate(p.decode_steps_per_second_bound_full_context),
       absl::StrFormat("+%s KV read, every sequence at %d tokens",
-                      Gb(p.kv_read_bytes_per_step_full_context), in.context_length));
+                      GbText(p.kv_read_bytes_per_step_full_context), in.context_length));
   Row(&out, "steps/s", Rate(p.decode_steps_per_second),
       absl::StrFormat("x efficiency (%g bandwidth, %g compute); TPOT %.1f ms",
                       in.bandwidth_efficiency, in.compute_efficiency, p.tpot_ms));

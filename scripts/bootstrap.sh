@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 DEB_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git ca-certificates
-  clang clang-format libclang-rt-14-dev
+  clang clang-format libclang-rt-14-dev lld
   libabsl-dev libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus prometheus-cpp-dev openssl libcpp-httplib-dev libboost-dev nlohmann-json3-dev libcli11-dev libspdlog-dev

@@ -74,8 +74,12 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
   per=$(( FUZZ_SECONDS / (${#targets[@]} + 1) ))
   [ "$per" -lt 5 ] && per=5
   echo "[test] fuzzing ${#targets[@]} targets, ${per}s each (gguf $((2 * per))s)" >&2
+  # Unity build, as the ASan one (scripts/test_sanitizers.sh), at -O1 -g1
+  # (libFuzzer's usual level; a quarter less build time than -O2 -g).
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DTANDEM_FUZZ=ON -DTANDEM_CUDA=OFF >/dev/null
+    -DTANDEM_FUZZ=ON -DTANDEM_CUDA=OFF -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 \
+    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" >/dev/null
   ninja -C build-fuzz -j"$(nproc)" "${targets[@]/%/_fuzz}"
   phase "fuzz build"
   work=$(mktemp -d)

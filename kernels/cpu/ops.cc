@@ -60,8 +60,11 @@ void RotateHeads(float* x, int64_t num_heads, int64_t head_dim, const float* cs,
       const int64_t i1 = p.style == RopeStyle::kAdjacentPairs ? 2 * i + 1 : i + half;
       const float c = cs[2 * i], s = cs[2 * i + 1];
       const float x0 = v[i0], x1 = v[i1];
-      v[i0] = x0 * c - x1 * s;
-      v[i1] = x0 * s + x1 * c;
+      // Explicit fused multiply-adds: the rounding does not depend on
+      // how the compiler contracts a * b - c * d in this translation unit,
+      // so the reference and every variant stay bit-identical.
+      v[i0] = std::fma(x0, c, -(x1 * s));
+      v[i1] = std::fma(x0, s, x1 * c);
     }
   }
 }

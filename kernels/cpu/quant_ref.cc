@@ -19,9 +19,6 @@ namespace {
 
 using gguf::TensorType;
 
-constexpr int kQK = 32;
-constexpr int kQKK = 256;
-
 inline float Half(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);

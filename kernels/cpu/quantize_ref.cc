@@ -22,8 +22,6 @@ namespace {
 
 using gguf::TensorType;
 
-constexpr int kQK = 32;
-
 void PutHalf(uint8_t* p, float f) {
   const uint16_t h = Fp32ToFp16(f);
   std::memcpy(p, &h, 2);
@@ -122,7 +120,6 @@ void QuantQ8_0(const float* x, uint8_t* b) {
 }
 
 // ---- K-quants (QK_K = 256): the algorithm of ggml's quantize_row_q{4,5,6}_K_ref.
-constexpr int kQKK = 256;
 
 // Round to nearest, ties to even (ggml's nearest_int for |x| < 2^22).
 int NearestInt(float x) { return static_cast<int>(std::nearbyintf(x)); }

@@ -57,8 +57,10 @@ void Rope(float* x, const int32_t* positions, int64_t n, int64_t num_heads, int6
         const int64_t i0 = p.style == RopeStyle::kAdjacentPairs ? 2 * i : i;
         const int64_t i1 = p.style == RopeStyle::kAdjacentPairs ? 2 * i + 1 : i + half;
         const float x0 = v[i0], x1 = v[i1];
-        v[i0] = x0 * c - x1 * s;
-        v[i1] = x0 * s + x1 * c;
+        // Fused as in ops.cc (explicit fma: bit-identical whatever the
+        // compiler contracts).
+        v[i0] = std::fma(x0, c, -(x1 * s));
+        v[i1] = std::fma(x0, s, x1 * c);
       }
     }
   }

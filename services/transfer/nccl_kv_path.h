@@ -29,6 +29,11 @@
 
 namespace tandem::transfer {
 
+// Ranks in a pair's two-rank communicator: the prefill worker sends, the
+// decode worker receives.
+inline constexpr int kSenderRank = 0;
+inline constexpr int kReceiverRank = 1;
+
 // A pinned host buffer and a device buffer of the same size, grown on demand
 // (kept between transfers of a pair).
 class NcclStaging {

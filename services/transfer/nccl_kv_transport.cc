@@ -18,9 +18,6 @@
 namespace tandem::transfer {
 namespace {
 
-constexpr int kSenderRank = 0;
-constexpr int kReceiverRank = 1;
-
 std::string RandomPeerId() {
   std::random_device rd;
   return absl::StrFormat("prefill-%d-%08x%08x", getpid(), rd(), rd());

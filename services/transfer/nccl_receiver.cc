@@ -15,9 +15,6 @@
 namespace tandem::transfer {
 namespace {
 
-constexpr int kSenderRank = 0;
-constexpr int kReceiverRank = 1;
-
 absl::Time RpcDeadline(grpc::ServerContext* context, absl::Duration cap) {
   const absl::Time capped = absl::Now() + cap;
   if (context->deadline() == std::chrono::system_clock::time_point::max()) return capped;
