@@ -85,21 +85,28 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
   per=$(( FUZZ_SECONDS / (${#targets[@]} + 1) ))
   [ "$per" -lt 5 ] && per=5
   echo "[test] fuzzing ${#targets[@]} targets, ${per}s each (gguf $((2 * per))s)" >&2
-  # Unity build, as the ASan one (scripts/test_sanitizers.sh), at -O1 -g1
-  # (libFuzzer's usual level; a quarter less build time than -O2 -g).
-  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DTANDEM_FUZZ=ON -DTANDEM_CUDA=OFF -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 \
-    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
-    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" >/dev/null
-  ninja -C build-fuzz -j"$(nproc)" "${targets[@]/%/_fuzz}"
-  phase "fuzz build"
+  if [ "${TANDEM_SANITIZERS:-1}" != "0" ]; then
+    # The sanitizer build (clang, ASan + UBSan, TANDEM_FUZZ=ON) already
+    # linked every target with libFuzzer and ran its seed corpus.
+    fuzz_dir=${TANDEM_ASAN_BUILD_DIR:-build-asan}
+  else
+    # A build of its own: unity, as the ASan one, at -O1 -g1 (libFuzzer's
+    # usual level; a quarter less build time than -O2 -g).
+    fuzz_dir=build-fuzz
+    CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DTANDEM_FUZZ=ON -DTANDEM_CUDA=OFF -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 \
+      "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
+      "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" >/dev/null
+    ninja -C build-fuzz -j"$(nproc)" "${targets[@]/%/_fuzz}"
+    phase "fuzz build"
+  fi
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   # One target per core at a time: each is single-threaded, so on 2 cores
   # the phase takes half the wall time for the same fuzzing per target.
   fuzz_one() {  # fuzz_one TARGET SECONDS: exit code to $work/TARGET.rc
     local rc=0
-    ./build-fuzz/tests/fuzz/"$1"_fuzz -max_total_time="$2" -rss_limit_mb=2048 \
+    "$fuzz_dir"/tests/fuzz/"$1"_fuzz -max_total_time="$2" -rss_limit_mb=2048 \
       -timeout=10 -print_final_stats=1 "$work/$1" > "$work/$1.log" 2>&1 || rc=$?
     echo "$rc" > "$work/$1.rc"
   }

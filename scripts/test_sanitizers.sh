@@ -49,6 +49,10 @@ echo "[sanitizers] configuring and building $BUILD_DIR (clang, ASan + UBSan)" >&
 # check of every source it compiles (GCC ignores the ABSL_GUARDED_BY
 # annotations; scripts/check_thread_safety.py --except-built then checks
 # only the rest).
+# TANDEM_FUZZ=ON: the libraries also carry libFuzzer's coverage hooks (not
+# the CPU kernels) and tests/fuzz/*_fuzz are libFuzzer binaries, whose seed
+# corpora ctest runs here and which scripts/test.sh then fuzzes with: one
+# build for both (it was a separate clang build of 4-5 minutes).
 # RelWithDebInfo with -g1 (line tables: reports keep file:line, the build
 # is ~25 % faster and much smaller than with full -g).
 # Unity build (16 sources per translation unit): the libraries' sources share
@@ -57,7 +61,7 @@ echo "[sanitizers] configuring and building $BUILD_DIR (clang, ASan + UBSan)" >&
 # that forgets an include still fails there.
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DTANDEM_SANITIZE=address,undefined -DTANDEM_CUDA=OFF \
+  -DTANDEM_SANITIZE=address,undefined -DTANDEM_FUZZ=ON -DTANDEM_CUDA=OFF \
   -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 \
   -DCMAKE_C_FLAGS=-fno-sanitize-recover=undefined \
   "-DCMAKE_CXX_FLAGS=-fno-sanitize-recover=undefined -Wthread-safety -Werror=thread-safety" \
