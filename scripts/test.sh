@@ -9,6 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FUZZ_SECONDS=${TANDEM_FUZZ_SECONDS:-140}
+# The sanitizer run (scripts/test_sanitizers.sh, on unless
+# TANDEM_SANITIZERS=0) and its build directory, which also holds the
+# thread-safety-checked objects and the libFuzzer targets.
+SANITIZERS=${TANDEM_SANITIZERS:-1}
+ASAN_BUILD_DIR=${TANDEM_ASAN_BUILD_DIR:-build-asan}
 
 # Wall time of each phase, printed as it ends and as a table at the end (CI
 # must stay well under its limit: the table says where the time goes).
@@ -35,9 +40,11 @@ bash scripts/build.sh -DTANDEM_CUDA_ARCHITECTURES=90
 phase build
 
 # Static checks: every C++ source clang-formatted; docs/architecture.md names
-# every source directory and only
-# paths that exist; every include is of a target the includer links; clang's -Wthread-safety over every C++ source that mentions a capability or reaches one through project headers (GCC
-# ignores the ABSL_GUARDED_BY annotations).
+# every source directory and only paths that exist; every include is of a
+# target the includer links; no function over 80 lines but the listed
+# kernels; clang's -Wthread-safety over every C++ source that mentions a
+# capability or reaches one through project headers (GCC ignores the
+# ABSL_GUARDED_BY annotations), here or after the sanitizer build.
 echo "[test] static checks" >&2
 bash scripts/check_format.sh
 python3 scripts/check_architecture.py
@@ -45,7 +52,7 @@ python3 scripts/check_layers.py build
 .venv/bin/python scripts/check_function_length.py
 # With the sanitizer run, its clang build compiles with -Werror=thread-safety
 # and the check below runs after it, on the sources it did not compile.
-if [ "${TANDEM_SANITIZERS:-1}" = "0" ]; then
+if [ "$SANITIZERS" = "0" ]; then
   python3 scripts/check_thread_safety.py build/compile_commands.json
 fi
 
@@ -56,14 +63,14 @@ phase ctest
 
 # The same unit + integration tests built with ASan + UBSan (build-asan/);
 # any sanitizer report fails. TANDEM_SANITIZERS=0 skips it (quick local runs).
-if [ "${TANDEM_SANITIZERS:-1}" != "0" ]; then
+if [ "$SANITIZERS" != "0" ]; then
   echo "[test] ASan + UBSan" >&2
   bash scripts/test_sanitizers.sh
   phase "ASan + UBSan"
   # Thread-safety of the sources build-asan does not compile the same way
   # (the CUDA backend's host code, the NCCL transport, the benchmarks).
   python3 scripts/check_thread_safety.py build/compile_commands.json \
-    --except-built "${TANDEM_ASAN_BUILD_DIR:-build-asan}"
+    --except-built "$ASAN_BUILD_DIR"
   phase "thread-safety (rest)"
 fi
 
@@ -85,10 +92,10 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
   per=$(( FUZZ_SECONDS / (${#targets[@]} + 1) ))
   [ "$per" -lt 5 ] && per=5
   echo "[test] fuzzing ${#targets[@]} targets, ${per}s each (gguf $((2 * per))s)" >&2
-  if [ "${TANDEM_SANITIZERS:-1}" != "0" ]; then
+  if [ "$SANITIZERS" != "0" ]; then
     # The sanitizer build (clang, ASan + UBSan, TANDEM_FUZZ=ON) already
     # linked every target with libFuzzer and ran its seed corpus.
-    fuzz_dir=${TANDEM_ASAN_BUILD_DIR:-build-asan}
+    fuzz_dir=$ASAN_BUILD_DIR
   else
     # A build of its own: unity, as the ASan one, at -O1 -g1 (libFuzzer's
     # usual level; a quarter less build time than -O2 -g).
