@@ -18,15 +18,33 @@ namespace {
 // Idle workers poll this many times before blocking: a decode step issues
 // hundreds of short loops, and a futex wake per loop would dominate them.
 constexpr int kSpinPolls = 4000;
-constexpr int kChunksPerThread = 4;
+// The smallest chunk is at least 1 / (kTailChunksPerThread * threads) of the
+// loop (and at least min_range).
+constexpr int64_t kTailChunksPerThread = 8;
 
 // claim_ layout: generation (32 bits) | chunk count (16) | next chunk (16).
 uint32_t GenOf(uint64_t claim) { return static_cast<uint32_t>(claim >> 32); }
 int64_t ChunksOf(uint64_t claim) { return static_cast<int64_t>((claim >> 16) & 0xffff); }
 int64_t NextOf(uint64_t claim) { return static_cast<int64_t>(claim & 0xffff); }
-constexpr int64_t kMaxChunks = 0xffff;
+constexpr int64_t kMaxChunks = ThreadPool::kMaxChunks;
 
 }  // namespace
+
+int64_t ThreadPool::PlanChunks(int64_t n, int64_t min_range) {
+  const int64_t p = num_threads_;
+  const int64_t smallest =
+      std::max(min_range, (n + kTailChunksPerThread * p - 1) / (kTailChunksPerThread * p));
+  int64_t chunks = 0;
+  bounds_[0] = 0;
+  for (int64_t begin = 0; begin < n; ++chunks) {
+    const int64_t left = n - begin;
+    int64_t size = std::max(smallest, (left + p - 1) / p);
+    if (left - size < smallest || chunks + 1 == kMaxChunks) size = left;
+    begin += size;
+    bounds_[chunks + 1] = begin;
+  }
+  return chunks;
+}
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
   workers_.reserve(num_threads_ - 1);
@@ -56,8 +74,7 @@ void ThreadPool::RunChunks(uint32_t gen) {
     // worker pair an old generation's claim with a newer job's fields, run a
     // chunk that did not exist and overcount done_ (a hang).
     const RangeFn* fn = job_.load(std::memory_order_acquire);
-    const int64_t n = job_n_.load(std::memory_order_acquire);
-    (*fn)(n * i / chunks, n * (i + 1) / chunks);
+    (*fn)(bounds_[i], bounds_[i + 1]);
     done_.fetch_add(1, std::memory_order_acq_rel);
     cur = claim_.load(std::memory_order_acquire);
   }
@@ -65,17 +82,15 @@ void ThreadPool::RunChunks(uint32_t gen) {
 
 void ThreadPool::ParallelFor(int64_t n, RangeFn fn, int64_t min_range) {
   if (n <= 0) return;
-  const int64_t max_chunks = std::max<int64_t>(1, n / std::max<int64_t>(1, min_range));
-  const int64_t chunks =
-      std::min<int64_t>({int64_t{num_threads_} * kChunksPerThread, max_chunks, kMaxChunks});
-  if (num_threads_ == 1 || chunks == 1) {
+  min_range = std::max<int64_t>(1, min_range);
+  if (num_threads_ == 1 || n < 2 * min_range) {
     fn(0, n);
     return;
   }
   std::lock_guard<std::mutex> call_lock(call_mu_);
+  const int64_t chunks = PlanChunks(n, min_range);
   const uint32_t gen = GenOf(claim_.load(std::memory_order_relaxed)) + 1;
   job_.store(&fn, std::memory_order_relaxed);
-  job_n_.store(n, std::memory_order_relaxed);
   done_.store(0, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mu_);

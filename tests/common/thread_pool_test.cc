@@ -1,6 +1,10 @@
 #include "common/thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -23,6 +27,52 @@ TEST(ThreadPoolStressTest, AlternatingJobSizesRunEachIndexOnce) {
     });
     for (int64_t i = 0; i < n; ++i) {
       ASSERT_EQ(hits[i].load(), 1) << "iteration " << iter << " index " << i;
+    }
+  }
+}
+
+// The guided split: ranges are contiguous, cover [0, n) once, never shorter
+// than min_range, shrink, and stay few (each is a claim).
+TEST(ThreadPoolTest, GuidedChunksShrinkAndRespectMinRange) {
+  for (int threads : {2, 3, 8}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {2, 3, 36, 60, 192, 3072, 100000}) {
+      for (int64_t min_range : {1, 4, 16}) {
+        std::mutex mu;
+        std::vector<std::pair<int64_t, int64_t>> ranges;
+        pool.ParallelFor(
+            n,
+            [&](int64_t b, int64_t e) {
+              std::lock_guard<std::mutex> lock(mu);
+              ranges.emplace_back(b, e);
+            },
+            min_range);
+        std::sort(ranges.begin(), ranges.end());
+        const std::string where = "threads " + std::to_string(threads) + " n " + std::to_string(n) +
+                                  " min_range " + std::to_string(min_range);
+        ASSERT_FALSE(ranges.empty()) << where;
+        EXPECT_EQ(ranges.front().first, 0) << where;
+        EXPECT_EQ(ranges.back().second, n) << where;
+        EXPECT_LE(int64_t(ranges.size()), ThreadPool::kMaxChunks) << where;
+        if (n < 2 * min_range) {
+          EXPECT_EQ(ranges.size(), 1u) << where;
+          continue;
+        }
+        EXPECT_GE(ranges.size(), 2u) << where;
+        EXPECT_GE(ranges.front().second, (n + threads - 1) / threads) << where;  // the largest
+        for (size_t i = 0; i < ranges.size(); ++i) {
+          EXPECT_GE(ranges[i].second - ranges[i].first, min_range) << where << " chunk " << i;
+          if (i > 0) EXPECT_EQ(ranges[i].first, ranges[i - 1].second) << where;
+          // Shrinking, except the last one, which takes the remainder.
+          if (i > 0 && i + 1 < ranges.size()) {
+            EXPECT_LE(ranges[i].second - ranges[i].first,
+                      ranges[i - 1].second - ranges[i - 1].first)
+                << where << " chunk " << i;
+          }
+        }
+        // Few claims: 1/threads of what is left each time, down to n/(8 threads).
+        EXPECT_LE(int64_t(ranges.size()), 8 * threads + 1) << where;
+      }
     }
   }
 }
