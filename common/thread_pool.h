@@ -6,7 +6,7 @@
 // 1/(8 * threads) of n. The caller, there first, takes the first and
 // largest; the loop ends on small chunks, so the threads finish close
 // together after few claims (each claim moves a cache line between cores:
-// 2 threads make about 5 per loop).
+// 2 threads make 4 or 5 per loop of 36 or more).
 // Chunks are claimed dynamically: the caller works too and never waits for a
 // worker that has not started (on a busy machine a sleeping worker may take
 // milliseconds to be scheduled), only for chunks already running. Which
