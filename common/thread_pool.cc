@@ -26,7 +26,7 @@ constexpr int64_t kTailChunksPerThread = 8;
 uint32_t GenOf(uint64_t claim) { return static_cast<uint32_t>(claim >> 32); }
 int64_t ChunksOf(uint64_t claim) { return static_cast<int64_t>((claim >> 16) & 0xffff); }
 int64_t NextOf(uint64_t claim) { return static_cast<int64_t>(claim & 0xffff); }
-constexpr int64_t kMaxChunks = ThreadPool::kMaxChunks;
+static_assert(ThreadPool::kMaxChunks <= 0xffff, "claim_ holds chunk counts in 16 bits");
 
 }  // namespace
 
@@ -83,7 +83,7 @@ void ThreadPool::RunChunks(uint32_t gen) {
 void ThreadPool::ParallelFor(int64_t n, RangeFn fn, int64_t min_range) {
   if (n <= 0) return;
   min_range = std::max<int64_t>(1, min_range);
-  if (num_threads_ == 1 || n < 2 * min_range) {
+  if (num_threads_ == 1 || n / min_range < 2) {
     fn(0, n);
     return;
   }
