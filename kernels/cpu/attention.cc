@@ -374,57 +374,98 @@ inline float SoftmaxLanes(float* p, int64_t len) {
   return 1.f / cpu::Reduce16(sum);
 }
 
-// All `group` (<= kMaxGroup) heads of one KV head for one query, head_dim
-// kHd, over keys [0, len) of `rows` (PagedRows or HeadRows; kScaled: int8 /
-// fp8 scales). p: [group, len] scratch.
-template <int kHd, bool kScaled, typename Rows>
-void AttendGroup(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
-                 std::vector<float>& p, float* out) {
+// p[g * stride + j] *= inv[g] (then times key j's value scale when
+// kScaled) for the `group` heads: each key's softmax weight, the same
+// products the V loop formed one key at a time before, so no bits change.
+template <bool kScaled, typename Rows>
+void WeighKeys(const Rows& rows, int64_t len, int group, const float* inv, int64_t stride,
+               float* p) {
+  for (int64_t j0 = 0; j0 < len; j0 += 16) {
+    const __mmask16 m = len - j0 >= 16 ? __mmask16(0xffff) : cpu::TailMask(len - j0);
+    [[maybe_unused]] alignas(64) float vs[16] = {};
+    if constexpr (kScaled) {
+      for (int64_t i = 0; i < 16 && j0 + i < len; ++i) vs[i] = rows.vs(rows.Row(j0 + i));
+    }
+    for (int g = 0; g < group; ++g) {
+      float* pg = p + g * stride + j0;
+      __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, pg), _mm512_set1_ps(inv[g]));
+      if constexpr (kScaled) w = _mm512_mul_ps(w, _mm512_load_ps(vs));
+      _mm512_mask_storeu_ps(pg, m, w);
+    }
+  }
+}
+
+// out[g * kHd ..] = sum over keys j of w[g * stride + j] v_j for kG heads
+// (w: WeighKeys' weights), in key order. kG is a compile-time count so that
+// the kG x C accumulators stay in registers (with a run-time head count GCC
+// kept them on the stack, a store and a reload per key and chunk).
+template <int kHd, int kG, typename Rows>
+void AccumulateV(const Rows& rows, int64_t len, const float* w, int64_t stride, float* out) {
   constexpr KvDtype LD = Rows::kLoad;
   constexpr int C = kChunks<kHd>;
-  const int64_t stride = (len + 15) / 16 * 16;
-  p.resize(group * stride);
-  ScoreKeys<kHd, kScaled>(rows, score_scale, len, q, group, stride, p.data());
-  float inv[kMaxGroup];
-  for (int g = 0; g < group; ++g) inv[g] = SoftmaxLanes(p.data() + g * stride, len);
-  __m512 acc[kMaxGroup][C];
-  for (int g = 0; g < group; ++g) {
+  __m512 acc[kG][C];
+#pragma GCC unroll 8
+  for (int g = 0; g < kG; ++g) {
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
   }
   for (int64_t j = 0; j < len; ++j) {
     const int64_t r = rows.Row(j);
     const char* vr = rows.v(r);
-    [[maybe_unused]] float vs = 1.f;
-    if constexpr (kScaled) vs = rows.vs(r);
-    if constexpr (C == 4) {
-      // Named registers at head_dim 64: GCC compiles the array form below
-      // about 7% slower there (kernels_bench PagedAttentionChunk, Zen 4).
-      const __m512 v0 = Load16<LD>(vr, 0), v1 = Load16<LD>(vr, 1);
-      const __m512 v2 = Load16<LD>(vr, 2), v3 = Load16<LD>(vr, 3);
-      for (int g = 0; g < group; ++g) {
-        float pw = p[g * stride + j] * inv[g];
-        if constexpr (kScaled) pw *= vs;
-        const __m512 w = _mm512_set1_ps(pw);
-        acc[g][0] = _mm512_fmadd_ps(w, v0, acc[g][0]);
-        acc[g][1] = _mm512_fmadd_ps(w, v1, acc[g][1]);
-        acc[g][2] = _mm512_fmadd_ps(w, v2, acc[g][2]);
-        acc[g][3] = _mm512_fmadd_ps(w, v3, acc[g][3]);
-      }
-    } else {
-      __m512 v[C];
+    __m512 v[C];
 #pragma GCC unroll 16
-      for (int c = 0; c < C; ++c) v[c] = Load16<LD>(vr, c);
-      for (int g = 0; g < group; ++g) {
-        float pw = p[g * stride + j] * inv[g];
-        if constexpr (kScaled) pw *= vs;
-        const __m512 w = _mm512_set1_ps(pw);
+    for (int c = 0; c < C; ++c) {
+      v[c] = Load16<LD>(vr, c);
+      // In a register: GCC would otherwise fold the load into each head's
+      // multiply-add (kG loads of the same row chunk instead of one).
+      if constexpr (kG > 1) asm("" : "+v"(v[c]));
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < kG; ++g) {
+      const __m512 wj = _mm512_set1_ps(w[g * stride + j]);
 #pragma GCC unroll 16
-        for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(w, v[c], acc[g][c]);
-      }
+      for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(wj, v[c], acc[g][c]);
     }
   }
-  for (int g = 0; g < group; ++g) {
+#pragma GCC unroll 8
+  for (int g = 0; g < kG; ++g) {
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + g * kHd + 16 * c, acc[g][c]);
+  }
+}
+
+// Heads per AccumulateV pass: at most 16 accumulators (head_dim 64: 4
+// heads, 80-128: 2, 256: 1), so they and the C value chunks fit the 32
+// registers.
+template <int kHd>
+constexpr int kVPass = kChunks<kHd> <= 4   ? 4
+                       : kChunks<kHd> <= 8 ? 2
+                                           : 1;
+
+// AccumulateV for n (1 .. kVPass) heads.
+template <int kHd, typename Rows, int... I>
+void AccumulateVHeads(int n, const Rows& rows, int64_t len, const float* w, int64_t stride,
+                      float* out, std::integer_sequence<int, I...>) {
+  ((n == I + 1 ? AccumulateV<kHd, I + 1>(rows, len, w, stride, out) : void()), ...);
+}
+
+// All `group` (<= kMaxGroup) heads of one KV head for one query, head_dim
+// kHd, over keys [0, len) of `rows` (PagedRows or HeadRows; kScaled: int8 /
+// fp8 scales). p: [group, len] scratch. Each head's output is computed
+// alone (scores, softmax, then its V sum in key order), so the split of the
+// V pass into groups of kVPass heads does not change any bits.
+template <int kHd, bool kScaled, typename Rows>
+void AttendGroup(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
+                 std::vector<float>& p, float* out) {
+  const int64_t stride = (len + 15) / 16 * 16;
+  p.resize(group * stride);
+  ScoreKeys<kHd, kScaled>(rows, score_scale, len, q, group, stride, p.data());
+  float inv[kMaxGroup];
+  for (int g = 0; g < group; ++g) inv[g] = SoftmaxLanes(p.data() + g * stride, len);
+  WeighKeys<kScaled>(rows, len, group, inv, stride, p.data());
+  for (int g0 = 0; g0 < group; g0 += kVPass<kHd>) {
+    AccumulateVHeads<kHd>(std::min(kVPass<kHd>, group - g0), rows, len, p.data() + g0 * stride,
+                          stride, out + g0 * kHd, std::make_integer_sequence<int, kVPass<kHd>>());
   }
 }
 #else

@@ -355,7 +355,7 @@ TEST(PagedAttentionTest, MatchesReferenceAndIsBatchInvariant) {
 // The builds of the kernels (kernels/cpu/variant.h) this CPU runs: the
 // dispatch really switches code (FusedRowDot exists only in the AVX-512
 // build), and f32 / f16 / bf16 / Q4_1 MatMul, RmsNorm and GQA attention
-// (head dims 64 and 128, a group of 12 in parts) over f16 and int8 caches
+// (head dims 64 and 128, groups of 3, 5 and 12, the last in parts) over f16 and int8 caches
 // (tiles and single tokens) give the same bits.
 TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
   const std::string was = SimdKernelsVariant();
@@ -401,6 +401,9 @@ TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
   PagedAttentionArgs args128 = args;
   args128.layout = layout128;
   args128.num_heads = 36;
+  // Groups of 5 at dim 64: the V sums run as passes of 4 heads and 1.
+  PagedAttentionArgs args5 = args;
+  args5.num_heads = 30;
   const std::vector<float> q = Random(6 * qwidth128, 9);
   ThreadPool pool(2);
   auto run = [&](const std::string& variant) {
@@ -423,6 +426,9 @@ TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
       PagedAttention(args128, q.data(), *cache, y128.data(), &pool);
       o.attn.insert(o.attn.end(), y.begin(), y.end());
       o.attn.insert(o.attn.end(), y128.begin(), y128.end());
+      std::vector<float> y5(6 * 30 * 64);
+      PagedAttention(args5, q.data(), *cache, y5.data(), &pool);
+      o.attn.insert(o.attn.end(), y5.begin(), y5.end());
     }
     return o;
   };
@@ -442,11 +448,14 @@ TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
     EXPECT_TRUE(same(o.attn, outs[0].second.attn)) << name;
   }
   // And the attention is right, not only the same (the scalar reference).
-  for (const PagedAttentionArgs* a : {&args, static_cast<const PagedAttentionArgs*>(&args128)}) {
-    std::vector<float> want(6 * qwidth128), got(6 * qwidth128);
-    ref::PagedAttention(*a, q.data(), f16, want.data());
-    PagedAttention(*a, q.data(), f16, got.data(), &pool);
-    ExpectClose(got, want, 1e-5f);
+  const PagedAttentionArgs* const all_args[] = {&args, &args5, &args128};
+  for (const PagedAttentionArgs* a : all_args) {
+    for (const KvCacheView* cache : {&f16, &i8}) {
+      std::vector<float> want(6 * qwidth128), got(6 * qwidth128);
+      ref::PagedAttention(*a, q.data(), *cache, want.data());
+      PagedAttention(*a, q.data(), *cache, got.data(), &pool);
+      ExpectClose(got, want, 1e-5f);
+    }
   }
 }
 
