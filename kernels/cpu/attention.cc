@@ -449,27 +449,21 @@ void AccumulateVHeads(int n, const Rows& rows, int64_t len, const float* w, int6
   ((n == I + 1 ? AccumulateV<kHd, I + 1>(rows, len, w, stride, out) : void()), ...);
 }
 
-// All `group` (<= kMaxGroup) heads of one KV head for one query, head_dim
-// kHd, over keys [0, len) of `rows` (PagedRows or HeadRows; kScaled: int8 /
-// fp8 scales). p: [group, len] scratch. Each head's output is computed
-// alone (scores, softmax, then its V sum in key order), so the split of the
-// V pass into groups of kVPass heads does not change any bits.
+// out[g * kHd ..] for the `group` heads from their softmax numerators p
+// (row g at p + g * stride) and 1 / their sums inv[g]: each head's V sum
+// is computed alone, so the split into passes of kVPass heads does not
+// change any bits.
 template <int kHd, bool kScaled, typename Rows>
-void AttendGroup(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
-                 std::vector<float>& p, float* out) {
-  const int64_t stride = (len + 15) / 16 * 16;
-  p.resize(group * stride);
-  ScoreKeys<kHd, kScaled>(rows, score_scale, len, q, group, stride, p.data());
-  float inv[kMaxGroup];
-  for (int g = 0; g < group; ++g) inv[g] = SoftmaxLanes(p.data() + g * stride, len);
-  WeighKeys<kScaled>(rows, len, group, inv, stride, p.data());
+void SumValues(const Rows& rows, int64_t len, int group, const float* inv, int64_t stride, float* p,
+               float* out) {
+  WeighKeys<kScaled>(rows, len, group, inv, stride, p);
   for (int g0 = 0; g0 < group; g0 += kVPass<kHd>) {
-    AccumulateVHeads<kHd>(std::min(kVPass<kHd>, group - g0), rows, len, p.data() + g0 * stride,
-                          stride, out + g0 * kHd, std::make_integer_sequence<int, kVPass<kHd>>());
+    AccumulateVHeads<kHd>(std::min(kVPass<kHd>, group - g0), rows, len, p + g0 * stride, stride,
+                          out + g0 * kHd, std::make_integer_sequence<int, kVPass<kHd>>());
   }
 }
 #else
-// The AVX-512 AttendGroup above without AVX-512: the same lanes, fused
+// The AVX-512 kernels above without AVX-512: the same lanes, fused
 // multiply-adds, exp steps and trees, one float at a time (loops the
 // compiler vectorizes where it can), so its outputs are bit-identical. No
 // multiply feeds an add outside an explicit std::fma, so contraction
@@ -545,14 +539,11 @@ inline float SoftmaxLanes(float* p, int64_t len) {
   return 1.f / cpu::Reduce16Lanes(sum);
 }
 
+// The AVX-512 SumValues one float at a time: w = p * inv (times the value
+// scale), then acc = fma(w, v, acc) in key order.
 template <int kHd, bool kScaled, typename Rows>
-void AttendGroup(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
-                 std::vector<float>& p, float* out) {
-  const int64_t stride = (len + 15) / 16 * 16;
-  p.resize(group * stride);
-  ScoreKeys<kHd, kScaled>(rows, score_scale, len, q, group, stride, p.data());
-  float inv[kMaxGroup];
-  for (int g = 0; g < group; ++g) inv[g] = SoftmaxLanes(p.data() + g * stride, len);
+void SumValues(const Rows& rows, int64_t len, int group, const float* inv, int64_t stride, float* p,
+               float* out) {
   float acc[kMaxGroup][kHd] = {};
   for (int64_t j = 0; j < len; ++j) {
     const int64_t r = rows.Row(j);
@@ -567,6 +558,21 @@ void AttendGroup(const Rows& rows, float score_scale, int64_t len, const float* 
   for (int g = 0; g < group; ++g) std::memcpy(out + g * kHd, acc[g], sizeof(acc[g]));
 }
 #endif
+
+// All `group` (<= kMaxGroup) heads of one KV head for one query, head_dim
+// kHd, over keys [0, len) of `rows` (PagedRows or HeadRows; kScaled: int8 /
+// fp8 scales): scores, softmax, V sums, each head alone. p: [group, len]
+// scratch.
+template <int kHd, bool kScaled, typename Rows>
+void AttendGroup(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
+                 std::vector<float>& p, float* out) {
+  const int64_t stride = (len + 15) / 16 * 16;
+  p.resize(group * stride);
+  ScoreKeys<kHd, kScaled>(rows, score_scale, len, q, group, stride, p.data());
+  float inv[kMaxGroup];
+  for (int g = 0; g < group; ++g) inv[g] = SoftmaxLanes(p.data() + g * stride, len);
+  SumValues<kHd, kScaled>(rows, len, group, inv, stride, p.data(), out);
+}
 
 // Queries in a tile: consecutive tokens of one sequence sharing one
 // conversion of their KV head's keys (at most kTileTokens). Tiles shrink
