@@ -360,11 +360,13 @@ TEST_P(TilesTest, TokensInTilesEqualTokensAlone) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, TilesTest,
-                         testing::Values(std::pair<int64_t, int64_t>{64, 3},
-                                         std::pair<int64_t, int64_t>{128, 4},
-                                         std::pair<int64_t, int64_t>{128, 12},
-                                         std::pair<int64_t, int64_t>{96, 2}));
+INSTANTIATE_TEST_SUITE_P(
+    HeadDims, TilesTest,
+    testing::Values(std::pair<int64_t, int64_t>{64, 3}, std::pair<int64_t, int64_t>{128, 4},
+                    std::pair<int64_t, int64_t>{128, 12}, std::pair<int64_t, int64_t>{96, 2},
+                    // V passes of 2, 2 and 1 heads; of 1; of 4 and 4.
+                    std::pair<int64_t, int64_t>{80, 5}, std::pair<int64_t, int64_t>{256, 2},
+                    std::pair<int64_t, int64_t>{64, 8}));
 
 }  // namespace
 }  // namespace tandem::kernels
