@@ -298,6 +298,9 @@ void GatherHead(const PagedRows<D, kHd>& src, int64_t len, HeadRows<kHd>& dst) {
 }
 
 #if TANDEM_KERNELS_AVX512
+// Lanes of a 16-key block with rem keys left: all from 16 on.
+inline __mmask16 KeyMask(int64_t rem) { return rem >= 16 ? __mmask16(0xffff) : cpu::TailMask(rem); }
+
 // One key's 16-lane partial dot with q (chunks qv[0..C)): even chunks into
 // e, odd into o, in chunk order, then e + o (head_dim 64: e = q0 k0 + q2 k2,
 // o = q1 k1 + q3 k3). Straight-line code (a fold, no loop) so that the
@@ -340,7 +343,7 @@ void ScoreKeys(const Rows& rows, float score_scale, int64_t len, const float* q,
       kr[i] = rows.k(r);
       if constexpr (kScaled) ks[i] = rows.ks(r);
     }
-    const __mmask16 m = nk == 16 ? __mmask16(0xffff) : cpu::TailMask(nk);
+    const __mmask16 m = KeyMask(nk);
     for (int g = 0; g < group; ++g) {
       __m512 part[16];
 #pragma GCC unroll 16
@@ -360,13 +363,13 @@ inline float SoftmaxLanes(float* p, int64_t len) {
   // max is exact in any order.
   __m512 mx16 = _mm512_set1_ps(-INFINITY);
   for (int64_t j = 0; j < len; j += 16) {
-    const __mmask16 m = len - j >= 16 ? __mmask16(0xffff) : cpu::TailMask(len - j);
+    const __mmask16 m = KeyMask(len - j);
     mx16 = _mm512_mask_max_ps(mx16, m, mx16, _mm512_maskz_loadu_ps(m, p + j));
   }
   const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx16));
   __m512 sum = _mm512_setzero_ps();
   for (int64_t j = 0; j < len; j += 16) {
-    const __mmask16 m = len - j >= 16 ? __mmask16(0xffff) : cpu::TailMask(len - j);
+    const __mmask16 m = KeyMask(len - j);
     const __m512 e = cpu::Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p + j), mv));
     _mm512_mask_storeu_ps(p + j, m, e);
     sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
@@ -381,7 +384,7 @@ template <bool kScaled, typename Rows>
 void WeighKeys(const Rows& rows, int64_t len, int group, const float* inv, int64_t stride,
                float* p) {
   for (int64_t j0 = 0; j0 < len; j0 += 16) {
-    const __mmask16 m = len - j0 >= 16 ? __mmask16(0xffff) : cpu::TailMask(len - j0);
+    const __mmask16 m = KeyMask(len - j0);
     [[maybe_unused]] alignas(64) float vs[16] = {};
     if constexpr (kScaled) {
       for (int64_t i = 0; i < 16 && j0 + i < len; ++i) vs[i] = rows.vs(rows.Row(j0 + i));
