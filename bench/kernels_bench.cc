@@ -237,6 +237,8 @@ BENCHMARK(BM_PagedAttention)->ArgNames({"ctx"})->Arg(128)->Arg(1024)->UseRealTim
 BENCHMARK(BM_PagedAttentionChunk)
     ->ArgNames({"n", "ctx", "dtype", "hd"})
     ->Args({5, 300, int64_t(KvDtype::kF16), 64})
+    ->Args({1, 1000, int64_t(KvDtype::kF16), 64})  // long-context decode / verification
+    ->Args({5, 3000, int64_t(KvDtype::kF16), 64})
     ->Args({512, 512, int64_t(KvDtype::kF16), 64})
     ->Args({512, 512, int64_t(KvDtype::kF32), 64})
     ->Args({512, 512, int64_t(KvDtype::kInt8), 64})

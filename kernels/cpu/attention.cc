@@ -9,11 +9,15 @@
 // a time, AttendOne). A tile of several tokens converts its KV head's K/V
 // rows to f32 once into thread-local scratch, exactly the values the
 // in-place loads give, and every token reads them there; a tile of one
-// reads the cache in place. Each output is computed entirely by one thread:
-// scores in position order (DotF32 order), max, exp (Exp16) and a sum whose
-// order depends only on the context length, then V accumulated in position
-// order. Nothing depends on other items, so outputs are bit-identical for
-// any batch or thread count.
+// reads the cache in place. A context of more than kPartKeys (256) keys is
+// attended in partitions of equal size fixed by its length (split-KV), each
+// with its own scores in position order (DotF32 order), max, exp (Exp16) and
+// a sum whose order depends only on the partition's length, then V
+// accumulated in position order; MergeParts combines them in partition
+// order. The partitions of a query run in its item, or, when there are few
+// queries (one sequence's decode), as items of their own merged afterwards:
+// the same arithmetic either way, so outputs are bit-identical for any batch
+// or thread count.
 //
 // KV dtypes (kernels/kv_dtype.h) are read in place: each K/V row is
 // converted to f32 in registers (AVX-512 AttendGroup) or into one row of
@@ -215,6 +219,35 @@ void AttendOne(const PagedAttentionArgs& a, const int32_t* table, int64_t len, c
   }
 }
 
+// cpu::Exp16 on one lane, step for step (2^n built in the exponent field:
+// n is in [-126, 127] after the clamp, and p * 2^n rounds as scalef).
+inline float ExpLane(float x) {
+  // Exp16's clamp as its max_ps / min_ps define it ((a > b) ? a : b, so a
+  // NaN becomes -87 as there), with compares: std::fmax / fmin are library
+  // calls.
+  x = x > -87.f ? x : -87.f;
+  x = x < 88.f ? x : 88.f;
+  const float n = std::nearbyint(x * 1.44269504089f);
+  float r = std::fma(-n, 0.693359375f, x);
+  r = std::fma(-n, -2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r + 1.f);
+  const uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
+  float pow2;
+  std::memcpy(&pow2, &bits, 4);
+  return p * pow2;
+}
+
+// A softmax's max score and sum of numerators (over one partition of keys).
+struct SoftmaxStats {
+  float max, sum;
+};
+
 constexpr int kMaxGroup = 8;
 // Head dims with the GQA-group kernel (AttendGroup): 64 (SmolLM2, Llama 3.2
 // 1B, TinyLlama), 80 (Phi-2), 96 (Phi-3), 128 (Llama 2/3 7-70B, Qwen2.5,
@@ -232,13 +265,14 @@ inline __m512 TransposeSum16(const __m512* v) {
 }
 #endif
 
-// K and V rows of keys 0, 1, ... of one KV head as AttendGroup reads them:
-// key j's storage row r = Row(j) (looked up once per key), Load16<LD> of
-// k(r) / v(r), times the scale ks(r) / vs(r) when kScaled.
+// K and V rows of keys k0, k0 + 1, ... of one KV head as AttendGroup reads
+// them (keys 0, 1, ... of a partition starting at k0: From(k0)): key j's
+// storage row r = Row(j) (looked up once per key), Load16<LD> of k(r) /
+// v(r), times the scale ks(r) / vs(r) when kScaled.
 //   PagedRows: in place in the paged cache (dtype D, through the block
 //     table), the scales the cache's times kRawScale<D>;
-//   HeadRows: f32 copies in scratch, made by GatherHead, holding exactly the
-//     values Load16<D> gives, and the same scales.
+//   HeadRows: f32 copies in scratch (HeadStore, made by GatherHead), holding
+//     exactly the values Load16<D> gives, and the same scales.
 // Both give AttendGroup bit-identical inputs, so a query's output does not
 // depend on which one served it.
 template <KvDtype D, int kHd>
@@ -249,7 +283,14 @@ struct PagedRows {
   const int32_t* table;
   int64_t kvh;
   const KvCacheView* cache;
+  int64_t k0 = 0;
+  PagedRows From(int64_t first) const {
+    PagedRows r = *this;
+    r.k0 += first;
+    return r;
+  }
   int64_t Row(int64_t j) const {
+    j += k0;
     const int64_t slot = int64_t(table[j / L->block_size]) * L->block_size + j % L->block_size;
     return slot * L->num_kv_heads + kvh;
   }
@@ -259,21 +300,30 @@ struct PagedRows {
   float vs(int64_t r) const { return cache->v_scale[r] * kRawScale<D>; }
 };
 
-// One KV head's keys [0, len) converted once, shared by every query of a
-// tile (the rows of a prefill or of a speculative verification chunk).
 template <int kHd>
 struct HeadRows {
   static constexpr KvDtype kLoad = KvDtype::kF32;
-  std::vector<float> kf, vf, ksc, vsc;  // [len][kHd], [len]
+  const float *kf, *vf, *ksc, *vsc;  // [len][kHd], [len] from key k0
+  HeadRows From(int64_t first) const {
+    return {kf + first * kHd, vf + first * kHd, ksc + first, vsc + first};
+  }
   static int64_t Row(int64_t j) { return j; }
-  const char* k(int64_t r) const { return reinterpret_cast<const char*>(kf.data() + r * kHd); }
-  const char* v(int64_t r) const { return reinterpret_cast<const char*>(vf.data() + r * kHd); }
+  const char* k(int64_t r) const { return reinterpret_cast<const char*>(kf + r * kHd); }
+  const char* v(int64_t r) const { return reinterpret_cast<const char*>(vf + r * kHd); }
   float ks(int64_t r) const { return ksc[r]; }
   float vs(int64_t r) const { return vsc[r]; }
 };
 
+// One KV head's keys [0, len) converted once, shared by every query of a
+// tile (the rows of a prefill or of a speculative verification chunk).
+template <int kHd>
+struct HeadStore {
+  std::vector<float> kf, vf, ksc, vsc;  // [len][kHd], [len]
+  HeadRows<kHd> View() const { return {kf.data(), vf.data(), ksc.data(), vsc.data()}; }
+};
+
 template <KvDtype D, int kHd>
-void GatherHead(const PagedRows<D, kHd>& src, int64_t len, HeadRows<kHd>& dst) {
+void GatherHead(const PagedRows<D, kHd>& src, int64_t len, HeadStore<kHd>& dst) {
   dst.kf.resize(len * kHd);
   dst.vf.resize(len * kHd);
   if constexpr (KvHasScales(D)) {
@@ -358,8 +408,9 @@ void ScoreKeys(const Rows& rows, float score_scale, int64_t len, const float* q,
 }
 
 // Softmax numerators of p[0..len) in place (Exp16); returns 1 / their sum
-// (lane l takes keys l, l + 16, ..., then Reduce16's tree).
-inline float SoftmaxLanes(float* p, int64_t len) {
+// (lane l takes keys l, l + 16, ..., then Reduce16's tree), and the max and
+// the sum in *st.
+inline float SoftmaxLanes(float* p, int64_t len, SoftmaxStats* st) {
   // max is exact in any order.
   __m512 mx16 = _mm512_set1_ps(-INFINITY);
   for (int64_t j = 0; j < len; j += 16) {
@@ -374,7 +425,9 @@ inline float SoftmaxLanes(float* p, int64_t len) {
     _mm512_mask_storeu_ps(p + j, m, e);
     sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
   }
-  return 1.f / cpu::Reduce16(sum);
+  st->max = _mm512_cvtss_f32(mv);
+  st->sum = cpu::Reduce16(sum);
+  return 1.f / st->sum;
 }
 
 // p[g * stride + j] *= inv[g] (then times key j's value scale when
@@ -479,26 +532,6 @@ inline float LaneSum16(const float* v) {
   return (q[0] + q[1]) + (q[2] + q[3]);
 }
 
-// cpu::Exp16 on one lane, step for step (2^n built in the exponent field:
-// n is in [-126, 127] after the clamp, and p * 2^n rounds as scalef).
-inline float ExpLane(float x) {
-  x = std::fmin(std::fmax(x, -87.f), 88.f);
-  const float n = std::nearbyint(x * 1.44269504089f);
-  float r = std::fma(-n, 0.693359375f, x);
-  r = std::fma(-n, -2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p, r * r, r + 1.f);
-  const uint32_t bits = uint32_t(int32_t(n) + 127) << 23;
-  float pow2;
-  std::memcpy(&pow2, &bits, 4);
-  return p * pow2;
-}
-
 // p[g * stride + j] = score of key j for head g.
 template <int kHd, bool kScaled, typename Rows>
 void ScoreKeys(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
@@ -531,7 +564,7 @@ void ScoreKeys(const Rows& rows, float score_scale, int64_t len, const float* q,
 // as the AVX-512 path does: lane l takes keys l, l + 16, ..., then
 // Reduce16's tree. (Exp and sum are separate loops: no product meets an
 // add.)
-inline float SoftmaxLanes(float* p, int64_t len) {
+inline float SoftmaxLanes(float* p, int64_t len, SoftmaxStats* st) {
   float mx = -INFINITY;
   for (int64_t j = 0; j < len; ++j) mx = std::fmax(mx, p[j]);
   for (int64_t j = 0; j < len; ++j) p[j] = ExpLane(p[j] - mx);
@@ -539,7 +572,9 @@ inline float SoftmaxLanes(float* p, int64_t len) {
   for (int64_t j0 = 0; j0 < len; j0 += 16) {
     for (int64_t l = 0; l < 16 && j0 + l < len; ++l) sum[l] += p[j0 + l];
   }
-  return 1.f / cpu::Reduce16Lanes(sum);
+  st->max = mx;
+  st->sum = cpu::Reduce16Lanes(sum);
+  return 1.f / st->sum;
 }
 
 // The AVX-512 SumValues one float at a time: w = p * inv (times the value
@@ -563,18 +598,77 @@ void SumValues(const Rows& rows, int64_t len, int group, const float* inv, int64
 #endif
 
 // All `group` (<= kMaxGroup) heads of one KV head for one query, head_dim
-// kHd, over keys [0, len) of `rows` (PagedRows or HeadRows; kScaled: int8 /
-// fp8 scales): scores, softmax, V sums, each head alone. p: [group, len]
-// scratch.
+// kHd, over keys [0, len) of `rows` (PagedRows or HeadRows, from a
+// partition's first key; kScaled: int8 / fp8 scales): scores, softmax, V sums, each head
+// alone. p: [group, len] scratch. st (optional): each head's softmax max and
+// sum, for MergeParts.
 template <int kHd, bool kScaled, typename Rows>
 void AttendGroup(const Rows& rows, float score_scale, int64_t len, const float* q, int group,
-                 std::vector<float>& p, float* out) {
+                 std::vector<float>& p, float* out, SoftmaxStats* st = nullptr) {
   const int64_t stride = (len + 15) / 16 * 16;
   p.resize(group * stride);
   ScoreKeys<kHd, kScaled>(rows, score_scale, len, q, group, stride, p.data());
   float inv[kMaxGroup];
-  for (int g = 0; g < group; ++g) inv[g] = SoftmaxLanes(p.data() + g * stride, len);
+  SoftmaxStats stats[kMaxGroup];
+  for (int g = 0; g < group; ++g) inv[g] = SoftmaxLanes(p.data() + g * stride, len, &stats[g]);
+  if (st != nullptr) std::copy(stats, stats + group, st);
   SumValues<kHd, kScaled>(rows, len, group, inv, stride, p.data(), out);
+}
+
+// Long contexts are attended in partitions (split-KV, as flash-decoding and
+// the CUDA kernel): a context of len keys is cut into ceil(len /
+// kPartKeys) partitions of equal size (a multiple of 16, the last one
+// shorter); each is attended alone (AttendGroup: its own max, sum and
+// normalized V sum) and MergeParts combines them in partition order. The
+// cut depends on len only, so a query's output is the same whether its
+// partitions run in one work item or in several (a single sequence's decode
+// spreads them over the threads) and whatever the batch. Up to kPartKeys
+// keys there is one partition and nothing to merge: the bits of the
+// unpartitioned kernel.
+constexpr int64_t kPartKeys = 256;
+
+struct Partitions {
+  int64_t size, count;
+  explicit Partitions(int64_t len) {
+    const int64_t want = (len + kPartKeys - 1) / kPartKeys;
+    size = ((len + want - 1) / want + 15) / 16 * 16;
+    count = (len + size - 1) / size;
+  }
+  int64_t begin(int64_t i) const { return i * size; }
+  int64_t keys(int64_t len, int64_t i) const { return std::min(size, len - i * size); }
+};
+
+// out[g * kHd ..] for `group` heads = their attention outputs over all
+// partitions, from each partition's normalized outputs (head g of partition
+// i at o + i * o_stride + g * kHd) and softmax stats (st + i * st_stride +
+// g): weights w_i = sum_i exp(max_i - max) over their total, in partition
+// order. Only exactly rounded steps (ExpLane, fma, one multiply and one
+// divide per weight), so every build gives the same bits. Overwrites each
+// stats' sum with its w_i.
+template <int kHd>
+void MergeParts(int64_t parts, int64_t group, const float* o, int64_t o_stride, SoftmaxStats* st,
+                int64_t st_stride, float* out) {
+  for (int64_t g = 0; g < group; ++g) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < parts; ++i) {
+      const float m = st[i * st_stride + g].max;
+      mx = m > mx ? m : mx;  // (scores are finite)
+    }
+    float total = 0.f;
+    for (int64_t i = 0; i < parts; ++i) {
+      SoftmaxStats& s = st[i * st_stride + g];
+      const float e = ExpLane(s.max - mx);
+      total = std::fma(s.sum, e, total);
+      s.sum = s.sum * e;
+    }
+    alignas(64) float acc[kHd] = {};
+    for (int64_t i = 0; i < parts; ++i) {
+      const float w = st[i * st_stride + g].sum / total;
+      const float* oi = o + i * o_stride + g * kHd;
+      for (int d = 0; d < kHd; ++d) acc[d] = std::fma(w, oi[d], acc[d]);
+    }
+    std::memcpy(out + g * kHd, acc, sizeof(acc));
+  }
 }
 
 // Queries in a tile: consecutive tokens of one sequence sharing one
@@ -597,16 +691,76 @@ int64_t TileTokens(const PagedAttentionArgs& a, int threads) {
   return 1;
 }
 
-// One work item: tokens [t0, t1) of sequence `seq` (one tile), KV head kvh.
-// One token reads the cache in place; more convert the keys they need once
-// (the longest context of the tile) into thread-local scratch.
+// Partition outputs of single-token items, merged after the items ran
+// (at most kMaxSpreadFloats: 16 MiB):
+// [token][partition][head][hd] and [token][partition][head].
+constexpr int64_t kMaxSpreadFloats = int64_t(4) << 20;
+struct PartBuffer {
+  int64_t max_parts = 0, heads = 0, hd = 0;
+  std::vector<float> o;
+  std::vector<SoftmaxStats> st;
+  float* out(int64_t t, int64_t i, int64_t h) {
+    return o.data() + ((t * max_parts + i) * heads + h) * hd;
+  }
+  SoftmaxStats* stats(int64_t t, int64_t i, int64_t h) {
+    return st.data() + (t * max_parts + i) * heads + h;
+  }
+};
+
+// Query token t (q, out: its rows of all heads), the `group` heads of KV
+// head kvh, over its len keys: partitions [p0, p1) into `parts` when given
+// (p1 - p0 of them), else all partitions merged into out (one partition:
+// written there directly).
+template <int kHd, bool kScaled, typename Rows>
+void AttendQuery(const Rows& rows, float scale, int64_t len, int64_t p0, int64_t p1, const float* q,
+                 int64_t group, int64_t kvh, std::vector<float>& p, float* out, PartBuffer* parts,
+                 int64_t t) {
+  const Partitions part(len);
+  thread_local std::vector<float> po;
+  thread_local std::vector<SoftmaxStats> pst;
+  const bool direct = parts == nullptr && part.count == 1;
+  if (parts == nullptr && !direct) {
+    po.resize(part.count * group * kHd);
+    pst.resize(part.count * group);
+  }
+  for (int64_t i = p0; i < p1; ++i) {
+    // A group wider than kMaxGroup (multi-query attention) in parts: each
+    // head's output is its own, so the split does not change any bits.
+    for (int64_t g0 = 0; g0 < group; g0 += kMaxGroup) {
+      const int n = int(std::min<int64_t>(kMaxGroup, group - g0));
+      const float* qh = q + (kvh * group + g0) * kHd;
+      float* o = direct  ? out + (kvh * group + g0) * kHd
+                 : parts ? parts->out(t, i, kvh * group + g0)
+                         : po.data() + (i * group + g0) * kHd;
+      SoftmaxStats* st = direct  ? nullptr
+                         : parts ? parts->stats(t, i, kvh * group + g0)
+                                 : pst.data() + i * group + g0;
+      if (direct) {
+        AttendGroup<kHd, kScaled>(rows, scale, len, qh, n, p, o);
+      } else {
+        AttendGroup<kHd, kScaled>(rows.From(part.begin(i)), scale, part.keys(len, i), qh, n, p, o,
+                                  st);
+      }
+    }
+  }
+  if (parts != nullptr || direct) return;
+  MergeParts<kHd>(part.count, group, po.data(), group * kHd, pst.data(), group,
+                  out + kvh * group * kHd);
+}
+
+// One work item: tokens [t0, t1) of sequence `seq` (one tile), KV head kvh,
+// each query's partitions [p0, p1) into `parts` (single-token items spread
+// over the threads), or all of them merged into out (parts null). One token
+// reads the cache in place; more convert the keys they need once (the
+// longest context of the tile) into thread-local scratch.
 template <KvDtype D, int kHd>
 void AttendTile(const PagedAttentionArgs& a, int64_t seq, int64_t t0, int64_t t1, int64_t kvh,
-                const float* q, const KvCacheView& cache, float* out) {
+                int64_t p0, int64_t p1, const float* q, const KvCacheView& cache, float* out,
+                PartBuffer* parts) {
   constexpr bool kScaled = KvHasScales(D);
   thread_local std::vector<float> p;
-  thread_local HeadRows<kHd> scratch;
-  const int64_t group = a.num_heads / a.layout.num_kv_heads, hd = kHd;
+  thread_local HeadStore<kHd> scratch;
+  const int64_t group = a.num_heads / a.layout.num_kv_heads;
   const PagedRows<D, kHd> paged{&a.layout, a.block_tables + seq * a.max_blocks_per_seq, kvh,
                                 &cache};
   int64_t len = 0;
@@ -616,22 +770,20 @@ void AttendTile(const PagedAttentionArgs& a, int64_t seq, int64_t t0, int64_t t1
   if (gather) GatherHead(paged, len, scratch);
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t n = int64_t(a.positions[t]) + 1;
-    // A group wider than kMaxGroup (multi-query attention) in parts: each
-    // head's output is its own, so the split does not change any bits.
-    for (int64_t g0 = 0; g0 < group; g0 += kMaxGroup) {
-      const int part = int(std::min<int64_t>(kMaxGroup, group - g0));
-      const int64_t off = (t * a.num_heads + kvh * group + g0) * hd;
-      if (gather) {
-        AttendGroup<kHd, kScaled>(scratch, a.scale, n, q + off, part, p, out + off);
-      } else {
-        AttendGroup<kHd, kScaled>(paged, a.scale, n, q + off, part, p, out + off);
-      }
+    const int64_t end = parts != nullptr ? p1 : Partitions(n).count;
+    const float* qt = q + t * a.num_heads * kHd;
+    float* ot = out + t * a.num_heads * kHd;
+    if (gather) {
+      AttendQuery<kHd, kScaled>(scratch.View(), a.scale, n, p0, end, qt, group, kvh, p, ot, parts,
+                                t);
+    } else {
+      AttendQuery<kHd, kScaled>(paged, a.scale, n, p0, end, qt, group, kvh, p, ot, parts, t);
     }
   }
 }
 
-using TileFn = void (*)(const PagedAttentionArgs&, int64_t, int64_t, int64_t, int64_t, const float*,
-                        const KvCacheView&, float*);
+using TileFn = void (*)(const PagedAttentionArgs&, int64_t, int64_t, int64_t, int64_t, int64_t,
+                        int64_t, const float*, const KvCacheView&, float*, PartBuffer*);
 template <int kHd>
 TileFn TileFnFor(KvDtype d) {
   switch (d) {
@@ -667,6 +819,77 @@ TileFn TileFnFor(int64_t head_dim, KvDtype d) {
   }
 }
 
+using MergeFn = void (*)(int64_t, int64_t, const float*, int64_t, SoftmaxStats*, int64_t, float*);
+MergeFn MergeFnFor(int64_t head_dim) {
+  switch (head_dim) {
+    case 64:
+      return MergeParts<64>;
+    case 80:
+      return MergeParts<80>;
+    case 96:
+      return MergeParts<96>;
+    case 128:
+      return MergeParts<128>;
+    default:
+      return MergeParts<256>;  // (TileFnFor gives a kernel for these five only)
+  }
+}
+
+// Few queries (a single sequence's decode or short verification): items
+// (token, KV head, partition), so that one long context keeps every thread
+// busy (3 KV heads on 2 threads were 2 items on one), then each query's
+// partitions merged in order. False (nothing done) when no query has more
+// than one partition.
+bool SpreadPartitions(const PagedAttentionArgs& a, TileFn fn, MergeFn merge, const float* q,
+                      const KvCacheView& cache, float* out, ThreadPool* pool,
+                      const std::vector<int32_t>& seq_of) {
+  const int64_t num_tokens = int64_t(seq_of.size());
+  const int64_t kvh = a.layout.num_kv_heads;
+  struct Item {
+    int64_t t, h, part, parts;
+  };
+  std::vector<Item> items;
+  int64_t max_parts = 1;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t count = Partitions(int64_t(a.positions[t]) + 1).count;
+    max_parts = std::max(max_parts, count);
+    for (int64_t h = 0; h < kvh; ++h) {
+      for (int64_t i = 0; i < count; ++i) items.push_back({t, h, i, count});
+    }
+  }
+  // Nothing to spread, or a buffer past kMaxSpreadFloats (very long contexts
+  // on many threads): the partitions run inside their query's item instead.
+  if (max_parts == 1 ||
+      num_tokens * max_parts * a.num_heads * a.layout.head_dim > kMaxSpreadFloats) {
+    return false;
+  }
+  // The caller's buffer: a thread_local named inside the lambda would be
+  // each worker's own.
+  thread_local PartBuffer caller_buf;
+  PartBuffer& buf = caller_buf;
+  buf.max_parts = max_parts;
+  buf.heads = a.num_heads;
+  buf.hd = a.layout.head_dim;
+  buf.o.resize(num_tokens * max_parts * a.num_heads * buf.hd);
+  buf.st.resize(num_tokens * max_parts * a.num_heads);
+  PartBuffer* parts = &buf;
+  ThreadPool::Run(pool, int64_t(items.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const Item& it = items[k];
+      // A one-partition query is written to out directly (parts null).
+      fn(a, seq_of[it.t], it.t, it.t + 1, it.h, it.part, it.part + 1, q, cache, out,
+         it.parts > 1 ? parts : nullptr);
+    }
+  });
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t count = Partitions(int64_t(a.positions[t]) + 1).count;
+    if (count == 1) continue;
+    merge(count, a.num_heads, buf.out(t, 0, 0), a.num_heads * buf.hd, buf.stats(t, 0, 0),
+          a.num_heads, out + t * a.num_heads * buf.hd);
+  }
+  return true;
+}
+
 }  // namespace
 
 void PagedAttention(const PagedAttentionArgs& a, const float* q, const KvCacheView& cache,
@@ -682,7 +905,12 @@ void PagedAttention(const PagedAttentionArgs& a, const float* q, const KvCacheVi
   if (const TileFn fn = TileFnFor(hd, cache.dtype)) {
     // Tiles of up to `tile` tokens of one sequence; items (tile, KV head).
     const int64_t kvh = a.layout.num_kv_heads;
-    const int64_t tile = TileTokens(a, pool == nullptr ? 1 : pool->num_threads());
+    const int threads = pool == nullptr ? 1 : pool->num_threads();
+    const int64_t tile = TileTokens(a, threads);
+    if (tile == 1 && num_tokens * kvh < 4 * int64_t(threads) &&
+        SpreadPartitions(a, fn, MergeFnFor(hd), q, cache, out, pool, seq_of)) {
+      return;
+    }
     std::vector<int32_t> tiles;  // first token of each tile, then num_tokens
     for (int64_t s = 0; s < a.num_seqs; ++s) {
       for (int64_t t = a.query_start[s]; t < a.query_start[s + 1]; t += tile) {
@@ -694,7 +922,7 @@ void PagedAttention(const PagedAttentionArgs& a, const float* q, const KvCacheVi
     ThreadPool::Run(pool, num_tiles * kvh, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t i = item / kvh, h = item % kvh;
-        fn(a, seq_of[tiles[i]], tiles[i], tiles[i + 1], h, q, cache, out);
+        fn(a, seq_of[tiles[i]], tiles[i], tiles[i + 1], h, 0, 0, q, cache, out, nullptr);
       }
     });
     return;

@@ -355,8 +355,9 @@ TEST(PagedAttentionTest, MatchesReferenceAndIsBatchInvariant) {
 // The builds of the kernels (kernels/cpu/variant.h) this CPU runs: the
 // dispatch really switches code (FusedRowDot exists only in the AVX-512
 // build), and f32 / f16 / bf16 / Q4_1 MatMul, RmsNorm and GQA attention
-// (head dims 64 and 128, groups of 3, 5 and 12, the last in parts) over f16 and int8 caches
-// (tiles and single tokens) give the same bits.
+// (head dims 64 and 128, groups of 3, 5 and 12, the last in parts; contexts of
+// one and of several partitions) over f16 and int8 caches (tiles and single
+// tokens) give the same bits.
 TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
   const std::string was = SimdKernelsVariant();
   struct Out {
@@ -404,6 +405,19 @@ TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
   // Groups of 5 at dim 64: the V sums run as passes of 4 heads and 1.
   PagedAttentionArgs args5 = args;
   args5.num_heads = 30;
+  // Contexts past one partition (kPartKeys): one token at 299 (2
+  // partitions, spread over the threads) and 5 at 560..564 (3, merged in
+  // their item), the 6 blocks reused along 36-block tables.
+  const std::vector<int32_t> long_start = {0, 1, 6}, long_pos = {299, 560, 561, 562, 563, 564};
+  const std::vector<int32_t> long_lens = {300, 565};
+  std::vector<int32_t> long_tables(2 * 36);
+  for (size_t i = 0; i < long_tables.size(); ++i) long_tables[i] = int32_t((i * 5 + i / 7) % 6);
+  PagedAttentionArgs args_long = args;
+  args_long.query_start = long_start.data();
+  args_long.positions = long_pos.data();
+  args_long.context_lens = long_lens.data();
+  args_long.block_tables = long_tables.data();
+  args_long.max_blocks_per_seq = 36;
   const std::vector<float> q = Random(6 * qwidth128, 9);
   ThreadPool pool(2);
   auto run = [&](const std::string& variant) {
@@ -429,6 +443,9 @@ TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
       std::vector<float> y5(6 * 30 * 64);
       PagedAttention(args5, q.data(), *cache, y5.data(), &pool);
       o.attn.insert(o.attn.end(), y5.begin(), y5.end());
+      std::vector<float> yl(6 * qwidth);
+      PagedAttention(args_long, q.data(), *cache, yl.data(), &pool);
+      o.attn.insert(o.attn.end(), yl.begin(), yl.end());
     }
     return o;
   };
@@ -448,7 +465,7 @@ TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
     EXPECT_TRUE(same(o.attn, outs[0].second.attn)) << name;
   }
   // And the attention is right, not only the same (the scalar reference).
-  const PagedAttentionArgs* const all_args[] = {&args, &args5, &args128};
+  const PagedAttentionArgs* const all_args[] = {&args, &args5, &args128, &args_long};
   for (const PagedAttentionArgs* a : all_args) {
     for (const KvCacheView* cache : {&f16, &i8}) {
       std::vector<float> want(6 * qwidth128), got(6 * qwidth128);

@@ -295,8 +295,9 @@ TEST(KvDtypeAttentionTest, F32ViewIsTheF32Path) {
 // output must not depend on that: every token of a batch of chunks (tiles of
 // 8, a ragged last tile, a chunk past kMaxTileFloats / head_dim keys that reads in
 // place, a single decode token) is bit-identical to the same token alone in
-// its batch, single-threaded, for every dtype; and 3 threads give the rows
-// 1 thread gives.
+// its batch, single-threaded and on 3 threads (a long context's partitions
+// spread over the threads), for every dtype; and 3 threads give the rows 1
+// thread gives.
 class TilesTest : public testing::TestWithParam<std::pair<int64_t, int64_t>> {};
 
 TEST_P(TilesTest, TokensInTilesEqualTokensAlone) {
@@ -351,10 +352,15 @@ TEST_P(TilesTest, TokensInTilesEqualTokensAlone) {
         alone.positions = positions.data() + t;
         alone.context_lens = context_lens.data() + s;
         alone.block_tables = tables.data() + s * max_blocks;
-        std::vector<float> one(qw);
+        std::vector<float> one(qw), one_pooled(qw);
         PagedAttention(alone, q.data() + t * qw, cache.view(), one.data(), nullptr);
         ASSERT_EQ(0, std::memcmp(one.data(), batched.data() + t * qw, qw * sizeof(float)))
             << "token " << t << " of sequence " << s;
+        // Alone on 3 threads: a long context's partitions run as items of
+        // their own and are merged afterwards; still the same bits.
+        PagedAttention(alone, q.data() + t * qw, cache.view(), one_pooled.data(), &pool);
+        ASSERT_EQ(0, std::memcmp(one_pooled.data(), one.data(), qw * sizeof(float)))
+            << "token " << t << " of sequence " << s << " on 3 threads";
       }
     }
   }
