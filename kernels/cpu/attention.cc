@@ -907,7 +907,7 @@ void PagedAttention(const PagedAttentionArgs& a, const float* q, const KvCacheVi
     const int64_t kvh = a.layout.num_kv_heads;
     const int threads = pool == nullptr ? 1 : pool->num_threads();
     const int64_t tile = TileTokens(a, threads);
-    if (tile == 1 && num_tokens * kvh < 4 * int64_t(threads) &&
+    if (threads > 1 && tile == 1 && num_tokens * kvh < 4 * int64_t(threads) &&
         SpreadPartitions(a, fn, MergeFnFor(hd), q, cache, out, pool, seq_of)) {
       return;
     }
