@@ -305,7 +305,9 @@ struct HeadRows {
   static constexpr KvDtype kLoad = KvDtype::kF32;
   const float *kf, *vf, *ksc, *vsc;  // [len][kHd], [len] from key k0
   HeadRows From(int64_t first) const {
-    return {kf + first * kHd, vf + first * kHd, ksc + first, vsc + first};
+    // The scales are null for dtypes without them (no offset on null).
+    return {kf + first * kHd, vf + first * kHd, ksc != nullptr ? ksc + first : nullptr,
+            vsc != nullptr ? vsc + first : nullptr};
   }
   static int64_t Row(int64_t j) { return j; }
   const char* k(int64_t r) const { return reinterpret_cast<const char*>(kf + r * kHd); }
