@@ -310,22 +310,25 @@ TEST_P(TilesTest, TokensInTilesEqualTokensAlone) {
   std::vector<int64_t> all(slots);
   std::iota(all.begin(), all.end(), 0);
   // Seq 0: 19 tokens at 40..58; seq 1: 6 tokens at 4100..4105 (more keys than
-  // a tile converts); seq 2: one token at 300; seq 3: 5 tokens at 0..4.
-  const std::vector<int32_t> query_start = {0, 19, 25, 26, 31};
+  // a tile converts); seq 2: one token at 300; seq 3: 5 tokens at 0..4; seq
+  // 4: 9 tokens at 600..608 (a converted tile whose tokens have 3 partitions
+  // each, then a ragged one).
+  const std::vector<int32_t> query_start = {0, 19, 25, 26, 31, 40};
   std::vector<int32_t> positions;
   for (int32_t p = 40; p < 59; ++p) positions.push_back(p);
   for (int32_t p = 4100; p < 4106; ++p) positions.push_back(p);
   positions.push_back(300);
   for (int32_t p = 0; p < 5; ++p) positions.push_back(p);
-  const std::vector<int32_t> context_lens = {59, 4106, 301, 5};
-  const int64_t max_blocks = 257, T = 31, qw = num_heads * hd;
-  std::vector<int32_t> tables(4 * max_blocks);
+  for (int32_t p = 600; p < 609; ++p) positions.push_back(p);
+  const std::vector<int32_t> context_lens = {59, 4106, 301, 5, 609};
+  const int64_t max_blocks = 257, T = 40, qw = num_heads * hd;
+  std::vector<int32_t> tables(5 * max_blocks);
   std::mt19937 rng(43);
   for (int32_t& b : tables) b = int32_t(rng() % num_blocks);  // shuffled, shared blocks
   PagedAttentionArgs args{L,
                           num_heads,
                           0.125f,
-                          4,
+                          5,
                           query_start.data(),
                           positions.data(),
                           context_lens.data(),
@@ -343,7 +346,7 @@ TEST_P(TilesTest, TokensInTilesEqualTokensAlone) {
     EXPECT_EQ(0, std::memcmp(batched.data(), inline_run.data(), batched.size() * sizeof(float)));
     ref::PagedAttention(args, q.data(), cache.view(), want.data());
     EXPECT_LT(RelErr(batched, want), 2e-5);
-    for (int64_t s = 0; s < 4; ++s) {
+    for (int64_t s = 0; s < 5; ++s) {
       for (int64_t t = query_start[s]; t < query_start[s + 1]; ++t) {
         const int32_t qs1[2] = {0, 1};
         PagedAttentionArgs alone = args;
