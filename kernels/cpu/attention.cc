@@ -611,9 +611,9 @@ void AttendGroup(const Rows& rows, float score_scale, int64_t len, const float* 
   p.resize(group * stride);
   ScoreKeys<kHd, kScaled>(rows, score_scale, len, q, group, stride, p.data());
   float inv[kMaxGroup];
-  SoftmaxStats stats[kMaxGroup];
+  SoftmaxStats unused[kMaxGroup];
+  SoftmaxStats* stats = st != nullptr ? st : unused;
   for (int g = 0; g < group; ++g) inv[g] = SoftmaxLanes(p.data() + g * stride, len, &stats[g]);
-  if (st != nullptr) std::copy(stats, stats + group, st);
   SumValues<kHd, kScaled>(rows, len, group, inv, stride, p.data(), out);
 }
 
@@ -737,12 +737,8 @@ void AttendQuery(const Rows& rows, float scale, int64_t len, int64_t p0, int64_t
       SoftmaxStats* st = direct  ? nullptr
                          : parts ? parts->stats(t, i, kvh * group + g0)
                                  : pst.data() + i * group + g0;
-      if (direct) {
-        AttendGroup<kHd, kScaled>(rows, scale, len, qh, n, p, o);
-      } else {
-        AttendGroup<kHd, kScaled>(rows.From(part.begin(i)), scale, part.keys(len, i), qh, n, p, o,
-                                  st);
-      }
+      AttendGroup<kHd, kScaled>(rows.From(part.begin(i)), scale, part.keys(len, i), qh, n, p, o,
+                                st);
     }
   }
   if (parts != nullptr || direct) return;
@@ -803,37 +799,31 @@ TileFn TileFnFor(KvDtype d) {
   return nullptr;
 }
 
-// The group kernel for this head dim and dtype; nullptr: AttendOne.
-TileFn TileFnFor(int64_t head_dim, KvDtype d) {
-  switch (head_dim) {
-    case 64:
-      return TileFnFor<64>(d);
-    case 80:
-      return TileFnFor<80>(d);
-    case 96:
-      return TileFnFor<96>(d);
-    case 128:
-      return TileFnFor<128>(d);
-    case 256:
-      return TileFnFor<256>(d);
-    default:
-      return nullptr;
-  }
+using MergeFn = void (*)(int64_t, int64_t, const float*, int64_t, SoftmaxStats*, int64_t, float*);
+struct GroupFns {
+  TileFn tile = nullptr;  // nullptr: AttendOne
+  MergeFn merge = nullptr;
+};
+template <int kHd>
+GroupFns GroupFnsOf(KvDtype d) {
+  return {TileFnFor<kHd>(d), MergeParts<kHd>};
 }
 
-using MergeFn = void (*)(int64_t, int64_t, const float*, int64_t, SoftmaxStats*, int64_t, float*);
-MergeFn MergeFnFor(int64_t head_dim) {
+// The group kernel and partition merge for this head dim and dtype.
+GroupFns GroupFnsFor(int64_t head_dim, KvDtype d) {
   switch (head_dim) {
     case 64:
-      return MergeParts<64>;
+      return GroupFnsOf<64>(d);
     case 80:
-      return MergeParts<80>;
+      return GroupFnsOf<80>(d);
     case 96:
-      return MergeParts<96>;
+      return GroupFnsOf<96>(d);
     case 128:
-      return MergeParts<128>;
+      return GroupFnsOf<128>(d);
+    case 256:
+      return GroupFnsOf<256>(d);
     default:
-      return MergeParts<256>;  // (TileFnFor gives a kernel for these five only)
+      return {};
   }
 }
 
@@ -904,13 +894,14 @@ void PagedAttention(const PagedAttentionArgs& a, const float* q, const KvCacheVi
   }
   const int64_t hd = a.layout.head_dim;
   const int64_t group = a.num_heads / a.layout.num_kv_heads;
-  if (const TileFn fn = TileFnFor(hd, cache.dtype)) {
+  if (const GroupFns fns = GroupFnsFor(hd, cache.dtype); fns.tile != nullptr) {
+    const TileFn fn = fns.tile;
     // Tiles of up to `tile` tokens of one sequence; items (tile, KV head).
     const int64_t kvh = a.layout.num_kv_heads;
     const int threads = pool == nullptr ? 1 : pool->num_threads();
     const int64_t tile = TileTokens(a, threads);
     if (threads > 1 && tile == 1 && num_tokens * kvh < 4 * int64_t(threads) &&
-        SpreadPartitions(a, fn, MergeFnFor(hd), q, cache, out, pool, seq_of)) {
+        SpreadPartitions(a, fn, fns.merge, q, cache, out, pool, seq_of)) {
       return;
     }
     std::vector<int32_t> tiles;  // first token of each tile, then num_tokens
