@@ -230,6 +230,13 @@ void MatrixBench(double gbs) {
       std::printf("  %-5s [%5lld x %5lld] Gemv n=1: %7.1f us, %5.0f GB/s (%.0f%% of copy)\n",
                   std::string(gguf::GetTypeTraits(t)->name).c_str(), (long long)rows,
                   (long long)cols, t1 * 1e6, bytes / t1 / 1e9, 100.0 * bytes / t1 / 1e9 / gbs);
+      if (kc::GemvInt8Supports(m)) {  // the same product on int8 activations (dp4a)
+        const double ti = TimeDevice(
+            20, [&] { BENCH_CHECK(kc::GemvInt8(m, x.get(), 1, y.get(), rows, false, nullptr)); });
+        std::printf(
+            "        GemvInt8 n=1: %7.1f us, %5.0f GB/s (%.0f%% of copy), %.2fx the f32 Gemv\n",
+            ti * 1e6, bytes / ti / 1e9, 100.0 * bytes / ti / 1e9 / gbs, t1 / ti);
+      }
       if (cols != 4096) continue;
       std::printf("        tokens:");
       for (int64_t n : {8, 16, 32, 64, 128, 256}) std::printf(" %8lld", (long long)n);
@@ -238,6 +245,15 @@ void MatrixBench(double gbs) {
         std::printf(" %8.1f", 1e6 * TimeDevice(5, [&] {
                                 BENCH_CHECK(kc::Gemv(m, x.get(), n, y.get(), rows, false, nullptr));
                               }));
+      }
+      if (kc::GemvInt8Supports(m)) {
+        std::printf("\n       Int8 us:");
+        for (int64_t n : {8, 16, 32, 64, 128, 256}) {
+          std::printf(" %8.1f",
+                      1e6 * TimeDevice(5, [&] {
+                        BENCH_CHECK(kc::GemvInt8(m, x.get(), n, y.get(), rows, false, nullptr));
+                      }));
+        }
       }
       std::printf("\n        GEMM us:");
       for (int64_t n : {8, 16, 32, 64, 128, 256}) {
@@ -363,11 +379,17 @@ int Main(int argc, char** argv) {
   }
   if (!synthetic) return 0;
   const engine::ModelConfig c = Llama3_8B();
-  for (gguf::TensorType t : {gguf::TensorType::kBF16, gguf::TensorType::kQ4_0}) {
-    auto ex = engine::cuda::MakeSyntheticCudaExecutor(c, t, eo, 1234);
+  // Q4_0 twice: the f32 Gemv, then int8 activations (GemvInt8).
+  for (int run = 0; run < 3; ++run) {
+    const gguf::TensorType t = run == 0 ? gguf::TensorType::kBF16 : gguf::TensorType::kQ4_0;
+    engine::ExecutorOptions ro = eo;
+    ro.int8_activations = run == 2;
+    auto ex = engine::cuda::MakeSyntheticCudaExecutor(c, t, ro, 1234);
     BENCH_CHECK(ex.status());
-    Bench(std::string(c.name) + (t == gguf::TensorType::kBF16 ? " (BF16)" : " (Q4_0)"), ex->get(),
-          c, MatrixBytes(c, t), *gbs, o);
+    Bench(std::string(c.name) + (run == 0   ? " (BF16)"
+                                 : run == 1 ? " (Q4_0)"
+                                            : " (Q4_0, int8 acts)"),
+          ex->get(), c, MatrixBytes(c, t), *gbs, o);
   }
   return 0;
 }

@@ -107,6 +107,13 @@ struct ExecutorOptions {
   // batch size and context bucket instead of launching ~10 kernels per
   // layer. Also off when the environment has TANDEM_CUDA_GRAPHS=0.
   bool cuda_graphs = true;
+  // CUDA: the Gemv (<= 8 tokens, or every step when batch invariant) of
+  // planar Q4_0 / Q4_1 / Q8_0 matrices on two-level int8 activations
+  // (kernels::cuda::GemvInt8: dp4a, the CPU fast path's precision) instead
+  // of f32 math on the dequantized weights. Also on when the environment has
+  // TANDEM_CUDA_INT8_ACTS=1. Off by default until measured on a GPU
+  // (docs/gpu.md).
+  bool int8_activations = false;
 };
 
 // The executor for options.device over `model` (not owned; must outlive it).

@@ -161,6 +161,7 @@ class CudaExecutor final : public Executor {
   KvCacheShape shape_;
   int device_index_ = 0;
   bool batch_invariant_ = false;
+  bool int8_acts_ = false;
   kc::Stream stream_ = nullptr;
   void* blas_ = nullptr;
   DeviceWeights weights_;
@@ -194,6 +195,7 @@ absl::StatusOr<std::unique_ptr<Executor>> CudaExecutor::Create(const ModelConfig
   std::unique_ptr<CudaExecutor> ex(new CudaExecutor(config));
   ex->device_index_ = options.device_index;
   ex->batch_invariant_ = options.batch_invariant || EnvIs("TANDEM_BATCH_INVARIANT", "1");
+  ex->int8_acts_ = options.int8_activations || EnvIs("TANDEM_CUDA_INT8_ACTS", "1");
   ex->use_graphs_ = options.cuda_graphs && !EnvIs("TANDEM_CUDA_GRAPHS", "0");
   TANDEM_RETURN_IF_ERROR(kc::SetDevice(options.device_index));
   TANDEM_ASSIGN_OR_RETURN(ex->stream_, kc::StreamCreate());
@@ -234,9 +236,10 @@ std::string CudaExecutor::Describe() const {
   }
   return absl::StrFormat(
       "cuda:%d (%s): weights %.2f GiB on device [%s], KV cache f32 in device "
-      "memory (%.1f MiB)%s",
+      "memory (%.1f MiB)%s%s",
       device_index_, kc::DeviceDescription(device_index_), weights_.bytes / 1073741824.0, types,
-      kv_cache_bytes() / 1048576.0, batch_invariant_ ? ", batch invariant" : "");
+      kv_cache_bytes() / 1048576.0, batch_invariant_ ? ", batch invariant" : "",
+      int8_acts_ ? ", int8 activations on the Gemv" : "");
 }
 
 absl::Status CudaExecutor::CopyBlocks(absl::Span<const BlockCopy> copies) {
@@ -250,7 +253,7 @@ absl::Status CudaExecutor::CopyBlocks(absl::Span<const BlockCopy> copies) {
 absl::Status CudaExecutor::MatMul(const kc::DeviceMatrix& w, const float* x, int64_t n, float* y,
                                   int64_t ldy, bool accumulate) {
   const kc::GemmContext ctx{blas_, gemm_ws_.bytes() > 0 ? gemm_ws_.Get(0).value() : nullptr,
-                            gemm_ws_.bytes(), batch_invariant_};
+                            gemm_ws_.bytes(), batch_invariant_, int8_acts_};
   return kc::MatMul(ctx, w, x, n, y, ldy, accumulate, stream_);
 }
 

@@ -129,6 +129,17 @@ absl::Status F32ToBf16(const float* d_x, int64_t n, uint16_t* d_out, Stream stre
 // the fly, f32 accumulation. Any n (weights are read once per 8 tokens).
 absl::Status Gemv(const DeviceMatrix& w, const float* d_x, int64_t n, float* d_y, int64_t ldy,
                   bool accumulate, Stream stream);
+// Gemv on two-level int8 activations (the CPU fast path's precision, about
+// 16 bits: kernels/cuda/int8_dot.h): x is quantized per token and 32-column
+// block as QuantizeActs(levels = 2) does, and each weight block's
+// contribution is bit-equal to kernels::QGemm's; the blocks of a row are
+// summed in another order. 16 dp4a per 32 weights and token instead of 32
+// dequantized f32 FMAs. Batch invariant. REQUIRES GemvInt8Supports(w):
+// planar Q4_0 / Q4_1 / Q8_0 (RepackPlanar) of at most 21,845 columns (one
+// token's quantized x in 48 KiB of shared memory).
+bool GemvInt8Supports(const DeviceMatrix& w);
+absl::Status GemvInt8(const DeviceMatrix& w, const float* d_x, int64_t n, float* d_y, int64_t ldy,
+                      bool accumulate, Stream stream);
 // Rows [row0, row0 + num_rows) of `w` as bf16 [num_rows, cols] (raw bits).
 absl::Status DequantizeToBf16(const DeviceMatrix& w, int64_t row0, int64_t num_rows,
                               uint16_t* d_out, Stream stream);
@@ -154,9 +165,13 @@ struct GemmContext {
   // tokens share the call (bit-identical alone and batched), at the cost of
   // reading the weights once per kGemvMaxTokens tokens (slow prefill).
   bool batch_invariant = false;
+  // Where MatMul runs a Gemv: GemvInt8 for the matrices it supports (f32
+  // Gemv for the others). Batch invariance holds either way.
+  bool int8_acts = false;
 };
 // y[t * ldy + r] (+)= (W x_t)[r]. n <= kGemvMaxTokens or batch_invariant:
-// Gemv (exact f32 math on the dequantized weights); above: x rounded to bf16,
+// Gemv (exact f32 math on the dequantized weights; GemvInt8 with
+// int8_acts); above: x rounded to bf16,
 // quantized weights dequantized to bf16 in row slices, cuBLAS bf16 GEMM with
 // f32 accumulation (and beta = 1 when accumulating).
 absl::Status MatMul(const GemmContext& ctx, const DeviceMatrix& w, const float* d_x, int64_t n,

@@ -30,7 +30,12 @@ bool MatMulUsesGemv(const GemmContext& ctx, int64_t n) {
 
 absl::Status MatMul(const GemmContext& ctx, const DeviceMatrix& w, const float* d_x, int64_t n,
                     float* d_y, int64_t ldy, bool accumulate, Stream stream) {
-  if (MatMulUsesGemv(ctx, n)) return Gemv(w, d_x, n, d_y, ldy, accumulate, stream);
+  if (MatMulUsesGemv(ctx, n)) {
+    if (ctx.int8_acts && GemvInt8Supports(w)) {
+      return GemvInt8(w, d_x, n, d_y, ldy, accumulate, stream);
+    }
+    return Gemv(w, d_x, n, d_y, ldy, accumulate, stream);
+  }
   return BlasMatMul(ctx, w, d_x, n, d_y, ldy, accumulate, stream);
 }
 

@@ -1,6 +1,11 @@
 // Dequantize-on-the-fly matrix-vector products for small token counts, and
 // the dequantization to bf16 that feeds the tensor-core GEMM.
+#include <map>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/int8_dot.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -168,6 +173,153 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
+// GemvInt8 (kernels/cuda/int8_dot.h): planar Q4_0 / Q4_1 / Q8_0 against
+// two-level int8 activations. Each CTA first quantizes its kTok tokens' x
+// into shared memory (one thread per 32-column block; the quants in the dp4a
+// order of kType, [token][4 x 16 bytes][block] so that the lanes' 16-byte
+// reads of consecutive blocks are conflict-free), then its warps stride over
+// the rows: lane l takes blocks l, l + 32, ... of a row with one 16-byte
+// (Q4) or two (Q8_0) loads per block, kI8Unroll blocks in flight, and 16
+// dp4a per block and token. The grid is one wave of CTAs (GemvInt8Grid), so
+// each CTA quantizes x once. Each (row, token) sums its blocks in the same
+// order whatever kTok or the token count: batch invariant.
+constexpr int kI8Warps = 8;
+constexpr int kI8Unroll = 4;
+// Shared memory of one CTA stays under the default 48 KiB (no opt-in).
+constexpr int64_t kI8SmemBytes = 48 << 10;
+
+template <int kType, int kTok>
+__global__ void __launch_bounds__(kI8Warps * 32)
+    GemvInt8Kernel(MatView w, const float* x, int64_t n, float* y, int64_t ldy, bool accumulate) {
+  extern __shared__ uint4 xs[];  // [kTok][4][nblk], then e [kTok][nblk], s [kTok][nblk]
+  const int64_t nblk = w.nblk, cols = w.cols;
+  float* es = reinterpret_cast<float*>(xs + kTok * 4 * nblk);
+  int32_t* ss = reinterpret_cast<int32_t*>(es + kTok * nblk);
+  const int64_t t0 = int64_t(blockIdx.y) * kTok;
+  const int nt = static_cast<int>(Min64(kTok, n - t0));
+  for (int64_t i = threadIdx.x; i < nt * nblk; i += blockDim.x) {
+    const int64_t t = i / nblk, b = i % nblk;
+    const float4* src = reinterpret_cast<const float4*>(x + (t0 + t) * cols + b * kQK);
+    float v[kQK];
+#pragma unroll
+    for (int k = 0; k < kQK / 4; ++k) {
+      const float4 f = src[k];
+      v[4 * k] = f.x, v[4 * k + 1] = f.y, v[4 * k + 2] = f.z, v[4 * k + 3] = f.w;
+    }
+    i8::ActBlock a;
+    i8::QuantizeBlock<kType>(v, &a);
+    uint4* dst = xs + t * 4 * nblk + b;
+    dst[0] = make_uint4(a.q1[0], a.q1[1], a.q1[2], a.q1[3]);
+    dst[nblk] = make_uint4(a.q1[4], a.q1[5], a.q1[6], a.q1[7]);
+    dst[2 * nblk] = make_uint4(a.q2[0], a.q2[1], a.q2[2], a.q2[3]);
+    dst[3 * nblk] = make_uint4(a.q2[4], a.q2[5], a.q2[6], a.q2[7]);
+    es[t * nblk + b] = a.e;
+    ss[t * nblk + b] = a.s;
+  }
+  __syncthreads();
+  constexpr int kWords = i8::QuantWords<kType>();
+  constexpr int kQb = kWords * 4;  // quant bytes per block
+  constexpr bool kMin = kType == kTypeQ4_1;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int64_t r = int64_t(blockIdx.x) * kI8Warps + warp; r < w.rows;
+       r += int64_t(gridDim.x) * kI8Warps) {
+    float acc[kTok];
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) acc[t] = 0.f;
+    for (int64_t b0 = lane; b0 < nblk; b0 += 32 * kI8Unroll) {
+      uint32_t wq[kI8Unroll][kWords];
+      uint32_t sc[kI8Unroll];
+#pragma unroll
+      for (int u = 0; u < kI8Unroll; ++u) {
+        const int64_t b = b0 + 32 * u;
+        if (b >= nblk) break;
+        const int64_t blk = r * nblk + b;
+        const uint4* q = reinterpret_cast<const uint4*>(w.data + blk * kQb);
+#pragma unroll
+        for (int k = 0; k < kWords / 4; ++k) {
+          const uint4 v = q[k];
+          wq[u][4 * k] = v.x, wq[u][4 * k + 1] = v.y, wq[u][4 * k + 2] = v.z,
+                    wq[u][4 * k + 3] = v.w;
+        }
+        sc[u] = kMin ? Ld32(w.scales + blk * 4) : Ld16(w.scales + blk * 2);
+      }
+#pragma unroll
+      for (int u = 0; u < kI8Unroll; ++u) {
+        const int64_t b = b0 + 32 * u;
+        if (b >= nblk) break;
+#pragma unroll
+        for (int t = 0; t < kTok; ++t) {
+          if (t >= nt) break;
+          const uint4* xt = xs + t * 4 * nblk + b;
+          const uint4 a0 = xt[0], a1 = xt[nblk], c0 = xt[2 * nblk], c1 = xt[3 * nblk];
+          const uint32_t x1[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+          const uint32_t x2[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+          const int32_t isum = i8::BlockDot<kType>(wq[u], x1, x2);
+          acc[t] = i8::BlockStep<kType>(isum, sc[u], es[t * nblk + b], ss[t * nblk + b], acc[t]);
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) {
+      if (t >= nt) break;
+      const float s = WarpSum(acc[t]);
+      if (lane == 0) {
+        float* out = y + (t0 + t) * ldy + r;
+        *out = accumulate ? *out + s : s;
+      }
+    }
+  }
+}
+
+int64_t Int8SmemBytes(int64_t cols, int tok) {
+  return int64_t(tok) * (cols / kQK) * i8::kBytesPerBlock;
+}
+
+// One wave: as many CTAs as the device keeps resident at once (registers
+// and shared memory), capped by the row groups.
+template <int kType, int kTok>
+unsigned GemvInt8Grid(int64_t rows, int64_t smem) {
+  static const int sms = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      return 1;
+    }
+    return v;
+  }();
+  // CTAs per SM by shared memory size (a few distinct column counts).
+  struct Cache {
+    absl::Mutex mu;
+    std::map<int64_t, int> per_sm_of ABSL_GUARDED_BY(mu);
+  };
+  static Cache* const cache = new Cache;
+  int per_sm = 0;
+  {
+    absl::MutexLock lock(&cache->mu);
+    auto& per_sm_of = cache->per_sm_of;
+    auto it = per_sm_of.find(smem);
+    if (it == per_sm_of.end()) {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, GemvInt8Kernel<kType, kTok>,
+                                                        kI8Warps * 32, smem) != cudaSuccess) {
+        (void)cudaGetLastError();  // not sticky; clear it for LaunchStatus
+        per_sm = 1;
+      }
+      it = per_sm_of.emplace(smem, per_sm < 1 ? 1 : per_sm).first;
+    }
+    per_sm = it->second;
+  }
+  return static_cast<unsigned>(Min64(int64_t(sms) * per_sm, Blocks(rows, kI8Warps)));
+}
+
+template <int kType, int kTok>
+void LaunchGemvInt8(const DeviceMatrix& w, const float* x, int64_t n, float* y, int64_t ldy,
+                    bool accumulate, cudaStream_t s) {
+  const int64_t smem = Int8SmemBytes(w.cols, kTok);
+  const dim3 grid(GemvInt8Grid<kType, kTok>(w.rows, smem), Blocks(n, kTok));
+  GemvInt8Kernel<kType, kTok>
+      <<<grid, kI8Warps * 32, smem, s>>>(ViewOf(w), x, n, y, ldy, accumulate);
+}
+
 bool UsesGemv8(const DeviceMatrix& w) {
   return w.scales != nullptr || (w.type == gguf::TensorType::kBF16 && w.cols % 8 == 0);
 }
@@ -312,6 +464,48 @@ absl::Status Gemv(const DeviceMatrix& w, const float* d_x, int64_t n, float* d_y
   });
   if (!ok) return absl::InvalidArgumentError("cuda Gemv: unsupported matrix type");
   return LaunchStatus("Gemv");
+}
+
+bool GemvInt8Supports(const DeviceMatrix& w) {
+  return w.scales != nullptr && PlanarTypeOf(w.type) >= 0 && w.cols % kQK == 0 &&
+         Int8SmemBytes(w.cols, 1) <= kI8SmemBytes;
+}
+
+absl::Status GemvInt8(const DeviceMatrix& w, const float* d_x, int64_t n, float* d_y, int64_t ldy,
+                      bool accumulate, Stream stream) {
+  if (n == 0 || w.rows == 0) return absl::OkStatus();
+  if (!GemvInt8Supports(w)) {
+    return absl::InvalidArgumentError(
+        "cuda GemvInt8: needs a planar Q4_0/Q4_1/Q8_0 matrix of at most 21,845 columns");
+  }
+  if (n > int64_t(65535)) return absl::InvalidArgumentError("cuda GemvInt8: n too large");
+  // Tokens per pass: the fewest passes over the weights whose x fits the
+  // shared memory (a power of two up to kGemvTokens).
+  int tok = 1;
+  while (tok < kGemvTokens && tok < n && Int8SmemBytes(w.cols, 2 * tok) <= kI8SmemBytes) tok *= 2;
+  const cudaStream_t s = AsStream(stream);
+  const int type = PlanarTypeOf(w.type);
+  auto launch = [&](auto type_tag) {
+    constexpr int kType = decltype(type_tag)::value;
+    switch (tok) {
+      case 1:
+        return LaunchGemvInt8<kType, 1>(w, d_x, n, d_y, ldy, accumulate, s);
+      case 2:
+        return LaunchGemvInt8<kType, 2>(w, d_x, n, d_y, ldy, accumulate, s);
+      case 4:
+        return LaunchGemvInt8<kType, 4>(w, d_x, n, d_y, ldy, accumulate, s);
+      default:
+        return LaunchGemvInt8<kType, kGemvTokens>(w, d_x, n, d_y, ldy, accumulate, s);
+    }
+  };
+  if (type == kTypeQ4_0) {
+    launch(std::integral_constant<int, kTypeQ4_0>{});
+  } else if (type == kTypeQ4_1) {
+    launch(std::integral_constant<int, kTypeQ4_1>{});
+  } else {
+    launch(std::integral_constant<int, kTypeQ8_0>{});
+  }
+  return LaunchStatus("GemvInt8");
 }
 
 absl::Status DequantizeToBf16(const DeviceMatrix& w, int64_t row0, int64_t num_rows,

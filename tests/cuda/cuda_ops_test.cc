@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/kernels.h"
+#include "kernels/qgemm.h"
 #include "kernels/quant.h"
 #include "tests/cuda/cuda_test_util.h"
 
@@ -170,6 +171,92 @@ TEST(CudaOpsTest, GemvIsBatchInvariant) {
                 std::vector<float>(all.begin() + t * m.rows, all.begin() + (t + 1) * m.rows))
           << "token " << t;
     }
+  }
+}
+
+// A planar copy of a host matrix on the device (the buffers must outlive it).
+DeviceMatrix PlanarOnDevice(const HostMatrix& m, const DeviceBuffer& gguf_buf,
+                            const DeviceBuffer& planar_buf) {
+  auto p = RepackPlanar(OnDevice(m, gguf_buf), planar_buf.get<void>(), nullptr);
+  TANDEM_CHECK(p.ok());
+  return *p;
+}
+
+// GemvInt8 against the CPU's QGemm on two-level activations: the same block
+// terms (kernels/cuda/int8_dot.h, bit-equal on the host in
+// cuda_int8_math_test) summed in another order, so equal up to f32 rounding
+// of the sum; with accumulate, ldy > rows and awkward sizes.
+TEST(CudaOpsTest, GemvInt8MatchesCpuQGemm) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  struct Case {
+    TensorType type;
+    int64_t rows, cols;
+  };
+  for (const Case& c : {Case{TensorType::kQ4_0, 200, 4096}, Case{TensorType::kQ4_1, 37, 96},
+                        Case{TensorType::kQ8_0, 130, 640}, Case{TensorType::kQ4_0, 9, 14336},
+                        Case{TensorType::kQ4_1, 1000, 576}, Case{TensorType::kQ8_0, 3, 32}}) {
+    const HostMatrix m = MakeMatrix(c.type, c.rows, c.cols, 31);
+    DeviceBuffer dm(m.bytes), dp(PlanarBytes(OnDevice(m, dm)));
+    const DeviceMatrix w = PlanarOnDevice(m, dm, dp);
+    ASSERT_TRUE(GemvInt8Supports(w));
+    const PackedWeight packed = PackedWeight::Pack(m.view(), nullptr);
+    for (int64_t n : {1, 2, 3, 5, 8, 9, 20}) {
+      const auto x = RandomFloats(n * m.cols, 32 + n);
+      const int64_t ldy = m.rows + 3;
+      const auto y0 = RandomFloats(n * ldy, 33);
+      QuantizedActs acts;
+      QuantizeActs(x.data(), n, m.cols, &acts, /*levels=*/2);
+      std::vector<float> want = y0;
+      QGemm(packed, acts, want.data(), ldy, /*accumulate=*/true, nullptr);
+      DeviceBuffer dx(x), dy(y0);
+      ASSERT_TRUE(GemvInt8(w, dx.get(), n, dy.get(), ldy, true, nullptr).ok());
+      const std::string what = "GemvInt8 type " + std::to_string(int(c.type)) + " [" +
+                               std::to_string(c.rows) + " x " + std::to_string(c.cols) +
+                               "] n=" + std::to_string(n);
+      // f32 sums of the same terms in two orders: ~1e-6 of the magnitude.
+      ExpectClose(dy.ToHost<float>(), want, 2e-5f * std::sqrt(float(m.cols)), 1e-5f, what.c_str());
+    }
+  }
+}
+
+// GemvInt8 for a token does not depend on the other tokens of the call, and
+// MatMul with int8_acts runs it (bit-equal) where it applies and the f32
+// Gemv elsewhere (GGUF layout, more columns than its shared memory holds).
+TEST(CudaOpsTest, GemvInt8IsBatchInvariantAndMatMulRoutesToIt) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  const HostMatrix m = MakeMatrix(TensorType::kQ4_1, 130, 640, 41);
+  DeviceBuffer dm(m.bytes), dp(PlanarBytes(OnDevice(m, dm)));
+  const DeviceMatrix w = PlanarOnDevice(m, dm, dp);
+  const int64_t n = 37;
+  const auto x = RandomFloats(n * m.cols, 42);
+  DeviceBuffer dx(x), dy_all(n * m.rows * 4), dy_one(m.rows * 4);
+  ASSERT_TRUE(GemvInt8(w, dx.get(), n, dy_all.get(), m.rows, false, nullptr).ok());
+  const std::vector<float> all = dy_all.ToHost<float>();
+  for (int64_t t : {0, 7, 8, 36}) {
+    ASSERT_TRUE(GemvInt8(w, dx.get() + t * m.cols, 1, dy_one.get(), m.rows, false, nullptr).ok());
+    EXPECT_EQ(dy_one.ToHost<float>(),
+              std::vector<float>(all.begin() + t * m.rows, all.begin() + (t + 1) * m.rows))
+        << "token " << t;
+  }
+  GemmContext ctx;
+  ctx.int8_acts = true;
+  ASSERT_TRUE(MatMulUsesGemv(ctx, 5));
+  DeviceBuffer dy_mm(5 * m.rows * 4), dy_i8(5 * m.rows * 4);
+  ASSERT_TRUE(MatMul(ctx, w, dx.get(), 5, dy_mm.get(), m.rows, false, nullptr).ok());
+  ASSERT_TRUE(GemvInt8(w, dx.get(), 5, dy_i8.get(), m.rows, false, nullptr).ok());
+  EXPECT_EQ(dy_mm.ToHost<float>(), dy_i8.ToHost<float>());
+  // Not supported: the GGUF layout and 21,888 columns; MatMul uses the f32 Gemv.
+  const HostMatrix wide = MakeMatrix(TensorType::kQ8_0, 3, 21888, 43);
+  DeviceBuffer dw(wide.bytes), dwp(PlanarBytes(OnDevice(wide, dw)));
+  for (const DeviceMatrix& u : {OnDevice(m, dm), PlanarOnDevice(wide, dw, dwp)}) {
+    EXPECT_FALSE(GemvInt8Supports(u));
+    const auto xu = RandomFloats(u.cols, 44);
+    DeviceBuffer dxu(xu), got(u.rows * 4), f32(u.rows * 4);
+    EXPECT_EQ(GemvInt8(u, dxu.get(), 1, got.get(), u.rows, false, nullptr).code(),
+              absl::StatusCode::kInvalidArgument);
+    ASSERT_TRUE(MatMul(ctx, u, dxu.get(), 1, got.get(), u.rows, false, nullptr).ok());
+    ASSERT_TRUE(Gemv(u, dxu.get(), 1, f32.get(), u.rows, false, nullptr).ok());
+    EXPECT_EQ(got.ToHost<float>(), f32.ToHost<float>());
   }
 }
 

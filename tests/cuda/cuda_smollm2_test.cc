@@ -3,7 +3,8 @@
 // reference path matches in llama_model_test):
 //  - every golden prompt: mean KL of the prompt's logits < 1e-3 and the first
 //    32 greedy tokens identical, with the default MatMul (bf16 tensor-core
-//    GEMM above 8 tokens a step) and batch invariant (the f32 GEMV always);
+//    GEMM above 8 tokens a step) and batch invariant (the f32 GEMV always),
+//    each also with int8 activations on the Gemv (GemvInt8);
 //  - 64 sequences in one batch get the greedy tokens each gets alone:
 //    bit-identical when batch invariant; with the default MatMul the number
 //    of sequences that differ is printed (activations are rounded to bf16
@@ -63,13 +64,20 @@ std::unique_ptr<Model> LoadSmolLm2() {
     GTEST_SKIP() << "no CUDA device or no model at " << testing::DefaultModelPath(); \
   }
 
-std::unique_ptr<Executor> MakeCuda(const LlamaModel* model, int64_t num_blocks,
-                                   bool batch_invariant) {
+// The MatMul modes the tests run: the default, batch invariant, and each
+// with the int8-activation Gemv (GemvInt8).
+struct Mode {
+  bool batch_invariant = false;
+  bool int8_acts = false;
+};
+
+std::unique_ptr<Executor> MakeCuda(const LlamaModel* model, int64_t num_blocks, Mode mode) {
   ExecutorOptions o;
   o.device = Device::kCuda;
   o.num_blocks = num_blocks;
   o.block_size = kBlockSize;
-  o.batch_invariant = batch_invariant;
+  o.batch_invariant = mode.batch_invariant;
+  o.int8_activations = mode.int8_acts;
   auto ex = MakeExecutor(model, o);
   if (!ex.ok()) std::fprintf(stderr, "MakeExecutor: %s\n", ex.status().ToString().c_str());
   TANDEM_CHECK(ex.ok());
@@ -109,14 +117,13 @@ Json Goldens() {
   return Json::Parse(testing::ReadFileOrEmpty(testing::TestDataPath("logits_smollm2.json")));
 }
 
-class CudaSmolLm2Test : public ::testing::TestWithParam<bool> {};
+class CudaSmolLm2Test : public ::testing::TestWithParam<Mode> {};
 
 TEST_P(CudaSmolLm2Test, LogitsAndGreedyTokensMatchTransformers) {
   const auto m = LoadSmolLm2();
   REQUIRE_MODEL(m);
-  const bool invariant = GetParam();
   const int64_t V = m->model->config().vocab_size;
-  auto gpu = MakeCuda(m->model.get(), 64, invariant);
+  auto gpu = MakeCuda(m->model.get(), 64, GetParam());
   std::printf("%s\n", gpu->Describe().c_str());
   const Json golden = Goldens();
   ASSERT_GT(golden["cases"].size(), 0u);
@@ -162,7 +169,7 @@ TEST_P(CudaSmolLm2Test, LogitsAndGreedyTokensMatchTransformers) {
 TEST_P(CudaSmolLm2Test, BatchOf64GivesEachSequenceItsTokensAlone) {
   const auto m = LoadSmolLm2();
   REQUIRE_MODEL(m);
-  const bool invariant = GetParam();
+  const bool invariant = GetParam().batch_invariant;
   const int64_t V = m->model->config().vocab_size;
   const Json golden = Goldens();
   const auto& cases = golden["cases"].array;
@@ -175,7 +182,7 @@ TEST_P(CudaSmolLm2Test, BatchOf64GivesEachSequenceItsTokensAlone) {
     for (int k = 0; k < i / 8; ++k) p.push_back(other[k % other.size()]);
     prompts.push_back(p);
   }
-  auto ex = MakeCuda(m->model.get(), kSeqs * kBlocksPerSeq, invariant);
+  auto ex = MakeCuda(m->model.get(), kSeqs * kBlocksPerSeq, GetParam());
   std::vector<float> row(V);
   std::vector<std::vector<int32_t>> alone(kSeqs);
   for (int i = 0; i < kSeqs; ++i) {
@@ -211,16 +218,21 @@ TEST_P(CudaSmolLm2Test, BatchOf64GivesEachSequenceItsTokensAlone) {
     while (together[i][at] == alone[i][at]) ++at;
     std::printf("sequence %d: batched differs from alone at token %zu\n", i, at);
   }
-  std::printf("%s: %d of %d sequences differ between alone and a batch of %d\n",
-              invariant ? "batch invariant" : "default MatMul", differ, kSeqs, kSeqs);
+  std::printf("%s%s: %d of %d sequences differ between alone and a batch of %d\n",
+              invariant ? "batch invariant" : "default MatMul",
+              GetParam().int8_acts ? ", int8 activations" : "", differ, kSeqs, kSeqs);
   if (invariant) {
     EXPECT_EQ(differ, 0);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(MatMul, CudaSmolLm2Test, ::testing::Values(false, true),
+INSTANTIATE_TEST_SUITE_P(MatMul, CudaSmolLm2Test,
+                         ::testing::Values(Mode{false, false}, Mode{true, false}, Mode{false, true},
+                                           Mode{true, true}),
                          [](const auto& info) {
-                           return std::string(info.param ? "BatchInvariant" : "Default");
+                           return std::string(info.param.batch_invariant ? "BatchInvariant"
+                                                                         : "Default") +
+                                  (info.param.int8_acts ? "Int8Acts" : "");
                          });
 
 }  // namespace

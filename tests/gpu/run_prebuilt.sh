@@ -107,8 +107,8 @@ GT=(--gtest_color=no --gtest_brief=0)
 
 if [[ "$PHASE" == kernels || "$PHASE" == all ]]; then
   if [[ -f "$CARRY/model-a/model.part-a" ]]; then cp "$CARRY/model-a/model.part-a" "$WORK/"; fi
-  for t in cuda_rmsnorm_test cuda_ops_test cuda_attention_test cuda_executor_test cuda_kv_memory_test \
-      nccl_gpu_test; do
+  for t in cuda_int8_math_test cuda_rmsnorm_test cuda_ops_test cuda_attention_test \
+      cuda_executor_test cuda_kv_memory_test nccl_gpu_test; do
     run "$t" 150 "$B/tests/$t" "${GT[@]}"
   done
   run nccl_transport_test 150 "$B/tests/nccl_transport_test" "${GT[@]}"
@@ -158,12 +158,15 @@ if [[ "$PHASE" == model || "$PHASE" == all ]]; then
   printf '%s\n' '{"prompt": "The capital of France is"}' '{"prompt": "def fibonacci(n):"}' \
     '{"prompt": "Once upon a time, in a small village"}' '{"prompt": "List three colors:"}' \
     > "$WORK/prompts.jsonl"
-  for d in cpu cuda; do
-    run "tandem generate --device $d" 120 "$B/tandem" generate --device "$d" --model "$MODEL" \
+  # cuda-int8: TANDEM_CUDA_INT8_ACTS=1 (GemvInt8, the CPU's activation precision).
+  for d in cpu cuda cuda-int8; do
+    run "tandem generate --device $d" 120 env TANDEM_CUDA_INT8_ACTS="$([[ $d == cuda-int8 ]] && echo 1)" \
+      "$B/tandem" generate --device "${d%-int8}" --model "$MODEL" \
       --prompts-file "$WORK/prompts.jsonl" --max-tokens 48 --json
     cp "$WORK/run.out" "$WORK/generate-$d.out"
   done
-  run "generate cpu vs cuda" 10 python3 - "$WORK/generate-cpu.out" "$WORK/generate-cuda.out" <<'PY'
+  for d in cuda cuda-int8; do
+  run "generate cpu vs $d" 10 python3 - "$WORK/generate-cpu.out" "$WORK/generate-$d.out" <<'PY'
 import json, sys
 def load(p):
     return [json.loads(l) for l in open(p) if l.startswith("{")]
@@ -177,6 +180,7 @@ for c, g in zip(cpu, gpu):
     bad += n is not None
 print(f"{len(cpu) - bad} of {len(cpu)} identical for 48 tokens")
 PY
+  done
   # --kv-cache-memory as a fraction of the free device memory.
   run "tandem generate --device cuda --kv-cache-memory 0.5" 120 "$B/tandem" generate \
     --device cuda --model "$MODEL" --kv-cache-memory 0.5 --prompt "Hello" --max-tokens 8
@@ -184,6 +188,8 @@ PY
   run "gpu_bench (SmolLM2)" 300 "$B/bench/gpu_bench" --model "$MODEL" --no-synthetic
   run "gpu_bench (SmolLM2, no CUDA graphs)" 300 env TANDEM_CUDA_GRAPHS=0 "$B/bench/gpu_bench" \
     --model "$MODEL" --no-synthetic
+  run "gpu_bench (SmolLM2, int8 activations)" 300 env TANDEM_CUDA_INT8_ACTS=1 \
+    "$B/bench/gpu_bench" --model "$MODEL" --no-synthetic
 fi
 
 echo
