@@ -181,7 +181,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 // the rows: lane l takes blocks l, l + 32, ... of a row with one 16-byte
 // (Q4) or two (Q8_0) loads per block, kI8Unroll blocks in flight, and 16
 // dp4a per block and token. The grid is one wave of CTAs (GemvInt8Grid), so
-// each CTA quantizes x once. Each (row, token) sums its blocks in the same
+// each CTA quantizes x once; the first weights of each warp are prefetched
+// to L2 meanwhile. Each (row, token) sums its blocks in the same
 // order whatever kTok or the token count: batch invariant.
 constexpr int kI8Warps = 8;
 constexpr int kI8Unroll = 4;
@@ -197,6 +198,20 @@ __global__ void __launch_bounds__(kI8Warps * 32)
   int32_t* ss = reinterpret_cast<int32_t*>(es + kTok * nblk);
   const int64_t t0 = int64_t(blockIdx.y) * kTok;
   const int nt = static_cast<int>(Min64(kTok, n - t0));
+  constexpr int kQb = i8::QuantWords<kType>() * 4;  // quant bytes per block
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  {
+    // While x is quantized, the first blocks of each warp's first row
+    // travel to L2 (no registers held across the barrier).
+    const int64_t r = int64_t(blockIdx.x) * kI8Warps + warp;
+#pragma unroll
+    for (int u = 0; u < kI8Unroll; ++u) {
+      const int64_t b = lane + 32 * u;
+      if (r < w.rows && b < nblk) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(w.data + (r * nblk + b) * kQb));
+      }
+    }
+  }
   for (int64_t i = threadIdx.x; i < nt * nblk; i += blockDim.x) {
     const int64_t t = i / nblk, b = i % nblk;
     const float4* src = reinterpret_cast<const float4*>(x + (t0 + t) * cols + b * kQK);
@@ -218,9 +233,7 @@ __global__ void __launch_bounds__(kI8Warps * 32)
   }
   __syncthreads();
   constexpr int kWords = i8::QuantWords<kType>();
-  constexpr int kQb = kWords * 4;  // quant bytes per block
   constexpr bool kMin = kType == kTypeQ4_1;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int64_t r = int64_t(blockIdx.x) * kI8Warps + warp; r < w.rows;
        r += int64_t(gridDim.x) * kI8Warps) {
     float acc[kTok];
