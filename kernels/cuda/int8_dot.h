@@ -123,15 +123,15 @@ TANDEM_HD float Clamp127(float v) { return fminf(127.f, fmaxf(-127.f, v)); }
 template <int kType>
 TANDEM_HD void QuantizeBlock(const float* x, ActBlock* out) {
   float amax = 0.f;
-TANDEM_UNROLL
+  TANDEM_UNROLL
   for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(x[i]));
   const float dx = DivRn(amax, 127.f);
   const float id = dx != 0.f ? DivRn(1.f, dx) : 0.f;
   const float id2 = MulRn(id, 256.f);
   int32_t sum1 = 0, sum2 = 0;
-TANDEM_UNROLL
+  TANDEM_UNROLL
   for (int w = 0; w < 8; ++w) out->q1[w] = out->q2[w] = 0;
-TANDEM_UNROLL
+  TANDEM_UNROLL
   for (int i = 0; i < 32; ++i) {
     const float v = Clamp127(RoundEven(MulRn(x[i], id)));
     const float r = Fma(-dx, v, x[i]);
@@ -159,13 +159,13 @@ template <int kType>
 TANDEM_HD int32_t BlockDot(const uint32_t* wq, const uint32_t* x1, const uint32_t* x2) {
   int32_t i1 = 0, i2 = 0;
   if constexpr (kType == kQ8_0) {
-TANDEM_UNROLL
+    TANDEM_UNROLL
     for (int k = 0; k < 8; ++k) {
       i1 = Dp4a(wq[k], x1[k], i1);
       i2 = Dp4a(wq[k], x2[k], i2);
     }
   } else {
-TANDEM_UNROLL
+    TANDEM_UNROLL
     for (int k = 0; k < 4; ++k) {
       const uint32_t lo = wq[k] & 0x0F0F0F0Fu, hi = (wq[k] >> 4) & 0x0F0F0F0Fu;
       i1 = Dp4a(lo, x1[2 * k], i1);

@@ -111,8 +111,8 @@ TEST(CudaInt8MathTest, HostEmulationEqualsCpuQGemmBitForBit) {
         QuantizeRow(type, wf.data() + r * cols, w.data() + r * row_bytes, cols);
       }
       const std::vector<float> x = AwkwardActs(n, cols, 12 + cols);
-      const PackedWeight packed = PackedWeight::Pack(WeightView{type, w.data(), rows, cols, row_bytes},
-                                                     nullptr);
+      const PackedWeight packed =
+          PackedWeight::Pack(WeightView{type, w.data(), rows, cols, row_bytes}, nullptr);
       QuantizedActs acts;
       QuantizeActs(x.data(), n, cols, &acts, /*levels=*/2);
       std::vector<float> want(n * rows);
