@@ -190,7 +190,7 @@ constexpr int kI8Unroll = 4;
 constexpr int64_t kI8SmemBytes = 48 << 10;
 
 template <int kType, int kTok>
-__global__ void __launch_bounds__(kI8Warps * 32)
+__global__ void __launch_bounds__(kI8Warps * 32, kTok <= 2 ? 4 : 3)
     GemvInt8Kernel(MatView w, const float* x, int64_t n, float* y, int64_t ldy, bool accumulate) {
   extern __shared__ uint4 xs[];  // [kTok][4][nblk], then e [kTok][nblk], s [kTok][nblk]
   const int64_t nblk = w.nblk, cols = w.cols;
