@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kI8Warps * 32, kTok <= 2 ? 4 : 3)
     for (int u = 0; u < kI8Unroll; ++u) {
       const int64_t b = lane + 32 * u;
       if (r < w.rows && b < nblk) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(w.data + (r * nblk + b) * kQb));
+        asm volatile("prefetch.L2 [%0];" ::"l"(w.data + (r * nblk + b) * kQb));  // generic address
       }
     }
   }
