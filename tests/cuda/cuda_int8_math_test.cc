@@ -14,72 +14,15 @@
 #include "kernels/qgemm.h"
 #include "kernels/quant.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/cuda/int8_emulation.h"
 
 namespace tandem::kernels::cuda {
 namespace {
 
 using gguf::TensorType;
+using testing::HostRowDot;
 using testing::RandomFloats;
-
-uint32_t Word(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-uint16_t Half(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-
-// Block b of a GGUF row as RepackPlanar lays it out: the quant words (Q4:
-// weight 8k + j in nibble j of word k; Q8_0: the 32 bytes) and the scale
-// word (f16 d, or d | m << 16 for Q4_1).
-void PlanarBlock(TensorType type, const uint8_t* row, int64_t b, uint32_t* wq, uint32_t* scale) {
-  if (type == TensorType::kQ8_0) {
-    const uint8_t* blk = row + b * 34;
-    *scale = Half(blk);
-    for (int k = 0; k < 8; ++k) wq[k] = Word(blk + 2 + 4 * k);
-    return;
-  }
-  const bool min = type == TensorType::kQ4_1;
-  const uint8_t* blk = row + b * (min ? 20 : 18);
-  *scale = min ? Word(blk) : Half(blk);
-  const uint8_t* qs = blk + (min ? 4 : 2);  // byte i: weight i (low), i + 16 (high)
-  for (int k = 0; k < 4; ++k) {
-    uint32_t w = 0;
-    for (int j = 0; j < 8; ++j) {
-      const int e = 8 * k + j;
-      const uint32_t nib = e < 16 ? (qs[e] & 0x0F) : (qs[e - 16] >> 4);
-      w |= nib << (4 * j);
-    }
-    wq[k] = w;
-  }
-}
-
-template <int kType>
-float RowDot(TensorType type, const uint8_t* row, int64_t cols, const float* x) {
-  float acc = 0.f;
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    uint32_t wq[8], scale;
-    PlanarBlock(type, row, b, wq, &scale);
-    i8::ActBlock a;
-    i8::QuantizeBlock<kType>(x + 32 * b, &a);
-    acc = i8::BlockStep<kType>(i8::BlockDot<kType>(wq, a.q1, a.q2), scale, a.e, a.s, acc);
-  }
-  return acc;
-}
-
-float HostRowDot(TensorType type, const uint8_t* row, int64_t cols, const float* x) {
-  switch (type) {
-    case TensorType::kQ4_0:
-      return RowDot<i8::kQ4_0>(type, row, cols, x);
-    case TensorType::kQ4_1:
-      return RowDot<i8::kQ4_1>(type, row, cols, x);
-    default:
-      return RowDot<i8::kQ8_0>(type, row, cols, x);
-  }
-}
+using testing::SumOrder;
 
 // Activations with the awkward blocks: all zero, one huge value, values
 // that round to +-127 and to a half, tiny (subnormal grid) ones.
@@ -151,6 +94,27 @@ TEST(CudaInt8MathTest, TwoLevelsTrackTheExactDotProduct) {
   }
   const float got = HostRowDot(type, w.data(), cols, x.data());
   EXPECT_LT(std::fabs(got - exact), 2e-5 * mag) << got << " vs " << exact;
+}
+
+// The kernel's order (what cuda_ops_test expects bit for bit on a device)
+// sums the same block terms as QGemm's: equal up to f32 rounding, exactly
+// for a single block (the other lanes add zeros).
+TEST(CudaInt8MathTest, WarpOrderSumsTheSameTerms) {
+  for (TensorType type : {TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0}) {
+    for (int64_t cols : {32, 1024, 14336}) {
+      const int64_t row_bytes = *gguf::RowBytes(type, cols);
+      std::vector<uint8_t> w(row_bytes);
+      const std::vector<float> wf = RandomFloats(cols, 51, 0.5f), x = RandomFloats(cols, 52);
+      QuantizeRow(type, wf.data(), w.data(), cols);
+      const float seq = HostRowDot(type, w.data(), cols, x.data(), SumOrder::kSequential);
+      const float warp = HostRowDot(type, w.data(), cols, x.data(), SumOrder::kWarp);
+      if (cols == 32) {
+        EXPECT_EQ(seq, warp);  // one block: 0 + term, then sums with zeros
+      } else {
+        EXPECT_NEAR(warp, seq, 1e-5 * std::sqrt(double(cols)) * (1 + std::fabs(seq)));
+      }
+    }
+  }
 }
 
 TEST(CudaInt8MathTest, QuantOrderMatchesTheNibbleMasks) {

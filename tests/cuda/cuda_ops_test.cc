@@ -10,6 +10,7 @@
 #include "kernels/qgemm.h"
 #include "kernels/quant.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/cuda/int8_emulation.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -214,7 +215,20 @@ TEST(CudaOpsTest, GemvInt8MatchesCpuQGemm) {
                                std::to_string(c.rows) + " x " + std::to_string(c.cols) +
                                "] n=" + std::to_string(n);
       // f32 sums of the same terms in two orders: ~1e-6 of the magnitude.
-      ExpectClose(dy.ToHost<float>(), want, 2e-5f * std::sqrt(float(m.cols)), 1e-5f, what.c_str());
+      const std::vector<float> got = dy.ToHost<float>();
+      ExpectClose(got, want, 2e-5f * std::sqrt(float(m.cols)), 1e-5f, what.c_str());
+      // In the kernel's own order (lane-strided, then WarpSum's butterfly)
+      // the host emulation predicts every bit.
+      int differ = 0;
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t r = 0; r < m.rows; ++r) {
+          const float exact =
+              y0[t * ldy + r] + testing::HostRowDot(m.type, &m.bytes[r * m.row_bytes], m.cols,
+                                                    &x[t * m.cols], testing::SumOrder::kWarp);
+          differ += std::memcmp(&exact, &got[t * ldy + r], 4) != 0;
+        }
+      }
+      EXPECT_EQ(differ, 0) << what << ": results not bit-equal to the host emulation";
     }
   }
 }
