@@ -380,16 +380,19 @@ int Main(int argc, char** argv) {
   if (!synthetic) return 0;
   const engine::ModelConfig c = Llama3_8B();
   // Q4_0 twice: the f32 Gemv, then int8 activations (GemvInt8).
-  for (int run = 0; run < 3; ++run) {
-    const gguf::TensorType t = run == 0 ? gguf::TensorType::kBF16 : gguf::TensorType::kQ4_0;
+  struct Run {
+    gguf::TensorType type;
+    bool int8_acts;
+    const char* label;
+  };
+  for (const Run& run : {Run{gguf::TensorType::kBF16, false, " (BF16)"},
+                         Run{gguf::TensorType::kQ4_0, false, " (Q4_0)"},
+                         Run{gguf::TensorType::kQ4_0, true, " (Q4_0, int8 acts)"}}) {
     engine::ExecutorOptions ro = eo;
-    ro.int8_activations = run == 2;
-    auto ex = engine::cuda::MakeSyntheticCudaExecutor(c, t, ro, 1234);
+    ro.int8_activations = run.int8_acts;
+    auto ex = engine::cuda::MakeSyntheticCudaExecutor(c, run.type, ro, 1234);
     BENCH_CHECK(ex.status());
-    Bench(std::string(c.name) + (run == 0   ? " (BF16)"
-                                 : run == 1 ? " (Q4_0)"
-                                            : " (Q4_0, int8 acts)"),
-          ex->get(), c, MatrixBytes(c, t), *gbs, o);
+    Bench(std::string(c.name) + run.label, ex->get(), c, MatrixBytes(c, run.type), *gbs, o);
   }
   return 0;
 }

@@ -184,6 +184,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 // each CTA quantizes x once; the first weights of each warp are prefetched
 // to L2 meanwhile. Each (row, token) sums its blocks in the same
 // order whatever kTok or the token count: batch invariant.
+static_assert(i8::kQ4_0 == kTypeQ4_0 && i8::kQ4_1 == kTypeQ4_1 && i8::kQ8_0 == kTypeQ8_0,
+              "int8_dot.h's type ids are common.cuh's");
 constexpr int kI8Warps = 8;
 constexpr int kI8Unroll = 4;
 // Shared memory of one CTA stays under the default 48 KiB (no opt-in).
@@ -497,27 +499,21 @@ absl::Status GemvInt8(const DeviceMatrix& w, const float* d_x, int64_t n, float*
   int tok = 1;
   while (tok < kGemvTokens && tok < n && Int8SmemBytes(w.cols, 2 * tok) <= kI8SmemBytes) tok *= 2;
   const cudaStream_t s = AsStream(stream);
-  const int type = PlanarTypeOf(w.type);
-  auto launch = [&](auto type_tag) {
+  DispatchType(w.type, /*tables_too=*/false, [&](auto type_tag) {
     constexpr int kType = decltype(type_tag)::value;
-    switch (tok) {
-      case 1:
-        return LaunchGemvInt8<kType, 1>(w, d_x, n, d_y, ldy, accumulate, s);
-      case 2:
-        return LaunchGemvInt8<kType, 2>(w, d_x, n, d_y, ldy, accumulate, s);
-      case 4:
-        return LaunchGemvInt8<kType, 4>(w, d_x, n, d_y, ldy, accumulate, s);
-      default:
-        return LaunchGemvInt8<kType, kGemvTokens>(w, d_x, n, d_y, ldy, accumulate, s);
+    if constexpr (kType != kTypeBF16) {  // excluded by GemvInt8Supports
+      switch (tok) {
+        case 1:
+          return LaunchGemvInt8<kType, 1>(w, d_x, n, d_y, ldy, accumulate, s);
+        case 2:
+          return LaunchGemvInt8<kType, 2>(w, d_x, n, d_y, ldy, accumulate, s);
+        case 4:
+          return LaunchGemvInt8<kType, 4>(w, d_x, n, d_y, ldy, accumulate, s);
+        default:
+          return LaunchGemvInt8<kType, kGemvTokens>(w, d_x, n, d_y, ldy, accumulate, s);
+      }
     }
-  };
-  if (type == kTypeQ4_0) {
-    launch(std::integral_constant<int, kTypeQ4_0>{});
-  } else if (type == kTypeQ4_1) {
-    launch(std::integral_constant<int, kTypeQ4_1>{});
-  } else {
-    launch(std::integral_constant<int, kTypeQ8_0>{});
-  }
+  });
   return LaunchStatus("GemvInt8");
 }
 

@@ -6,7 +6,6 @@
 // block terms in another order; cuda_ops_test checks it on a device).
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <vector>
 
 #include "common/gguf/types.h"
