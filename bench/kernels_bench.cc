@@ -168,7 +168,7 @@ void BM_PagedAttentionChunk(benchmark::State& state) {
   const int64_t width = s.kv_heads * s.dim, slots = s.slots();
   const std::vector<float> k = Random(slots * width, 4), v = Random(k.size(), 5);
   std::vector<char> kc(k.size() * KvElementBytes(dtype)), vc(kc.size());
-  std::vector<float> ks(slots * s.kv_heads), vs(ks.size());
+  std::vector<KvScale> ks(slots * s.kv_heads), vs(ks.size());
   const KvCacheView cache{dtype, kc.data(), vc.data(), ks.data(), vs.data()};
   std::vector<int64_t> all(slots);
   for (int64_t i = 0; i < slots; ++i) all[i] = i;

@@ -68,7 +68,7 @@ class Executor {
 
   // K/V of `slots` (one per token, in order) to / from host bytes in the
   // interchange layout [token][layer][K|V][row: kv_heads * head_dim elements
-  // of kv_shape().dtype, then kv_heads f32 scales for int8/fp8]:
+  // of kv_shape().dtype, then kv_heads KvScale bytes for int8/fp8]:
   // slots.size() * kv_shape().bytes_per_token() bytes.
   // InvalidArgument on a slot out of range.
   virtual absl::Status ReadKv(absl::Span<const int64_t> slots, char* dst) = 0;

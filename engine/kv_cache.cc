@@ -38,7 +38,7 @@ absl::StatusOr<std::unique_ptr<KvCacheStorage>> KvCacheStorage::Create(
   absl::StatusOr<ZeroedBuffer> data = allocate(size_t(2 * num_layers * layer_bytes));
   if (!data.ok()) return data.status();
   absl::StatusOr<ZeroedBuffer> scales =
-      allocate(size_t(2 * num_layers * layer_scales) * sizeof(float));
+      allocate(size_t(2 * num_layers * layer_scales) * kernels::kKvScaleBytes);
   if (!scales.ok()) return scales.status();
   return std::unique_ptr<KvCacheStorage>(new KvCacheStorage(
       num_layers, layout, dtype, layer_bytes, layer_scales, *std::move(data), *std::move(scales)));
@@ -55,11 +55,11 @@ KvCacheStorage::KvCacheStorage(int64_t num_layers, const kernels::PagedKvLayout&
       data_(std::move(data)),
       scales_(std::move(scales)) {}
 
-float* KvCacheStorage::k_scales(int64_t layer) {
-  return layer_scales_ > 0 ? scale_floats() + (2 * layer) * layer_scales_ : nullptr;
+kernels::KvScale* KvCacheStorage::k_scales(int64_t layer) {
+  return layer_scales_ > 0 ? scale_codes() + (2 * layer) * layer_scales_ : nullptr;
 }
-float* KvCacheStorage::v_scales(int64_t layer) {
-  return layer_scales_ > 0 ? scale_floats() + (2 * layer + 1) * layer_scales_ : nullptr;
+kernels::KvScale* KvCacheStorage::v_scales(int64_t layer) {
+  return layer_scales_ > 0 ? scale_codes() + (2 * layer + 1) * layer_scales_ : nullptr;
 }
 
 kernels::KvCacheView KvCacheStorage::view(int64_t layer) {
@@ -80,7 +80,7 @@ void KvCacheStorage::CopyBlock(int64_t src, int64_t dst) {
     char* d = data_.data() + half * layer_bytes_;
     std::copy_n(d + src * nb, nb, d + dst * nb);
     if (ns > 0) {
-      float* s = scale_floats() + half * layer_scales_;
+      kernels::KvScale* s = scale_codes() + half * layer_scales_;
       std::copy_n(s + src * ns, ns, s + dst * ns);
     }
   }
@@ -93,8 +93,9 @@ void KvCacheStorage::ReadSlot(int64_t slot, char* dst) const {
     std::memcpy(dst, data_.data() + half * layer_bytes_ + slot * eb, eb);
     dst += eb;
     if (ns > 0) {
-      std::memcpy(dst, scale_floats() + half * layer_scales_ + slot * ns, ns * sizeof(float));
-      dst += ns * sizeof(float);
+      std::memcpy(dst, scale_codes() + half * layer_scales_ + slot * ns,
+                  ns * kernels::kKvScaleBytes);
+      dst += ns * kernels::kKvScaleBytes;
     }
   }
 }
@@ -106,8 +107,9 @@ void KvCacheStorage::WriteSlot(int64_t slot, const char* src) {
     std::memcpy(data_.data() + half * layer_bytes_ + slot * eb, src, eb);
     src += eb;
     if (ns > 0) {
-      std::memcpy(scale_floats() + half * layer_scales_ + slot * ns, src, ns * sizeof(float));
-      src += ns * sizeof(float);
+      std::memcpy(scale_codes() + half * layer_scales_ + slot * ns, src,
+                  ns * kernels::kKvScaleBytes);
+      src += ns * kernels::kKvScaleBytes;
     }
   }
 }

@@ -2,7 +2,8 @@
 //
 // Per layer, K and V are arrays [num_blocks, block_size, num_kv_heads,
 // head_dim] of the cache's KvDtype (kernels/kv_dtype.h), plus for int8/fp8 a
-// f32 scale per (slot, KV head) in [num_blocks, block_size, num_kv_heads]. A
+// one-byte KvScale per (slot, KV head) in [num_blocks, block_size,
+// num_kv_heads]. A
 // token's K/V live at a slot = block_id * block_size + offset; which blocks a
 // sequence owns is the block allocator's business (its block table), not this
 // class's: KvCacheStorage is only memory plus geometry.
@@ -36,7 +37,7 @@ struct KvCacheShape {
   int64_t row_elements() const { return layout.num_kv_heads * layout.head_dim; }
   int64_t row_floats() const { return row_elements(); }  // the f32 name (CUDA executor)
   // Bytes of one token's K (or V) row in one layer in the interchange layout
-  // of engine/kv_export.h: the elements, then num_kv_heads f32 scales for
+  // of engine/kv_export.h: the elements, then num_kv_heads KvScale bytes for
   // int8/fp8 (kernels::KvRowBytes).
   int64_t row_bytes() const {
     return kernels::KvRowBytes(dtype, layout.num_kv_heads, layout.head_dim);
@@ -79,8 +80,8 @@ class KvCacheStorage {
   char* k_bytes(int64_t layer) { return data_.data() + (2 * layer) * layer_bytes_; }
   char* v_bytes(int64_t layer) { return data_.data() + (2 * layer + 1) * layer_bytes_; }
   // [num_slots, num_kv_heads] scales; null unless int8/fp8.
-  float* k_scales(int64_t layer);
-  float* v_scales(int64_t layer);
+  kernels::KvScale* k_scales(int64_t layer);
+  kernels::KvScale* v_scales(int64_t layer);
 
   // The f32 arrays [num_blocks, block_size, num_kv_heads, head_dim].
   // REQUIRES: dtype() == kF32, layer < num_layers().
@@ -106,8 +107,10 @@ class KvCacheStorage {
  private:
   KvCacheStorage(int64_t num_layers, const kernels::PagedKvLayout& layout, KvDtype dtype,
                  int64_t layer_bytes, int64_t layer_scales, ZeroedBuffer data, ZeroedBuffer scales);
-  float* scale_floats() { return reinterpret_cast<float*>(scales_.data()); }
-  const float* scale_floats() const { return reinterpret_cast<const float*>(scales_.data()); }
+  kernels::KvScale* scale_codes() { return reinterpret_cast<kernels::KvScale*>(scales_.data()); }
+  const kernels::KvScale* scale_codes() const {
+    return reinterpret_cast<const kernels::KvScale*>(scales_.data());
+  }
 
   int64_t num_layers_;
   kernels::PagedKvLayout layout_;
@@ -117,7 +120,7 @@ class KvCacheStorage {
   // [num_layers][K|V][num_blocks, block_size, kv_heads, head_dim] elements.
   // Page-aligned, zero until first written (resident as blocks are used).
   ZeroedBuffer data_;
-  ZeroedBuffer scales_;  // floats [num_layers][K|V][num_blocks, block_size, kv_heads]
+  ZeroedBuffer scales_;  // KvScale [num_layers][K|V][num_blocks, block_size, kv_heads]
 };
 
 }  // namespace tandem::engine

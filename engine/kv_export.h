@@ -7,7 +7,7 @@
 // cache slot:
 //   [num_tokens][num_layers][K|V][row]
 //   row = [num_kv_heads * head_dim elements of the KV dtype]
-//         [num_kv_heads f32 scales]  (int8 / fp8 only; kernels/kv_dtype.h)
+//         [num_kv_heads KvScale bytes]  (int8 / fp8 only; kernels/kv_dtype.h)
 // i.e. token t, layer l, K at byte offset ((t * num_layers + l) * 2 + 0) *
 // row_bytes, V at (... + 1) * row_bytes, with row_bytes =
 // kernels::KvRowBytes(dtype, num_kv_heads, head_dim) and bytes_per_token =

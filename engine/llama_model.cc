@@ -110,7 +110,7 @@ absl::StatusOr<std::unique_ptr<KvCacheStorage>> LlamaModel::MakeKvCache(int64_t 
 
 namespace {
 
-// "f32 46080, f16 23040, bf16 23040, int8 12240, fp8 12240" (--kv-cache-dtype).
+// "f32 46080, f16 23040, bf16 23040, int8 11700, fp8 11700" (--kv-cache-dtype).
 std::string KvBytesPerTokenSummary(const ModelConfig& c) {
   std::string out;
   for (KvDtype d : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBf16, KvDtype::kInt8, KvDtype::kFp8}) {

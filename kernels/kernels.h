@@ -130,14 +130,15 @@ struct PagedKvLayout {
 
 // One layer's K and V cache in any KvDtype (kernels/kv_dtype.h). Elements:
 // [num_blocks, block_size, num_kv_heads, head_dim] of dtype; scales (int8 /
-// fp8 only, else null): [num_blocks, block_size, num_kv_heads] f32, the value
-// of element i of a head being element[i] * scale.
+// fp8 only, else null): [num_blocks, block_size, num_kv_heads] KvScale
+// bytes, the value of element i of a head being element[i] x
+// KvScaleToFp32(scale).
 struct KvCacheView {
   KvDtype dtype = KvDtype::kF32;
   void* k = nullptr;
   void* v = nullptr;
-  float* k_scale = nullptr;
-  float* v_scale = nullptr;
+  KvScale* k_scale = nullptr;
+  KvScale* v_scale = nullptr;
 };
 
 // Stores the K and V of each token at cache slot slot_mapping[t]

@@ -78,7 +78,7 @@ double DecodeStepSeconds(const PlanInputs& in, double weights_bytes, int64_t kv_
 
 const std::vector<KvDtypeSpec>& KvDtypeSpecs() {
   static const std::vector<KvDtypeSpec> specs = {
-      {"f32", 4, 0}, {"f16", 2, 0}, {"bf16", 2, 0}, {"int8", 1, 4}, {"fp8", 1, 4}};
+      {"f32", 4, 0}, {"f16", 2, 0}, {"bf16", 2, 0}, {"int8", 1, 1}, {"fp8", 1, 1}};
   return specs;
 }
 

@@ -48,7 +48,7 @@ struct Workload {
 
 // Tandem's --kv-cache-dtype choices, as in kernels/kv_dtype.h (common/ sits
 // below kernels/ and cannot include it; tests/integration/plan_cli_test.cc
-// checks the bytes against the engine's): bytes per element and the f32
+// checks the bytes against the engine's): bytes per element and the one-byte
 // scale per (token, layer, K|V, KV head) of int8 / fp8.
 struct KvDtypeSpec {
   const char* name;

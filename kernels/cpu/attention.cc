@@ -64,9 +64,9 @@ void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,
     for (int64_t h = 0; h < layout.num_kv_heads; ++h) {
       const int64_t row = slot_mapping[t] * layout.num_kv_heads + h;
       const int64_t src = t * width + h * hd;
-      const float ks =
+      const KvScale ks =
           QuantizeKvHead(cache.dtype, k + src, hd, static_cast<char*>(cache.k) + row * hd * eb);
-      const float vs =
+      const KvScale vs =
           QuantizeKvHead(cache.dtype, v + src, hd, static_cast<char*>(cache.v) + row * hd * eb);
       if (KvHasScales(cache.dtype)) {
         cache.k_scale[row] = ks;
@@ -179,7 +179,9 @@ void ConvertRow(KvDtype dtype, const char* src, int64_t n, float* dst) {
       break;
   }
 #endif
-  if (i < n) DequantizeKvHead(dtype, src + i * KvElementBytes(dtype), 1.f, n - i, dst + i);
+  if (i < n) {
+    DequantizeKvHead(dtype, src + i * KvElementBytes(dtype), kKvScaleOne, n - i, dst + i);
+  }
 }
 
 void AttendOne(const PagedAttentionArgs& a, const int32_t* table, int64_t len, const float* qh,
@@ -204,7 +206,7 @@ void AttendOne(const PagedAttentionArgs& a, const int32_t* table, int64_t len, c
     const int64_t slot = int64_t(table[j / L.block_size]) * L.block_size + j % L.block_size;
     const int64_t r = slot * L.num_kv_heads + kvh;
     p[j] = cpu::DotF32(qh, load(cache.k, r), hd) * a.scale;
-    if (scaled) p[j] *= cache.k_scale[r];
+    if (scaled) p[j] *= KvScaleToFp32(cache.k_scale[r]);
     mx = std::fmax(mx, p[j]);
   }
   float sum = 0.f;
@@ -214,7 +216,7 @@ void AttendOne(const PagedAttentionArgs& a, const int32_t* table, int64_t len, c
   for (int64_t j = 0; j < len; ++j) {
     const int64_t slot = int64_t(table[j / L.block_size]) * L.block_size + j % L.block_size;
     const int64_t r = slot * L.num_kv_heads + kvh;
-    const float w = scaled ? p[j] * inv * cache.v_scale[r] : p[j] * inv;
+    const float w = scaled ? p[j] * inv * KvScaleToFp32(cache.v_scale[r]) : p[j] * inv;
     cpu::AxpyF32(w, load(cache.v, r), hd, out);
   }
 }
@@ -296,8 +298,8 @@ struct PagedRows {
   }
   const char* k(int64_t r) const { return static_cast<const char*>(cache->k) + r * kRowBytes; }
   const char* v(int64_t r) const { return static_cast<const char*>(cache->v) + r * kRowBytes; }
-  float ks(int64_t r) const { return cache->k_scale[r] * kRawScale<D>; }
-  float vs(int64_t r) const { return cache->v_scale[r] * kRawScale<D>; }
+  float ks(int64_t r) const { return KvScaleToFp32(cache->k_scale[r]) * kRawScale<D>; }
+  float vs(int64_t r) const { return KvScaleToFp32(cache->v_scale[r]) * kRawScale<D>; }
 };
 
 template <int kHd>

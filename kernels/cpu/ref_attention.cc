@@ -17,12 +17,12 @@ KvCacheView F32View(const float* k_cache, const float* v_cache) {
 }
 
 // Head `kvh` of slot `slot` as f32.
-void LoadHead(const PagedKvLayout& L, KvDtype dtype, const void* data, const float* scales,
+void LoadHead(const PagedKvLayout& L, KvDtype dtype, const void* data, const KvScale* scales,
               int64_t slot, int64_t kvh, float* out) {
   const int64_t hd = L.head_dim;
   const int64_t row = slot * L.num_kv_heads + kvh;
   const auto* src = static_cast<const char*>(data) + row * hd * KvElementBytes(dtype);
-  DequantizeKvHead(dtype, src, KvHasScales(dtype) ? scales[row] : 1.f, hd, out);
+  DequantizeKvHead(dtype, src, KvHasScales(dtype) ? scales[row] : kKvScaleOne, hd, out);
 }
 
 }  // namespace
@@ -35,9 +35,9 @@ void WriteKv(const PagedKvLayout& layout, const float* k, const float* v,
     for (int64_t h = 0; h < layout.num_kv_heads; ++h) {
       const int64_t row = slot_mapping[t] * layout.num_kv_heads + h;
       const int64_t src = (t * layout.num_kv_heads + h) * hd;
-      const float ks =
+      const KvScale ks =
           QuantizeKvHead(cache.dtype, k + src, hd, static_cast<char*>(cache.k) + row * hd * eb);
-      const float vs =
+      const KvScale vs =
           QuantizeKvHead(cache.dtype, v + src, hd, static_cast<char*>(cache.v) + row * hd * eb);
       if (KvHasScales(cache.dtype)) {
         cache.k_scale[row] = ks;

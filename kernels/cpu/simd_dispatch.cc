@@ -46,8 +46,8 @@ bool SetSimdKernelsVariantForTesting(const std::string& variant) { return varian
                const int64_t* slot_mapping, int64_t n, const KvCacheView& cache);                  \
   void PagedAttention(const PagedAttentionArgs& args, const float* q, const KvCacheView& cache,    \
                       float* out, ThreadPool* pool);                                               \
-  float QuantizeKvHead(KvDtype dtype, const float* x, int64_t n, void* dst);                       \
-  void DequantizeKvHead(KvDtype dtype, const void* src, float scale, int64_t n, float* dst);       \
+  KvScale QuantizeKvHead(KvDtype dtype, const float* x, int64_t n, void* dst);                     \
+  void DequantizeKvHead(KvDtype dtype, const void* src, KvScale scale, int64_t n, float* dst);     \
   namespace cpu {                                                                                  \
   bool FusedRowDot(gguf::TensorType type, const void* row, const float* x, int64_t n, float* out); \
   void DequantizeRowFast(gguf::TensorType type, const void* src, float* dst, int64_t n);           \
@@ -166,10 +166,10 @@ void PagedAttention(const PagedAttentionArgs& args, const float* q, const KvCach
                     float* out, ThreadPool* pool) {
   TANDEM_DISPATCH(PagedAttention, args, q, cache, out, pool);
 }
-float QuantizeKvHead(KvDtype dtype, const float* x, int64_t n, void* dst) {
+KvScale QuantizeKvHead(KvDtype dtype, const float* x, int64_t n, void* dst) {
   TANDEM_DISPATCH(QuantizeKvHead, dtype, x, n, dst);
 }
-void DequantizeKvHead(KvDtype dtype, const void* src, float scale, int64_t n, float* dst) {
+void DequantizeKvHead(KvDtype dtype, const void* src, KvScale scale, int64_t n, float* dst) {
   TANDEM_DISPATCH(DequantizeKvHead, dtype, src, scale, n, dst);
 }
 

@@ -49,7 +49,7 @@ void AddFlags(ArgParser& p, PlanFlags& f) {
               "Tandem's default --kv-cache-dtype f16)");
   p.AddString("kv-cache-dtype", &f.kv_cache_dtype,
               "Tandem's KV dtype instead of --kv-bytes: f32, f16, bf16, int8 or fp8 (int8/fp8 "
-              "add a 4 B scale per token, layer, K|V and KV head)");
+              "add a 1 B scale per token, layer, K|V and KV head)");
   p.AddInt("context", &f.context, 1, plan::kMaxContext, "tokens of KV reserved per sequence");
   p.AddInt("batch", &f.batch, 0, 1 << 20, "running sequences per decode step (0: as many as fit)");
   p.AddInt("decode-context", &f.decode_context, 0, plan::kMaxContext,

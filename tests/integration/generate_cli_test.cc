@@ -393,7 +393,7 @@ TEST(GenerateCliTest, KvCacheDtypeFlag) {
   ProcessResult r = Tandem({"generate", "--prompt", "The capital of France is", "--max-tokens", "4",
                             "--kv-cache-dtype", "int8"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.err.find("[engine] KV cache: int8, 12240 B/token"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("[engine] KV cache: int8, 11700 B/token"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("KV cache int8 in host memory"), std::string::npos) << r.err;
   const std::vector<std::vector<std::string>> commands = {
       {"generate", "--prompt", "x"}, {"serve"}, {"prefill"}, {"decode"}, {"router", "--colocated"}};

@@ -77,7 +77,7 @@ TEST(PlanCliTest, SmolLm2GgufOnCpu) {
   // in its model summary) and the sequences they leave room for.
   ASSERT_EQ(j["kv_dtypes"].array.size(), 5u);
   const char* names[] = {"f32", "f16", "bf16", "int8", "fp8"};
-  const double bpt[] = {46080, 23040, 23040, 12240, 12240};
+  const double bpt[] = {46080, 23040, 23040, 11700, 11700};
   for (size_t i = 0; i < 5; ++i) {
     EXPECT_EQ(j["kv_dtypes"][i]["dtype"].str, names[i]);
     EXPECT_EQ(j["kv_dtypes"][i]["kv_bytes_per_token"].number, bpt[i]);
@@ -88,13 +88,13 @@ TEST(PlanCliTest, SmolLm2GgufOnCpu) {
       Plan({"--json", "--model", DefaultModelPath(), "--device", "cpu", "--device-memory-gb", "16",
             "--device-bandwidth-gbs", "50", "--device-tflops", "1", "--kv-cache-dtype", "int8"});
   ASSERT_EQ(i8.exit_code, 0) << i8.err;
-  EXPECT_EQ(Json::Parse(i8.out)["kv_bytes_per_token"].number, 12240);
+  EXPECT_EQ(Json::Parse(i8.out)["kv_bytes_per_token"].number, 11700);
   ProcessResult table =
       Plan({"--model", DefaultModelPath(), "--device", "cpu", "--device-memory-gb", "16",
             "--device-bandwidth-gbs", "50", "--device-tflops", "1", "--kv-cache-dtype", "fp8"});
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("with --kv-cache-dtype int8"), std::string::npos) << table.out;
-  EXPECT_NE(table.out.find("12,240 B/token"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("11,700 B/token"), std::string::npos) << table.out;
   ProcessResult bad = Plan({"--model", DefaultModelPath(), "--kv-cache-dtype", "int4"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("--kv-cache-dtype"), std::string::npos) << bad.err;

@@ -384,7 +384,15 @@ TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
   const std::vector<float> kv = Random(2 * slots * width, 8, 3.f);
   std::vector<uint16_t> kc(slots * width), vc(slots * width);
   std::vector<int8_t> k8(slots * width), v8(slots * width);
-  const std::vector<float> ksc = Random(slots * 6, 10, 0.1f), vsc = Random(slots * 6, 11, 0.1f);
+  // Scale codes of 2^-10 .. 2^-2 (kernels/kv_dtype.h: ue5m3).
+  std::vector<KvScale> ksc(slots * 6), vsc(slots * 6);
+  {
+    const std::vector<float> r = Random(2 * slots * 6, 10, 4.f);
+    for (int64_t i = 0; i < slots * 6; ++i) {
+      ksc[i] = KvScaleCeil(std::exp2(r[i] - 6.f));
+      vsc[i] = KvScaleCeil(std::exp2(r[slots * 6 + i] - 6.f));
+    }
+  }
   for (int64_t i = 0; i < slots * width; ++i) {
     kc[i] = Fp32ToFp16(kv[i]);
     vc[i] = Fp32ToFp16(kv[slots * width + i]);
@@ -392,8 +400,7 @@ TEST(SimdVariantTest, EveryBuildGivesTheSameBits) {
     v8[i] = int8_t(std::lround(kv[slots * width + i] * 40));
   }
   const KvCacheView f16{KvDtype::kF16, kc.data(), vc.data(), nullptr, nullptr};
-  const KvCacheView i8{KvDtype::kInt8, k8.data(), v8.data(), const_cast<float*>(ksc.data()),
-                       const_cast<float*>(vsc.data())};
+  const KvCacheView i8{KvDtype::kInt8, k8.data(), v8.data(), ksc.data(), vsc.data()};
   const std::vector<int32_t> query_start = {0, 5, 6}, positions = {30, 31, 32, 33, 34, 40};
   const std::vector<int32_t> context_lens = {35, 41}, tables = {4, 1, 5, 0, 3, 2};
   const PagedAttentionArgs args{

@@ -48,9 +48,9 @@ TEST(KvDtypeTest, NamesParseAndSizes) {
   EXPECT_EQ(KvBytesPerToken(KvDtype::kF32, 30, 3, 64), 46080);
   EXPECT_EQ(KvBytesPerToken(KvDtype::kF16, 30, 3, 64), 23040);
   EXPECT_EQ(KvBytesPerToken(KvDtype::kBf16, 30, 3, 64), 23040);
-  // 11520 one-byte elements + 2 x 30 x 3 f32 scales.
-  EXPECT_EQ(KvBytesPerToken(KvDtype::kInt8, 30, 3, 64), 12240);
-  EXPECT_EQ(KvBytesPerToken(KvDtype::kFp8, 30, 3, 64), 12240);
+  // 11520 one-byte elements + 2 x 30 x 3 one-byte scales.
+  EXPECT_EQ(KvBytesPerToken(KvDtype::kInt8, 30, 3, 64), 11700);
+  EXPECT_EQ(KvBytesPerToken(KvDtype::kFp8, 30, 3, 64), 11700);
 }
 
 TEST(KvDtypeTest, Fp8E4m3CodesRoundTripAndRound) {
@@ -82,6 +82,43 @@ TEST(KvDtypeTest, Fp8E4m3CodesRoundTripAndRound) {
   }
 }
 
+// The one-byte ue5m3 scale: every code's value, the round-up, the ends.
+TEST(KvDtypeTest, KvScaleCodesAreUe5m3AndRoundUp) {
+  EXPECT_EQ(KvScaleToFp32(0), std::ldexp(1.f, -15));
+  EXPECT_EQ(KvScaleToFp32(1), std::ldexp(1.125f, -15));
+  EXPECT_EQ(KvScaleToFp32(kKvScaleOne), 1.f);
+  EXPECT_EQ(KvScaleToFp32(kKvScaleOne + 4), 1.5f);
+  EXPECT_EQ(KvScaleToFp32(254), std::ldexp(1.75f, 16));
+  EXPECT_TRUE(std::isnan(KvScaleToFp32(kKvScaleNan)));
+  for (int c = 0; c < 255; ++c) {
+    const float v = KvScaleToFp32(KvScale(c));
+    EXPECT_EQ(v, std::ldexp(1.f + (c & 7) / 8.f, (c >> 3) - 15)) << c;
+    EXPECT_EQ(KvScaleCeil(v), c) << c;  // exact values keep their code
+    if (c > 0) {
+      EXPECT_LT(KvScaleToFp32(KvScale(c - 1)), v) << c;  // monotonic
+      EXPECT_EQ(KvScaleCeil(std::nextafter(KvScaleToFp32(KvScale(c - 1)), v)), c) << c;
+    }
+  }
+  // Every s in range gets the smallest code >= s: a brute-force search.
+  for (float s : RandomVec(5000, 7, -16.f, 17.f)) {
+    s = std::exp2(s);
+    int want = 254;
+    while (want > 0 && KvScaleToFp32(KvScale(want - 1)) >= s) --want;
+    const int got = KvScaleCeil(s);
+    EXPECT_EQ(got, want) << s;
+    if (s >= KvScaleToFp32(0) && s <= KvScaleToFp32(254)) {
+      EXPECT_GE(KvScaleToFp32(KvScale(got)), s);
+      EXPECT_LE(KvScaleToFp32(KvScale(got)), s * 1.125f);
+    }
+  }
+  EXPECT_EQ(KvScaleCeil(0.f), 0);
+  EXPECT_EQ(KvScaleCeil(-1.f), 0);
+  EXPECT_EQ(KvScaleCeil(1e-30f), 0);
+  EXPECT_EQ(KvScaleCeil(1e30f), 254);  // saturates: the values then clamp
+  EXPECT_EQ(KvScaleCeil(INFINITY), 254);
+  EXPECT_EQ(KvScaleCeil(NAN), kKvScaleNan);
+}
+
 TEST(KvDtypeTest, QuantizeDequantizeHeadWithinBounds) {
   for (KvDtype d : kAll) {
     for (int64_t hd : {64, 128, 20}) {
@@ -91,10 +128,12 @@ TEST(KvDtypeTest, QuantizeDequantizeHeadWithinBounds) {
         x[seed % hd] = 9.f * (seed % 2 ? 1.f : -1.f);
         if (seed % 5 == 0) x[(seed + 1) % hd] = 1e-4f;
         std::vector<char> q(hd * KvElementBytes(d));
-        const float s = QuantizeKvHead(d, x.data(), hd, q.data());
+        const KvScale s = QuantizeKvHead(d, x.data(), hd, q.data());
         std::vector<float> y(hd);
         DequantizeKvHead(d, q.data(), s, hd, y.data());
         const float amax = 9.f;
+        // The stored scale: amax / 127 (448) rounded up, by at most 12.5 %.
+        const float sv = KvScaleToFp32(s);
         for (int64_t i = 0; i < hd; ++i) {
           const float ax = std::fabs(x[i]);
           float bound = 0;
@@ -109,29 +148,52 @@ TEST(KvDtypeTest, QuantizeDequantizeHeadWithinBounds) {
               bound = ax * std::ldexp(1.f, -8);
               break;
             case KvDtype::kInt8:
-              bound = amax / 127.f * 0.5f * 1.0001f;
+              bound = sv * 0.5f * 1.0001f;
               break;
             case KvDtype::kFp8:
-              bound = std::max(ax * 0.0625f, amax / 448.f * std::ldexp(1.f, -10)) * 1.0001f;
+              bound = std::max(ax * 0.0625f, sv * std::ldexp(1.f, -10)) * 1.0001f;
               break;
           }
           ASSERT_LE(std::fabs(y[i] - x[i]), bound)
               << KvDtypeName(d) << " hd " << hd << " seed " << seed << " i " << i;
         }
         if (d == KvDtype::kInt8) {
-          EXPECT_FLOAT_EQ(s, amax / 127.f);
-        }
-        if (d == KvDtype::kFp8) {
-          EXPECT_FLOAT_EQ(s, amax / 448.f);
+          // amax / 127 rounded up: at most one mantissa step (12.5 %) more.
+          EXPECT_EQ(s, KvScaleCeil(amax / 127.f));
+          EXPECT_GE(sv, amax / 127.f);
+          EXPECT_LE(sv, amax / 127.f * 1.125f);
+        } else if (d == KvDtype::kFp8) {
+          // Within an octave above amax / 448 rounded up (Fp8ScaleForMax).
+          EXPECT_GE(s, KvScaleCeil(amax / 448.f));
+          EXPECT_LT(s, KvScaleCeil(amax / 448.f) + 8);
+        } else {
+          EXPECT_EQ(s, kKvScaleOne);
         }
       }
     }
     // A zero head stays zero (no division by a zero scale).
     std::vector<float> zero(64, 0.f), y(64, 1.f);
     std::vector<char> q(64 * KvElementBytes(d));
-    const float s = QuantizeKvHead(d, zero.data(), 64, q.data());
+    const KvScale s = QuantizeKvHead(d, zero.data(), 64, q.data());
     DequantizeKvHead(d, q.data(), s, 64, y.data());
     for (float v : y) EXPECT_EQ(v, 0.f) << KvDtypeName(d);
+    if (KvHasScales(d)) {
+      // A non-finite value makes the head NaN (kKvScaleNan), not a silent clamp.
+      std::vector<float> bad(64, 0.5f);
+      bad[7] = (d == KvDtype::kInt8) ? INFINITY : NAN;
+      EXPECT_EQ(QuantizeKvHead(d, bad.data(), 64, q.data()), kKvScaleNan) << KvDtypeName(d);
+      DequantizeKvHead(d, q.data(), kKvScaleNan, 64, y.data());
+      EXPECT_TRUE(std::isnan(y[0])) << KvDtypeName(d);
+      // The largest finite value a code can hold: 127 x 1.75 x 2^16, and
+      // beyond it the values clamp to +-127 steps of that scale.
+      std::vector<float> huge(64, 1e9f);
+      huge[1] = -1e9f;
+      EXPECT_EQ(QuantizeKvHead(d, huge.data(), 64, q.data()), 254) << KvDtypeName(d);
+      DequantizeKvHead(d, q.data(), 254, 64, y.data());
+      const float top = (d == KvDtype::kInt8 ? 127.f : 448.f) * std::ldexp(1.75f, 16);
+      EXPECT_EQ(y[0], top) << KvDtypeName(d);
+      EXPECT_EQ(y[1], -top) << KvDtypeName(d);
+    }
   }
 }
 
@@ -146,17 +208,55 @@ TEST(KvDtypeTest, RowQuantizersEqualTheElementCoders) {
   for (int64_t off = 0; off + 69 <= int64_t(x.size()); off += 69) {
     const float* h = x.data() + off;
     std::vector<uint8_t> q8(69);
-    const float s = QuantizeKvHead(KvDtype::kFp8, h, 69, q8.data());
+    const KvScale s = QuantizeKvHead(KvDtype::kFp8, h, 69, q8.data());
     float amax = 0;
     for (int i = 0; i < 69; ++i) amax = std::max(amax, std::fabs(h[i]));
+    const float inv = 1.f / KvScaleToFp32(s);
     for (int i = 0; i < 69; ++i) {
-      ASSERT_EQ(q8[i], Fp32ToFp8E4m3(h[i] * (448.f / amax))) << off << " " << i;
+      ASSERT_EQ(q8[i], Fp32ToFp8E4m3(h[i] * inv)) << off << " " << i;
     }
-    EXPECT_EQ(s, amax / 448.f);
     std::vector<uint16_t> q16(69);
     QuantizeKvHead(KvDtype::kF16, h, 69, q16.data());
     for (int i = 0; i < 69; ++i) ASSERT_EQ(q16[i], Fp32ToFp16(h[i])) << off << " " << i;
   }
+}
+
+// fp8 picks, among the 8 scale codes from amax / 448 rounded up, the one
+// that stores the head's largest |value| most exactly (the first of equals):
+// checked against a brute-force search, and that choice halves the largest
+// value's mean error against the plain round-up.
+TEST(KvDtypeTest, Fp8ScaleStoresTheLargestValueBest) {
+  const auto max_err = [](float amax, int c) {
+    const float v = amax / KvScaleToFp32(KvScale(c));
+    return std::fabs(Fp8E4m3ToFp32(Fp32ToFp8E4m3(v)) * KvScaleToFp32(KvScale(c)) - amax) / amax;
+  };
+  double chosen_sum = 0, ceil_sum = 0;
+  const std::vector<float> e = RandomVec(2000, 17, -12.f, 12.f);
+  for (size_t t = 0; t < e.size(); ++t) {
+    std::vector<float> x = RandomVec(64, uint32_t(100 + t), -1.f, 1.f);
+    const float amax = std::exp2(e[t]);
+    for (float& v : x) v *= 0.9f * amax;
+    x[t % 64] = (t % 2 ? -1.f : 1.f) * amax;
+    std::vector<uint8_t> q(64);
+    const KvScale s = QuantizeKvHead(KvDtype::kFp8, x.data(), 64, q.data());
+    const int first = KvScaleCeil(amax / 448.f);
+    int best = first;
+    for (int c = first; c < first + 8 && c < kKvScaleNan; ++c) {
+      const float v = amax * (1.f / KvScaleToFp32(KvScale(c)));
+      const float b = amax * (1.f / KvScaleToFp32(KvScale(best)));
+      if (std::fabs(Fp8E4m3ToFp32(Fp32ToFp8E4m3(v)) - v) / v <
+          std::fabs(Fp8E4m3ToFp32(Fp32ToFp8E4m3(b)) - b) / b) {
+        best = c;
+      }
+    }
+    ASSERT_EQ(s, best) << amax;
+    // The stored largest value is its rounding at that scale.
+    EXPECT_EQ(Fp8E4m3ToFp32(q[t % 64] & 0x7f) * KvScaleToFp32(s),
+              Fp8E4m3ToFp32(Fp32ToFp8E4m3(amax * (1.f / KvScaleToFp32(s)))) * KvScaleToFp32(s));
+    chosen_sum += max_err(amax, s);
+    ceil_sum += max_err(amax, first);
+  }
+  EXPECT_LT(chosen_sum, 0.5 * ceil_sum);
 }
 
 // One layer's cache of any dtype, filled from f32 rows.
@@ -165,7 +265,7 @@ struct DtypeCache {
     const int64_t rows = L.num_blocks * L.block_size * L.num_kv_heads;
     k.assign(rows * L.head_dim * KvElementBytes(d), 0);
     v = k;
-    if (KvHasScales(d)) ks.assign(rows, 0.f), vs.assign(rows, 0.f);
+    if (KvHasScales(d)) ks.assign(rows, 0), vs.assign(rows, 0);
   }
   KvCacheView view() {
     return {dtype, k.data(), v.data(), ks.empty() ? nullptr : ks.data(),
@@ -173,7 +273,7 @@ struct DtypeCache {
   }
   KvDtype dtype;
   std::vector<char> k, v;
-  std::vector<float> ks, vs;
+  std::vector<KvScale> ks, vs;
 };
 
 struct AttnCase {

@@ -180,9 +180,9 @@ TEST(CapacityPlanTest, SmolLm2GgufFromTheRealFile) {
   EXPECT_GT(p.weight_bits, 4.0);  // Q4_1 blocks plus F32 norms and a Q8_0 embedding
   EXPECT_LT(p.weight_bits, 8.0);
   // Every Tandem KV dtype at the same budget: bytes/token (int8/fp8 with
-  // their 4 B scale per token, layer, K|V and KV head) and sequences.
+  // their 1 B scale per token, layer, K|V and KV head) and sequences.
   ASSERT_EQ(p.kv_dtype_capacity.size(), 5u);
-  const int64_t want_bpt[] = {46080, 23040, 23040, 12240, 12240};
+  const int64_t want_bpt[] = {46080, 23040, 23040, 11700, 11700};
   for (size_t i = 0; i < 5; ++i) {
     const Plan::KvDtypeCapacity& k = p.kv_dtype_capacity[i];
     EXPECT_EQ(k.kv_bytes_per_token, want_bpt[i]) << k.dtype;
@@ -194,8 +194,8 @@ TEST(CapacityPlanTest, SmolLm2GgufFromTheRealFile) {
   EXPECT_GT(p.kv_dtype_capacity[3].max_concurrent_sequences,
             3 * p.kv_dtype_capacity[0].max_concurrent_sequences);
   in.kv_bytes_per_element = 1;
-  in.kv_scale_bytes_per_head = 4;  // --kv-cache-dtype int8
-  EXPECT_EQ(ComputePlan(in).value().kv_bytes_per_token, 12240);
+  in.kv_scale_bytes_per_head = 1;                                // --kv-cache-dtype int8
+  EXPECT_EQ(ComputePlan(in).value().kv_bytes_per_token, 11700);  // 2 x 30 x 3 x (64 + 1)
 }
 
 TEST(CapacityPlanTest, JsonHasEveryNamedField) {
