@@ -37,11 +37,11 @@ absl::Status CheckDeviceAvailable(Device device) {
 }
 
 absl::Status CheckKvDtypeSupported(Device device, KvDtype dtype) {
-  if (device == Device::kCuda && dtype != KvDtype::kF32) {
+  if (device == Device::kCuda && kernels::KvHasScales(dtype)) {
     return absl::FailedPreconditionError(
         absl::StrCat("--kv-cache-dtype ", kernels::KvDtypeName(dtype),
-                     ": the CUDA executor holds an f32 KV cache only (use --kv-cache-dtype f32 "
-                     "with --device cuda)"));
+                     ": the CUDA executor holds f32, f16 or bf16 KV caches only (use "
+                     "--kv-cache-dtype f32|f16|bf16 with --device cuda)"));
   }
   return absl::OkStatus();
 }

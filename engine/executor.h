@@ -129,7 +129,8 @@ absl::StatusOr<std::unique_ptr<Executor>> MakeExecutor(const LlamaModel* model,
 absl::Status CheckDeviceAvailable(Device device);
 
 // OK when `device`'s executor can hold a KV cache of `dtype`: every dtype on
-// the CPU, f32 only on CUDA (FailedPrecondition naming --kv-cache-dtype).
+// the CPU, f32 / f16 / bf16 on CUDA (FailedPrecondition naming
+// --kv-cache-dtype for int8 / fp8 there).
 absl::Status CheckKvDtypeSupported(Device device, KvDtype dtype);
 
 // Bytes free for a KV cache on options.device with `model`'s weights there,

@@ -92,8 +92,7 @@ class CudaExecutor final : public Executor {
   std::string Describe() const override;
   const KvCacheShape& kv_shape() const override { return shape_; }
   int64_t kv_cache_bytes() const override {
-    return 2 * shape_.num_layers * shape_.num_slots() * shape_.row_floats() *
-           int64_t(sizeof(float));
+    return 2 * shape_.num_layers * shape_.num_slots() * shape_.row_bytes();
   }
   absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) override;
   absl::Status Forward(const ForwardBatch& batch, float* logits) override;
@@ -112,7 +111,7 @@ class CudaExecutor final : public Executor {
     int64_t n = 0;
     int64_t data_bytes = 0;
     int64_t* slots = nullptr;
-    float* buf = nullptr;
+    char* buf = nullptr;  // interchange bytes
   };
   // with_buffer false: the data is elsewhere on the device (buf stays null).
   absl::StatusOr<SlotIo> UploadSlots(absl::Span<const int64_t> slots, bool with_buffer = true);
@@ -190,7 +189,7 @@ absl::StatusOr<std::unique_ptr<Executor>> CudaExecutor::Create(const ModelConfig
         "cuda executor: bad KV geometry, ", options.num_blocks, " blocks of ", options.block_size));
   }
   // The device kernels (rope_kv.cu, attention.cu, kv_ops.cu) read and write
-  // f32 rows only.
+  // f32, f16 and bf16 rows.
   TANDEM_RETURN_IF_ERROR(CheckKvDtypeSupported(Device::kCuda, options.kv_dtype));
   std::unique_ptr<CudaExecutor> ex(new CudaExecutor(config));
   ex->device_index_ = options.device_index;
@@ -204,9 +203,10 @@ absl::StatusOr<std::unique_ptr<Executor>> CudaExecutor::Create(const ModelConfig
   ex->shape_.num_layers = config.num_layers;
   ex->shape_.layout = {options.num_blocks, options.block_size, config.num_kv_heads,
                        config.head_dim};
+  ex->shape_.dtype = options.kv_dtype;
   const int64_t bytes = ex->kv_cache_bytes();
   if (bytes / options.num_blocks / options.block_size !=
-      2 * config.num_layers * ex->shape_.row_floats() * int64_t(sizeof(float))) {
+      2 * config.num_layers * ex->shape_.row_bytes()) {
     return absl::InvalidArgumentError("cuda executor: KV cache size overflows");
   }
   // One block more than the engine's: the scratch block graph padding writes.
@@ -216,7 +216,7 @@ absl::StatusOr<std::unique_ptr<Executor>> CudaExecutor::Create(const ModelConfig
   TANDEM_ASSIGN_OR_RETURN(void* kv, kc::Malloc(device_bytes));
   ex->kv_data_.reset(kv);
   TANDEM_RETURN_IF_ERROR(kc::Memset(kv, 0, device_bytes, ex->stream_));
-  ex->kv_ = {static_cast<float*>(kv), config.num_layers, device_layout};
+  ex->kv_ = {kv, config.num_layers, device_layout, options.kv_dtype};
   TANDEM_RETURN_IF_ERROR(kc::StreamSync(ex->stream_));
   TANDEM_RETURN_IF_ERROR(ex->Warmup());
   return std::unique_ptr<Executor>(std::move(ex));
@@ -283,12 +283,14 @@ absl::Status CudaExecutor::RunLayer(int64_t layer, int64_t T,
   rope.d_freq_factors = weights_.rope_freqs;
   rope.d_k_cache = kv_.k(layer);
   rope.d_v_cache = kv_.v(layer);
+  rope.kv_dtype = kv_.dtype;
   TANDEM_RETURN_IF_ERROR(kc::QkvRopeKvWrite(rope, stream_));
   kc::DeviceAttentionArgs a = attn_base;
   a.d_q = qkv_;
   a.q_stride = width;
   a.d_k_cache = kv_.k(layer);
   a.d_v_cache = kv_.v(layer);
+  a.kv_dtype = kv_.dtype;
   a.d_out = attn_;
   TANDEM_RETURN_IF_ERROR(kc::PagedAttention(a, stream_));
   TANDEM_RETURN_IF_ERROR(MatMul(w.wo, attn_, T, x_, c.hidden_size, /*accumulate=*/true));
@@ -522,7 +524,7 @@ absl::StatusOr<CudaExecutor::SlotIo> CudaExecutor::UploadSlots(absl::Span<const 
   TANDEM_ASSIGN_OR_RETURN(char* d, kv_io_.Get(Align(n * 8) + (with_buffer ? io.data_bytes : 0)));
   TANDEM_RETURN_IF_ERROR(kc::CopyToDevice(d, host, n * 8, stream_));
   io.slots = reinterpret_cast<int64_t*>(d);
-  if (with_buffer) io.buf = reinterpret_cast<float*>(d + Align(n * 8));
+  if (with_buffer) io.buf = d + Align(n * 8);
   return io;
 }
 
@@ -557,15 +559,14 @@ absl::StatusOr<std::shared_ptr<KvDeviceBytes>> CudaExecutor::AllocKvDevice(int64
 absl::Status CudaExecutor::ReadKvDevice(absl::Span<const int64_t> slots, void* dst) {
   TANDEM_ASSIGN_OR_RETURN(const SlotIo io, UploadSlots(slots, /*with_buffer=*/false));
   if (io.n == 0) return absl::OkStatus();
-  TANDEM_RETURN_IF_ERROR(kc::GatherSlots(kv_, io.slots, io.n, static_cast<float*>(dst), stream_));
+  TANDEM_RETURN_IF_ERROR(kc::GatherSlots(kv_, io.slots, io.n, dst, stream_));
   return kc::StreamSync(stream_);
 }
 
 absl::Status CudaExecutor::WriteKvDevice(absl::Span<const int64_t> slots, const void* src) {
   TANDEM_ASSIGN_OR_RETURN(const SlotIo io, UploadSlots(slots, /*with_buffer=*/false));
   if (io.n == 0) return absl::OkStatus();
-  TANDEM_RETURN_IF_ERROR(
-      kc::ScatterSlots(kv_, io.slots, io.n, static_cast<const float*>(src), stream_));
+  TANDEM_RETURN_IF_ERROR(kc::ScatterSlots(kv_, io.slots, io.n, src, stream_));
   return kc::StreamSync(stream_);
 }
 

@@ -32,7 +32,9 @@ __device__ __forceinline__ int64_t SlotOf(const int32_t* table, int64_t j, int64
 // every lane reads them (broadcast) while it accumulates its own head dims
 // of V (lane l owns dims 4 l .. 4 l + 3, and 128 further: coalesced 16-byte
 // loads of each V row, eight rows loaded before they are used).
-template <int kChunks>  // V chunks of 4 dims per lane: head_dim <= 128 * kChunks
+// Kv: the cache's element type (common.cuh: KvF32, KvF16, KvBf16), loaded 4
+// elements at a time and widened to f32; everything after the load is f32.
+template <typename Kv, int kChunks>  // V chunks of 4 dims per lane: head_dim <= 128 * kChunks
 __global__ void __launch_bounds__(kWarps * 32, kChunks == 1 ? 4 : 2)
     AttnSplitKernel(DeviceAttentionArgs a, int64_t head_groups, Partials part) {
   __shared__ __align__(16) float q_s[kMaxGroup][kMaxHeadDim];
@@ -56,8 +58,9 @@ __global__ void __launch_bounds__(kWarps * 32, kChunks == 1 ? 4 : 2)
   const int64_t row = kvh_count * hd, bs = a.layout.block_size;
   const int chunks = static_cast<int>(hd / 4);  // 16-byte chunks per row
   const int32_t* table = a.d_block_tables + int64_t(a.d_token_seq[t]) * a.max_blocks_per_seq;
-  const float* kc = a.d_k_cache + kvh * hd;
-  const float* vc = a.d_v_cache + kvh * hd;
+  using T = typename Kv::T;
+  const T* kc = static_cast<const T*>(a.d_k_cache) + kvh * hd;
+  const T* vc = static_cast<const T*>(a.d_v_cache) + kvh * hd;
 
   for (int64_t i = threadIdx.x; i < ng * hd; i += blockDim.x) {
     q_s[i / hd][i % hd] = a.d_q[t * a.q_stride + (h0 + i / hd) * hd + i % hd] * a.scale;
@@ -85,12 +88,12 @@ __global__ void __launch_bounds__(kWarps * 32, kChunks == 1 ? 4 : 2)
 #pragma unroll
       for (int g = 0; g < kMaxGroup; ++g) sc[g] = 0.f;
       if (valid) {  // the row's chunks loaded first, then used
-        const float4* kr = reinterpret_cast<const float4*>(kc + slot * row);
+        const T* kr = kc + slot * row;
         float4 kv[8 * kChunks];
 #pragma unroll
         for (int i = 0; i < 8 * kChunks; ++i) {
           const int ci = qc + 4 * i;
-          kv[i] = ci < chunks ? kr[ci] : make_float4(0.f, 0.f, 0.f, 0.f);
+          kv[i] = ci < chunks ? Kv::Load4(kr + 4 * ci) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
         for (int i = 0; i < 8 * kChunks; ++i) {
@@ -143,11 +146,11 @@ __global__ void __launch_bounds__(kWarps * 32, kChunks == 1 ? 4 : 2)
 #pragma unroll
       for (int u = 0; u < kVRows; ++u) {
         if (kb + u < nk) {
-          const float4* vr = reinterpret_cast<const float4*>(vc + slot_s[warp][kb + u] * row);
+          const T* vr = vc + slot_s[warp][kb + u] * row;
 #pragma unroll
           for (int i = 0; i < kChunks; ++i) {
             const int ci = lane + 32 * i;
-            v[u][i] = ci < chunks ? vr[ci] : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[u][i] = ci < chunks ? Kv::Load4(vr + 4 * ci) : make_float4(0.f, 0.f, 0.f, 0.f);
           }
         }
       }
@@ -254,12 +257,15 @@ absl::Status PagedAttention(const DeviceAttentionArgs& a, Stream stream) {
   const dim3 grid(static_cast<unsigned>(a.layout.num_kv_heads * head_groups),
                   static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(splits));
   const cudaStream_t s = AsStream(stream);
-  if (hd <= 128) {
-    AttnSplitKernel<1><<<grid, kWarps * 32, 0, s>>>(a, head_groups, part);
-  } else {
-    AttnSplitKernel<2><<<grid, kWarps * 32, 0, s>>>(a, head_groups, part);
-  }
-  absl::Status st = LaunchStatus("PagedAttention split");
+  absl::Status st = DispatchKvDtype(a.kv_dtype, "cuda PagedAttention", [&](auto kv) {
+    using Kv = decltype(kv);
+    if (hd <= 128) {
+      AttnSplitKernel<Kv, 1><<<grid, kWarps * 32, 0, s>>>(a, head_groups, part);
+    } else {
+      AttnSplitKernel<Kv, 2><<<grid, kWarps * 32, 0, s>>>(a, head_groups, part);
+    }
+    return LaunchStatus("PagedAttention split");
+  });
   if (!st.ok()) return st;
   AttnMergeKernel<<<static_cast<unsigned>(a.num_tokens * a.num_heads), 128, 0, s>>>(a, part);
   return LaunchStatus("PagedAttention merge");

@@ -43,6 +43,52 @@ __device__ __forceinline__ float Bf16ToFloat(uint16_t h) {
 __device__ __forceinline__ uint16_t FloatToBf16(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
+// KV cache elements (KvDtype f32 / f16 / bf16): the storage type of each,
+// the rounding of a store (to nearest even, as kernels::QuantizeKvHead) and
+// a load of 4 consecutive elements (16 bytes for f32, 8 for f16 / bf16;
+// REQUIRES: p 16- resp. 8-byte aligned) widened to f32.
+struct KvF32 {
+  using T = float;
+  static __device__ __forceinline__ T From(float x) { return x; }
+  static __device__ __forceinline__ float4 Load4(const T* p) {
+    return *reinterpret_cast<const float4*>(p);
+  }
+};
+struct KvF16 {
+  using T = uint16_t;
+  static __device__ __forceinline__ T From(float x) { return __half_as_ushort(__float2half_rn(x)); }
+  static __device__ __forceinline__ float4 Load4(const T* p) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    return make_float4(HalfToFloat(uint16_t(u.x & 0xffffu)), HalfToFloat(uint16_t(u.x >> 16)),
+                       HalfToFloat(uint16_t(u.y & 0xffffu)), HalfToFloat(uint16_t(u.y >> 16)));
+  }
+};
+struct KvBf16 {
+  using T = uint16_t;
+  static __device__ __forceinline__ T From(float x) { return FloatToBf16(x); }
+  static __device__ __forceinline__ float4 Load4(const T* p) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+  }
+};
+// Calls f(KvF32{}), f(KvF16{}) or f(KvBf16{}) for the dtype; InvalidArgument
+// for int8 / fp8 (CPU-only: their per-head scales have no device path).
+template <typename F>
+absl::Status DispatchKvDtype(KvDtype dtype, const char* what, F&& f) {
+  switch (dtype) {
+    case KvDtype::kF32:
+      return f(KvF32{});
+    case KvDtype::kF16:
+      return f(KvF16{});
+    case KvDtype::kBf16:
+      return f(KvBf16{});
+    default:
+      return absl::InvalidArgumentError(std::string(what) + ": the KV cache dtype " +
+                                        KvDtypeName(dtype) + " has no CUDA kernels");
+  }
+}
+
 __device__ __forceinline__ uint16_t Ld16(const uint8_t* p) {
   return *reinterpret_cast<const uint16_t*>(p);
 }

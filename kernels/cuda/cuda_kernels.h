@@ -11,7 +11,8 @@
 //     outcome of the kernel; call StreamSync to wait;
 //   - shapes are int64, offsets into the KV cache are computed in int64;
 //   - activations are row-major f32 as in kernels/kernels.h; the KV cache of
-//     one layer is f32 [num_blocks, block_size, num_kv_heads, head_dim], the
+//     one layer is [num_blocks, block_size, num_kv_heads, head_dim] elements
+//     of its KvDtype (f32, f16 or bf16 here; int8 / fp8 are CPU-only), the
 //     same layout as engine::KvCacheStorage.
 // Each kernel is tested against the CPU reference of kernels/kernels.h in
 // tests/cuda/ (skipped without a device).
@@ -199,11 +200,14 @@ struct QkvRopeArgs {
   float freq_base = 10000.f;
   float freq_scale = 1.f;
   const float* d_freq_factors = nullptr;  // [rot_dim / 2] or null
-  float* d_k_cache = nullptr;             // one layer, [num_slots, num_kv_heads * head_dim]
-  float* d_v_cache = nullptr;
+  void* d_k_cache = nullptr;              // one layer, [num_slots, num_kv_heads * head_dim]
+  void* d_v_cache = nullptr;
+  KvDtype kv_dtype = KvDtype::kF32;  // of the cache: f32, f16 or bf16
 };
 // Bias, RoPE of Q and K in place (angles as kernels::ref::Rope computes
-// them, in double), then K and V stored at their slots. REQUIRES: slots valid.
+// them, in double), then K and V stored at their slots, rounded to the
+// cache's dtype to nearest even (the bits of kernels::QuantizeKvHead).
+// REQUIRES: slots valid; InvalidArgument for int8 / fp8.
 absl::Status QkvRopeKvWrite(const QkvRopeArgs& args, Stream stream);
 
 struct DeviceAttentionArgs {
@@ -217,10 +221,11 @@ struct DeviceAttentionArgs {
   const int32_t* d_token_seq = nullptr;     // [num_tokens] sequence index of each token
   const int32_t* d_block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
   int64_t max_blocks_per_seq = 0;
-  int64_t max_position = 0;          // >= every positions[t] (sizes the split grid)
-  const float* d_k_cache = nullptr;  // one layer
-  const float* d_v_cache = nullptr;
-  float* d_out = nullptr;  // [num_tokens, num_heads * head_dim]
+  int64_t max_position = 0;         // >= every positions[t] (sizes the split grid)
+  const void* d_k_cache = nullptr;  // one layer, elements of kv_dtype
+  const void* d_v_cache = nullptr;
+  KvDtype kv_dtype = KvDtype::kF32;  // f32, f16 or bf16
+  float* d_out = nullptr;            // [num_tokens, num_heads * head_dim]
   float* d_workspace = nullptr;
   int64_t workspace_floats = 0;  // >= PagedAttentionWorkspaceFloats(...)
 };
@@ -232,29 +237,36 @@ int64_t PagedAttentionWorkspaceFloats(int64_t num_tokens, int64_t num_heads, int
 // split of kAttentionSplit keys) serves the whole GQA group (up to 8 query
 // heads; larger groups take several CTAs), online softmax in f32; a merge
 // kernel combines the splits. Decode and prefill tokens alike (each query
-// token attends causally to its own position). REQUIRES: head_dim % 4 == 0,
-// head_dim <= 256, block_size > 0, positions and tables valid.
+// token attends causally to its own position). f16 / bf16 caches are read
+// 4 elements (8 bytes) at a time and widened to f32 in registers.
+// REQUIRES: head_dim % 4 == 0, head_dim <= 256, block_size > 0, positions and
+// tables valid; InvalidArgument for int8 / fp8.
 absl::Status PagedAttention(const DeviceAttentionArgs& args, Stream stream);
 
-// A paged KV cache in device memory: [num_layers][K|V][num_slots, row] f32
-// where row = num_kv_heads * head_dim.
+// A paged KV cache in device memory: [num_layers][K|V][num_slots, row]
+// elements of dtype (f32, f16 or bf16) where row = num_kv_heads * head_dim.
 struct DeviceKvCache {
-  float* d_data = nullptr;
+  void* d_data = nullptr;
   int64_t num_layers = 0;
   PagedKvLayout layout;
-  int64_t row_floats() const { return layout.num_kv_heads * layout.head_dim; }
-  int64_t layer_floats() const { return layout.num_blocks * layout.block_size * row_floats(); }
-  float* k(int64_t layer) const { return d_data + 2 * layer * layer_floats(); }
-  float* v(int64_t layer) const { return d_data + (2 * layer + 1) * layer_floats(); }
+  KvDtype dtype = KvDtype::kF32;
+  int64_t row_elements() const { return layout.num_kv_heads * layout.head_dim; }
+  int64_t row_bytes() const { return row_elements() * KvElementBytes(dtype); }
+  int64_t layer_bytes() const { return layout.num_blocks * layout.block_size * row_bytes(); }
+  void* k(int64_t layer) const { return static_cast<char*>(d_data) + 2 * layer * layer_bytes(); }
+  void* v(int64_t layer) const {
+    return static_cast<char*>(d_data) + (2 * layer + 1) * layer_bytes();
+  }
 };
 // Copies block src to block dst in every layer's K and V. REQUIRES: in range.
 absl::Status CopyBlock(const DeviceKvCache& cache, int64_t src, int64_t dst, Stream stream);
-// out[i][layer][K|V][row] = the cache rows of slots[i] (the interchange
-// layout of engine/kv_export.h); Scatter is the inverse. REQUIRES: in range.
-absl::Status GatherSlots(const DeviceKvCache& cache, const int64_t* d_slots, int64_t n,
-                         float* d_out, Stream stream);
+// out[i][layer][K|V][row] = the cache rows of slots[i] in their native
+// bytes (the interchange layout of engine/kv_export.h); Scatter is the
+// inverse. REQUIRES: in range; row_bytes() a multiple of 4.
+absl::Status GatherSlots(const DeviceKvCache& cache, const int64_t* d_slots, int64_t n, void* d_out,
+                         Stream stream);
 absl::Status ScatterSlots(const DeviceKvCache& cache, const int64_t* d_slots, int64_t n,
-                          const float* d_in, Stream stream);
+                          const void* d_in, Stream stream);
 
 // out[t] = the smallest index of the largest value of x[t, :].
 absl::Status Argmax(const float* d_x, int64_t n, int64_t dim, int32_t* d_out, Stream stream);

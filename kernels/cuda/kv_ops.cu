@@ -6,23 +6,26 @@
 namespace tandem::kernels::cuda {
 namespace {
 
+// The cache is moved in 4-byte words whatever its dtype (a row of f16 /
+// bf16 is head_dim * kv_heads * 2 bytes with head_dim % 4 == 0).
+
 // grid (chunks of the block, 2 * num_layers)
-__global__ void CopyBlockKernel(float* data, int64_t layer_floats, int64_t block_floats,
+__global__ void CopyBlockKernel(uint32_t* data, int64_t layer_words, int64_t block_words,
                                 int64_t src, int64_t dst) {
-  float* base = data + int64_t(blockIdx.y) * layer_floats;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < block_floats;
+  uint32_t* base = data + int64_t(blockIdx.y) * layer_words;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < block_words;
        i += int64_t(gridDim.x) * blockDim.x) {
-    base[dst * block_floats + i] = base[src * block_floats + i];
+    base[dst * block_words + i] = base[src * block_words + i];
   }
 }
 
 // grid (n, 2 * num_layers): token i, layer l = y / 2, K or V = y % 2.
 template <bool kGather>
-__global__ void SlotsKernel(float* cache, int64_t layer_floats, int64_t row, const int64_t* slots,
-                            float* buf) {
+__global__ void SlotsKernel(uint32_t* cache, int64_t layer_words, int64_t row, const int64_t* slots,
+                            uint32_t* buf) {
   const int64_t i = blockIdx.x, lkv = blockIdx.y;
-  float* c = cache + lkv * layer_floats + slots[i] * row;
-  float* b = buf + (i * gridDim.y + lkv) * row;
+  uint32_t* c = cache + lkv * layer_words + slots[i] * row;
+  uint32_t* b = buf + (i * gridDim.y + lkv) * row;
   for (int64_t d = threadIdx.x; d < row; d += blockDim.x) {
     if (kGather) {
       b[d] = c[d];
@@ -65,29 +68,44 @@ __global__ void ArgmaxKernel(const float* x, int64_t dim, int32_t* out) {
 
 }  // namespace
 
+namespace {
+absl::Status CheckWords(const DeviceKvCache& cache) {
+  if (cache.row_bytes() % 4 != 0) {
+    return absl::InvalidArgumentError("cuda KV cache: row bytes not a multiple of 4");
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::Status CopyBlock(const DeviceKvCache& cache, int64_t src, int64_t dst, Stream stream) {
-  const int64_t block_floats = cache.layout.block_size * cache.row_floats();
-  const unsigned chunks = static_cast<unsigned>(Min64(Blocks(block_floats, 256), 64));
+  if (absl::Status st = CheckWords(cache); !st.ok()) return st;
+  const int64_t block_words = cache.layout.block_size * cache.row_bytes() / 4;
+  const unsigned chunks = static_cast<unsigned>(Min64(Blocks(block_words, 256), 64));
   CopyBlockKernel<<<dim3(chunks, static_cast<unsigned>(2 * cache.num_layers)), 256, 0,
-                    AsStream(stream)>>>(cache.d_data, cache.layer_floats(), block_floats, src, dst);
+                    AsStream(stream)>>>(static_cast<uint32_t*>(cache.d_data),
+                                        cache.layer_bytes() / 4, block_words, src, dst);
   return LaunchStatus("CopyBlock");
 }
 
-absl::Status GatherSlots(const DeviceKvCache& cache, const int64_t* d_slots, int64_t n,
-                         float* d_out, Stream stream) {
+absl::Status GatherSlots(const DeviceKvCache& cache, const int64_t* d_slots, int64_t n, void* d_out,
+                         Stream stream) {
   if (n == 0) return absl::OkStatus();
+  if (absl::Status st = CheckWords(cache); !st.ok()) return st;
   SlotsKernel<true><<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(2 * cache.num_layers)),
-                      128, 0, AsStream(stream)>>>(cache.d_data, cache.layer_floats(),
-                                                  cache.row_floats(), d_slots, d_out);
+                      128, 0, AsStream(stream)>>>(static_cast<uint32_t*>(cache.d_data),
+                                                  cache.layer_bytes() / 4, cache.row_bytes() / 4,
+                                                  d_slots, static_cast<uint32_t*>(d_out));
   return LaunchStatus("GatherSlots");
 }
 
 absl::Status ScatterSlots(const DeviceKvCache& cache, const int64_t* d_slots, int64_t n,
-                          const float* d_in, Stream stream) {
+                          const void* d_in, Stream stream) {
   if (n == 0) return absl::OkStatus();
+  if (absl::Status st = CheckWords(cache); !st.ok()) return st;
   SlotsKernel<false><<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(2 * cache.num_layers)),
                        128, 0, AsStream(stream)>>>(
-      cache.d_data, cache.layer_floats(), cache.row_floats(), d_slots, const_cast<float*>(d_in));
+      static_cast<uint32_t*>(cache.d_data), cache.layer_bytes() / 4, cache.row_bytes() / 4, d_slots,
+      static_cast<uint32_t*>(const_cast<void*>(d_in)));
   return LaunchStatus("ScatterSlots");
 }
 

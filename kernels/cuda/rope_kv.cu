@@ -6,6 +6,7 @@ namespace {
 
 constexpr int kMaxHalfRot = 512;  // rot_dim / 2 (head_dim <= 1024)
 
+template <typename Kv>
 __global__ void QkvRopeKvKernel(QkvRopeArgs a) {
   __shared__ float cs[kMaxHalfRot], sn[kMaxHalfRot];
   const int64_t t = blockIdx.x;
@@ -38,9 +39,11 @@ __global__ void QkvRopeKvKernel(QkvRopeArgs a) {
   }
   __syncthreads();
   const int64_t slot = a.d_slots[t];
+  auto* kc = static_cast<typename Kv::T*>(a.d_k_cache);
+  auto* vc = static_cast<typename Kv::T*>(a.d_v_cache);
   for (int64_t c = threadIdx.x; c < kvd; c += blockDim.x) {
-    a.d_k_cache[slot * kvd + c] = row[qd + c];
-    a.d_v_cache[slot * kvd + c] = row[qd + kvd + c];
+    kc[slot * kvd + c] = Kv::From(row[qd + c]);
+    vc[slot * kvd + c] = Kv::From(row[qd + kvd + c]);
   }
 }
 
@@ -52,8 +55,11 @@ absl::Status QkvRopeKvWrite(const QkvRopeArgs& args, Stream stream) {
       args.rot_dim / 2 > kMaxHalfRot) {
     return absl::InvalidArgumentError("cuda QkvRopeKvWrite: bad rot_dim");
   }
-  QkvRopeKvKernel<<<static_cast<unsigned>(args.num_tokens), 256, 0, AsStream(stream)>>>(args);
-  return LaunchStatus("QkvRopeKvWrite");
+  return DispatchKvDtype(args.kv_dtype, "cuda QkvRopeKvWrite", [&](auto kv) {
+    using Kv = decltype(kv);
+    QkvRopeKvKernel<Kv><<<static_cast<unsigned>(args.num_tokens), 256, 0, AsStream(stream)>>>(args);
+    return LaunchStatus("QkvRopeKvWrite");
+  });
 }
 
 }  // namespace tandem::kernels::cuda

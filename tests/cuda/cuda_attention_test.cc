@@ -1,8 +1,9 @@
 // The CUDA paged attention against kernels::ref::PagedAttention: decode and
 // (chunked) prefill tokens over random block tables, block sizes 16 / 32 /
 // 48, context lengths that are not multiples of the block size or of the
-// split size, GQA ratios 1 / 3 / 4 / 12, head_dim 64 and 128. Skips without
-// a device.
+// split size, GQA ratios 1 / 3 / 4 / 12, head_dim 64 and 128, KV caches of
+// f32, f16 and bf16 (the reference reads the same stored values through a
+// KvCacheView). Skips without a device.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -29,7 +30,17 @@ struct Geometry {
   int64_t block_size, num_kv_heads, group, head_dim;
 };
 
-void CheckAttention(const Geometry& g, const std::vector<Seq>& seqs, uint32_t seed) {
+// The f32 rows as `dtype` bytes, head by head as kernels::WriteKv stores them.
+std::vector<char> Store(const std::vector<float>& rows, KvDtype dtype, int64_t hd) {
+  std::vector<char> out(rows.size() * KvElementBytes(dtype));
+  for (size_t h = 0; h * hd < rows.size(); ++h) {
+    QuantizeKvHead(dtype, rows.data() + h * hd, hd, out.data() + h * hd * KvElementBytes(dtype));
+  }
+  return out;
+}
+
+void CheckAttention(const Geometry& g, const std::vector<Seq>& seqs, uint32_t seed,
+                    KvDtype dtype = KvDtype::kF32) {
   const int64_t bs = g.block_size, hd = g.head_dim, H = g.num_kv_heads * g.group;
   int64_t max_blocks = 1, num_blocks = 0, T = 0;
   for (const Seq& s : seqs) {
@@ -75,10 +86,15 @@ void CheckAttention(const Geometry& g, const std::vector<Seq>& seqs, uint32_t se
   ra.context_lens = context_lens.data();
   ra.block_tables = tables.data();
   ra.max_blocks_per_seq = max_blocks;
+  std::vector<char> ks = Store(kc, dtype, hd), vs = Store(vc, dtype, hd);
+  KvCacheView view;
+  view.dtype = dtype;
+  view.k = ks.data();
+  view.v = vs.data();
   std::vector<float> want(T * H * hd);
-  ref::PagedAttention(ra, q.data(), kc.data(), vc.data(), want.data());
+  ref::PagedAttention(ra, q.data(), view, want.data());
 
-  DeviceBuffer dq(qwide), dk(kc), dv(vc), dpos(positions), dseq(token_seq), dtab(tables),
+  DeviceBuffer dq(qwide), dk(ks), dv(vs), dpos(positions), dseq(token_seq), dtab(tables),
       dout(T * H * hd * 4);
   const int64_t ws = PagedAttentionWorkspaceFloats(T, H, hd, max_pos);
   DeviceBuffer dws(ws * 4);
@@ -96,6 +112,7 @@ void CheckAttention(const Geometry& g, const std::vector<Seq>& seqs, uint32_t se
   a.max_position = max_pos;
   a.d_k_cache = dk.get();
   a.d_v_cache = dv.get();
+  a.kv_dtype = dtype;
   a.d_out = dout.get();
   a.d_workspace = dws.get();
   a.workspace_floats = ws;
@@ -137,6 +154,35 @@ TEST(CudaAttentionTest, PrefillAndChunkedPrefillMatchReference) {
 TEST(CudaAttentionTest, GroupsLargerThanOneCtaMatchReference) {
   TANDEM_REQUIRE_CUDA_DEVICE();
   CheckAttention({16, 1, 12, 64}, {{40, 3}, {260, 1}}, 99);  // 12 heads per KV head: 2 CTAs
+}
+
+TEST(CudaAttentionTest, F16AndBf16CachesMatchReference) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  uint32_t seed = 200;
+  for (KvDtype d : {KvDtype::kF16, KvDtype::kBf16}) {
+    for (int64_t hd : {64, 128}) {
+      SCOPED_TRACE(::testing::Message() << KvDtypeName(d) << " hd " << hd);
+      CheckAttention({16, 2, 4, hd}, {{1, 1}, {300, 1}, {700, 1}}, seed++, d);
+      CheckAttention({32, 3, 1, hd}, {{33, 33}, {300, 45}, {90, 1}}, seed++, d);
+      CheckAttention({16, 1, 12, hd}, {{40, 3}, {260, 1}}, seed++, d);
+    }
+  }
+}
+
+TEST(CudaAttentionTest, ScaledDtypesAreRefused) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  for (KvDtype d : {KvDtype::kInt8, KvDtype::kFp8}) {
+    DeviceAttentionArgs a;
+    a.layout = {4, 16, 1, 64};
+    a.num_heads = 1;
+    a.num_tokens = 1;
+    a.kv_dtype = d;
+    DeviceBuffer ws(PagedAttentionWorkspaceFloats(1, 1, 64, 0) * 4);
+    a.d_workspace = ws.get();
+    a.workspace_floats = PagedAttentionWorkspaceFloats(1, 1, 64, 0);
+    const absl::Status st = PagedAttention(a, nullptr);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << KvDtypeName(d);
+  }
 }
 
 }  // namespace

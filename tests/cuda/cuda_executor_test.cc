@@ -19,6 +19,7 @@
 #include "engine/llama_model.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/quant.h"
 #include "tests/util/tiny_llama.h"
 
 namespace tandem::engine {
@@ -69,8 +70,10 @@ testing::TinyLlamaShape Shape(const std::string& arch = "llama") {
 }
 
 std::unique_ptr<Executor> Make(const LlamaModel* model, Device device, int64_t num_blocks = 64,
-                               int64_t block_size = 16, bool cuda_graphs = true) {
+                               int64_t block_size = 16, bool cuda_graphs = true,
+                               KvDtype kv_dtype = KvDtype::kF32) {
   ExecutorOptions o;
+  o.kv_dtype = kv_dtype;
   o.cuda_graphs = cuda_graphs;
   o.device = device;
   o.num_blocks = num_blocks;
@@ -275,6 +278,64 @@ TEST(CudaExecutorKvTest, ReadWriteCopyBlocksAndBadInput) {
   wrong.slot_mapping[0] = 3;
   EXPECT_EQ(gpu->Forward(wrong, l.data()).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(gpu->Describe().empty());
+}
+
+// f16 and bf16 KV caches on the device against the CPU executor with the
+// same dtype: both feed the CPU's greedy token (so one near tie cannot
+// derail the comparison), every step's logits close (KL), nearly every
+// argmax the same, and the cache bytes after the prompt within one unit in
+// the last place of the dtype (the K/V before rounding differ by f32
+// arithmetic only). The cache is 2 bytes an element: kv_cache_bytes halves.
+TEST(CudaExecutorKvTest, F16AndBf16CachesMatchTheCpuExecutor) {
+  REQUIRE_DEVICE();
+  const Tiny tiny = LoadReference(Shape(), 25);
+  const int64_t V = tiny.model->config().vocab_size;
+  const int64_t f32_bytes = Make(tiny.model.get(), Device::kCuda)->kv_cache_bytes();
+  for (KvDtype d : {KvDtype::kF16, KvDtype::kBf16}) {
+    SCOPED_TRACE(kernels::KvDtypeName(d));
+    auto cpu = Make(tiny.model.get(), Device::kCpu, 64, 16, true, d);
+    auto gpu = Make(tiny.model.get(), Device::kCuda, 64, 16, true, d);
+    EXPECT_EQ(gpu->kv_shape().dtype, d);
+    EXPECT_EQ(gpu->kv_cache_bytes() * 2, f32_bytes);
+    EXPECT_EQ(gpu->kv_shape().interchange_bytes_per_token(),
+              cpu->kv_shape().interchange_bytes_per_token());
+    Seq sc{{5, 2, 9, 7}}, sg = sc;
+    std::vector<int32_t> next = {1, 17, 200, 3, 45, 99, 12, 250, 31, 8};
+    std::vector<float> lc(V), lg(V);
+    double max_kl = 0;
+    int same = 0;
+    for (int step = 0; step <= 32; ++step) {
+      ForwardBatch bc, bg;
+      Append(sc, next, 16, &bc);
+      Append(sg, next, 16, &bg);
+      ASSERT_TRUE(cpu->Forward(bc, lc.data()).ok());
+      const absl::Status st = gpu->Forward(bg, lg.data());
+      ASSERT_TRUE(st.ok()) << st;
+      if (step == 0) {
+        // The prompt's K/V bytes: each 2-byte element within one unit.
+        const int64_t per = gpu->kv_shape().interchange_bytes_per_token() / 2;
+        std::vector<uint16_t> kc(next.size() * per), kg(kc.size());
+        ASSERT_TRUE(cpu->ReadKv(bc.slot_mapping, reinterpret_cast<char*>(kc.data())).ok());
+        ASSERT_TRUE(gpu->ReadKv(bg.slot_mapping, reinterpret_cast<char*>(kg.data())).ok());
+        const auto value = [d](uint16_t x) {
+          return d == KvDtype::kF16 ? kernels::Fp16ToFp32(x) : kernels::Bf16ToFp32(x);
+        };
+        const float ulp = d == KvDtype::kF16 ? 0x1p-10f : 0x1p-7f;
+        int64_t differ = 0;
+        for (size_t i = 0; i < kc.size(); ++i) {
+          const float a = value(kc[i]), b = value(kg[i]);
+          ASSERT_LE(std::fabs(a - b), ulp * std::max(std::fabs(a), std::fabs(b)) + 1e-7f) << i;
+          differ += kc[i] != kg[i];
+        }
+        EXPECT_LT(differ * 100, int64_t(kc.size())) << "over 1% of the elements differ";
+      }
+      max_kl = std::max(max_kl, Kl(lc.data(), lg.data(), V));
+      same += Argmax(lc.data(), V) == Argmax(lg.data(), V);
+      next = {Argmax(lc.data(), V)};
+    }
+    EXPECT_LT(max_kl, 1e-3);
+    EXPECT_GE(same, 31);
+  }
 }
 
 // The device forms (the GPU-resident KV handoff): ReadKvDevice into an

@@ -338,6 +338,97 @@ TEST(CudaOpsTest, QkvRopeKvWriteMatchesReference) {
   }
 }
 
+// f16 / bf16 caches: the stored bytes are the rotated K (and V) of the qkv
+// buffer rounded as kernels::QuantizeKvHead rounds them, bit for bit.
+TEST(CudaOpsTest, QkvRopeKvWriteRoundsLikeTheCpuForF16AndBf16) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  const int64_t n = 5, H = 4, KVH = 2, hd = 64, qd = H * hd, kvd = KVH * hd, stride = qd + 2 * kvd;
+  const std::vector<int32_t> pos = {0, 3, 64, 1000, 8000};
+  const std::vector<int64_t> slots = {7, 0, 12, 3, 15};
+  for (KvDtype d : {KvDtype::kF16, KvDtype::kBf16}) {
+    SCOPED_TRACE(KvDtypeName(d));
+    auto qkv = RandomFloats(n * stride, 21);
+    for (size_t i = 0; i < qkv.size(); i += 13) qkv[i] *= 1e4f;  // some large values
+    const int64_t eb = KvElementBytes(d);
+    DeviceBuffer dqkv(qkv), dpos(pos), dslots(slots), dkc(16 * kvd * eb), dvc(16 * kvd * eb);
+    QkvRopeArgs a;
+    a.d_qkv = dqkv.get();
+    a.num_tokens = n;
+    a.stride = stride;
+    a.num_heads = H;
+    a.num_kv_heads = KVH;
+    a.head_dim = hd;
+    a.d_positions = dpos.get<int32_t>();
+    a.d_slots = dslots.get<int64_t>();
+    a.rot_dim = hd;
+    a.d_k_cache = dkc.get();
+    a.d_v_cache = dvc.get();
+    a.kv_dtype = d;
+    ASSERT_TRUE(QkvRopeKvWrite(a, nullptr).ok());
+    const auto rotated = dqkv.ToHost<float>();
+    const auto kbytes = dkc.ToHost<char>(), vbytes = dvc.ToHost<char>();
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t h = 0; h < KVH; ++h) {
+        std::vector<char> wk(hd * eb), wv(hd * eb);
+        QuantizeKvHead(d, &rotated[t * stride + qd + h * hd], hd, wk.data());
+        QuantizeKvHead(d, &rotated[t * stride + qd + kvd + h * hd], hd, wv.data());
+        const int64_t off = (slots[t] * kvd + h * hd) * eb;
+        EXPECT_EQ(std::memcmp(wk.data(), &kbytes[off], hd * eb), 0) << "token " << t << " K " << h;
+        EXPECT_EQ(std::memcmp(wv.data(), &vbytes[off], hd * eb), 0) << "token " << t << " V " << h;
+      }
+    }
+  }
+  // int8 / fp8 have no device path: refused, nothing launched.
+  QkvRopeArgs bad;
+  bad.num_tokens = 1;
+  bad.head_dim = 64;
+  bad.rot_dim = 64;
+  bad.kv_dtype = KvDtype::kInt8;
+  EXPECT_EQ(QkvRopeKvWrite(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The gather / scatter / copy kernels move native bytes: an f16 cache (2
+// bytes an element) moves as exactly as an f32 one.
+TEST(CudaOpsTest, KvSlotGatherScatterMoveF16Bytes) {
+  TANDEM_REQUIRE_CUDA_DEVICE();
+  const int64_t layers = 2, row_bytes = 2 * 64 * 2;
+  const PagedKvLayout layout{5, 16, 2, 64};
+  const int64_t layer_bytes = layout.num_blocks * layout.block_size * row_bytes;
+  std::vector<char> cache(2 * layers * layer_bytes);
+  for (size_t i = 0; i < cache.size(); ++i) cache[i] = char((i * 131 + 7) % 251);
+  DeviceBuffer dcache(cache);
+  const DeviceKvCache kv{dcache.get(), layers, layout, KvDtype::kF16};
+  ASSERT_EQ(kv.row_bytes(), row_bytes);
+  const std::vector<int64_t> slots = {79, 0, 33};
+  DeviceBuffer dslots(slots), dbuf(int64_t(slots.size() * 2 * layers * row_bytes));
+  ASSERT_TRUE(GatherSlots(kv, dslots.get<int64_t>(), slots.size(), dbuf.get(), nullptr).ok());
+  const auto got = dbuf.ToHost<char>();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    for (int64_t l = 0; l < 2 * layers; ++l) {
+      ASSERT_EQ(std::memcmp(&got[(i * 2 * layers + l) * row_bytes],
+                            &cache[l * layer_bytes + slots[i] * row_bytes], row_bytes),
+                0)
+          << i << " " << l;
+    }
+  }
+  const std::vector<int64_t> dst = {1, 2, 64};
+  DeviceBuffer ddst(dst);
+  ASSERT_TRUE(ScatterSlots(kv, ddst.get<int64_t>(), dst.size(), dbuf.get(), nullptr).ok());
+  ASSERT_TRUE(CopyBlock(kv, 0, 3, nullptr).ok());
+  auto want = cache;
+  for (size_t i = 0; i < dst.size(); ++i) {
+    for (int64_t l = 0; l < 2 * layers; ++l) {
+      std::memcpy(&want[l * layer_bytes + dst[i] * row_bytes],
+                  &got[(i * 2 * layers + l) * row_bytes], row_bytes);
+    }
+  }
+  const int64_t block_bytes = layout.block_size * row_bytes;
+  for (int64_t l = 0; l < 2 * layers; ++l) {
+    std::memcpy(&want[l * layer_bytes + 3 * block_bytes], &want[l * layer_bytes], block_bytes);
+  }
+  EXPECT_EQ(dcache.ToHost<char>(), want);
+}
+
 TEST(CudaOpsTest, KvSlotGatherScatterAndBlockCopy) {
   TANDEM_REQUIRE_CUDA_DEVICE();
   const int64_t layers = 3, row = 2 * 64;

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "engine/cpu_executor.h"
 #include "engine/engine.h"
 #include "engine/kv_export.h"
@@ -214,12 +215,18 @@ TEST_F(CpuExecutorTest, EveryKvDtypeRoundTripsNativeBytes) {
   }
 }
 
-TEST(KvDtypeDeviceTest, CudaHoldsF32Only) {
+TEST(KvDtypeDeviceTest, CudaHoldsF32F16AndBf16) {
   EXPECT_TRUE(CheckKvDtypeSupported(Device::kCpu, KvDtype::kFp8).ok());
-  EXPECT_TRUE(CheckKvDtypeSupported(Device::kCuda, KvDtype::kF32).ok());
-  const absl::Status st = CheckKvDtypeSupported(Device::kCuda, KvDtype::kF16);
-  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(st.message().rfind("--kv-cache-dtype f16: ", 0), 0u) << st.message();
+  for (KvDtype d : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBf16}) {
+    EXPECT_TRUE(CheckKvDtypeSupported(Device::kCuda, d).ok()) << kernels::KvDtypeName(d);
+  }
+  for (KvDtype d : {KvDtype::kInt8, KvDtype::kFp8}) {
+    const absl::Status st = CheckKvDtypeSupported(Device::kCuda, d);
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(
+        st.message().rfind(absl::StrCat("--kv-cache-dtype ", kernels::KvDtypeName(d), ": "), 0), 0u)
+        << st.message();
+  }
   EXPECT_EQ(DefaultKvDtype(Device::kCuda), KvDtype::kF32);
   EXPECT_EQ(DefaultKvDtype(Device::kCpu), KvDtype::kF16);
 }

@@ -165,7 +165,12 @@ if [[ "$PHASE" == model || "$PHASE" == all ]]; then
       --prompts-file "$WORK/prompts.jsonl" --max-tokens 48 --json
     cp "$WORK/run.out" "$WORK/generate-$d.out"
   done
-  for d in cuda cuda-int8; do
+  # cuda-bf16: a bf16 KV cache on the device (half the KV bytes).
+  run "tandem generate --device cuda --kv-cache-dtype bf16" 120 "$B/tandem" generate \
+    --device cuda --kv-cache-dtype bf16 --model "$MODEL" --prompts-file "$WORK/prompts.jsonl" \
+    --max-tokens 48 --json
+  cp "$WORK/run.out" "$WORK/generate-cuda-bf16.out"
+  for d in cuda cuda-int8 cuda-bf16; do
   run "generate cpu vs $d" 10 python3 - "$WORK/generate-cpu.out" "$WORK/generate-$d.out" <<'PY'
 import json, sys
 def load(p):
