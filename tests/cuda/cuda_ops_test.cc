@@ -274,6 +274,21 @@ TEST(CudaOpsTest, GemvInt8IsBatchInvariantAndMatMulRoutesToIt) {
   }
 }
 
+// The geometry fields of a QkvRopeKvWrite over n tokens of `qkv`.
+QkvRopeArgs RopeArgs(const DeviceBuffer& qkv, const DeviceBuffer& pos, const DeviceBuffer& slots,
+                     int64_t n, int64_t stride, int64_t heads, int64_t kv_heads, int64_t hd) {
+  QkvRopeArgs a;
+  a.d_qkv = qkv.get();
+  a.num_tokens = n;
+  a.stride = stride;
+  a.num_heads = heads;
+  a.num_kv_heads = kv_heads;
+  a.head_dim = hd;
+  a.d_positions = pos.get<int32_t>();
+  a.d_slots = slots.get<int64_t>();
+  return a;
+}
+
 TEST(CudaOpsTest, QkvRopeKvWriteMatchesReference) {
   TANDEM_REQUIRE_CUDA_DEVICE();
   struct Case {
@@ -311,16 +326,8 @@ TEST(CudaOpsTest, QkvRopeKvWriteMatchesReference) {
 
     DeviceBuffer dqkv(qkv), dbias(bias), dfac(factors), dpos(pos), dslots(slots),
         dkc(std::vector<float>(16 * kvd, 0.f)), dvc(std::vector<float>(16 * kvd, 0.f));
-    QkvRopeArgs a;
-    a.d_qkv = dqkv.get();
-    a.num_tokens = n;
-    a.stride = stride;
-    a.num_heads = H;
-    a.num_kv_heads = KVH;
-    a.head_dim = hd;
+    QkvRopeArgs a = RopeArgs(dqkv, dpos, dslots, n, stride, H, KVH, hd);
     a.d_bias = c.bias ? dbias.get() : nullptr;
-    a.d_positions = dpos.get<int32_t>();
-    a.d_slots = dslots.get<int64_t>();
     a.style = c.style;
     a.rot_dim = c.rot_dim;
     a.freq_base = 500000.f;
@@ -351,15 +358,7 @@ TEST(CudaOpsTest, QkvRopeKvWriteRoundsLikeTheCpuForF16AndBf16) {
     for (size_t i = 0; i < qkv.size(); i += 13) qkv[i] *= 1e4f;  // some large values
     const int64_t eb = KvElementBytes(d);
     DeviceBuffer dqkv(qkv), dpos(pos), dslots(slots), dkc(16 * kvd * eb), dvc(16 * kvd * eb);
-    QkvRopeArgs a;
-    a.d_qkv = dqkv.get();
-    a.num_tokens = n;
-    a.stride = stride;
-    a.num_heads = H;
-    a.num_kv_heads = KVH;
-    a.head_dim = hd;
-    a.d_positions = dpos.get<int32_t>();
-    a.d_slots = dslots.get<int64_t>();
+    QkvRopeArgs a = RopeArgs(dqkv, dpos, dslots, n, stride, H, KVH, hd);
     a.rot_dim = hd;
     a.d_k_cache = dkc.get();
     a.d_v_cache = dvc.get();
