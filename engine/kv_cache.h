@@ -3,10 +3,10 @@
 // Per layer, K and V are arrays [num_blocks, block_size, num_kv_heads,
 // head_dim] of the cache's KvDtype (kernels/kv_dtype.h), plus for int8/fp8 a
 // one-byte KvScale per (slot, KV head) in [num_blocks, block_size,
-// num_kv_heads]. A
-// token's K/V live at a slot = block_id * block_size + offset; which blocks a
-// sequence owns is the block allocator's business (its block table), not this
-// class's: KvCacheStorage is only memory plus geometry.
+// num_kv_heads]. A token's K/V live at a slot = block_id * block_size +
+// offset; which blocks a sequence owns is the block allocator's business (its
+// block table), not this class's: KvCacheStorage is only memory plus
+// geometry.
 //
 // Thread safety: none; the engine thread owns it. Memory is allocated once in
 // Create() and zero-filled.
@@ -35,7 +35,6 @@ struct KvCacheShape {
   int64_t num_slots() const { return layout.num_blocks * layout.block_size; }
   // Elements of one token's K (or V) in one layer: num_kv_heads * head_dim.
   int64_t row_elements() const { return layout.num_kv_heads * layout.head_dim; }
-  int64_t row_floats() const { return row_elements(); }  // the f32 name (CUDA executor)
   // Bytes of one token's K (or V) row in one layer in the interchange layout
   // of engine/kv_export.h: the elements, then num_kv_heads KvScale bytes for
   // int8/fp8 (kernels::KvRowBytes).
