@@ -4,7 +4,9 @@
 #include <limits>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "common/json.h"
 #include "common/status.h"
 #include "common/utf8.h"
@@ -351,6 +353,69 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, std::string_
     return Invalid("stream_options", "only allowed when stream is true");
   }
   return out;
+}
+
+namespace {
+
+// The gRPC field path the router's validation names (services/router/
+// validate.cc) and the OpenAI parameter it came from. Longer paths first
+// where one is a prefix of another ("stop.stop_token_ids" before
+// "stop.stop").
+struct ParamName {
+  absl::string_view path, completions, chat;
+};
+constexpr ParamName kParamNames[] = {
+    {"sampling.temperature", "temperature", "temperature"},
+    {"sampling.top_k", "top_k", "top_k"},
+    {"sampling.top_p", "top_p", "top_p"},
+    {"sampling.min_p", "min_p", "min_p"},
+    {"sampling.repetition_penalty", "repetition_penalty", "repetition_penalty"},
+    {"sampling.presence_penalty", "presence_penalty", "presence_penalty"},
+    {"sampling.frequency_penalty", "frequency_penalty", "frequency_penalty"},
+    {"sampling.logit_bias", "logit_bias", "logit_bias"},
+    {"sampling.seed", "seed", "seed"},
+    {"logprobs.top_logprobs", "logprobs", "top_logprobs"},
+    {"stop.max_tokens", "max_tokens", "max_tokens"},
+    {"stop.min_tokens", "min_tokens", "min_tokens"},
+    {"stop.stop_token_ids", "stop_token_ids", "stop_token_ids"},
+    {"stop.stop", "stop", "stop"},
+    {"speculative.num_speculative_tokens", "num_speculative_tokens", "num_speculative_tokens"},
+    {"token_ids.ids", "prompt", "messages"},
+    {"token_ids", "prompt", "messages"},
+    {"text", "prompt", "messages"},
+    {"messages", "prompt", "messages"},
+    {"prompt", "prompt", "messages"},
+};
+
+}  // namespace
+
+absl::Status WithOpenAiParam(Endpoint endpoint, const absl::Status& status) {
+  if (status.ok() || status.code() != absl::StatusCode::kInvalidArgument ||
+      status.GetPayload(kParamPayload).has_value()) {
+    return status;
+  }
+  const absl::string_view msg = status.message();
+  for (const ParamName& p : kParamNames) {
+    if (msg.substr(0, p.path.size()) != p.path) continue;
+    // The path must end there: "stop.stop" does not name "stop.stopx".
+    const absl::string_view rest = msg.substr(p.path.size());
+    if (!rest.empty() && rest[0] != ' ' && rest[0] != ':' && rest[0] != '[' && rest[0] != '.') {
+      continue;
+    }
+    const absl::string_view name = endpoint == Endpoint::kChat ? p.chat : p.completions;
+    // "sampling.top_p must be ..." -> "top_p must be ...",
+    // "token_ids.ids[5]: token id ..." -> "prompt[5]: token id ...".
+    absl::Status out = absl::InvalidArgumentError(absl::StrCat(name, rest));
+    status.ForEachPayload(
+        [&](absl::string_view url, const absl::Cord& v) { out.SetPayload(url, v); });
+    // A message's own field keeps its index, as the parser's errors do
+    // ("messages[0].role").
+    std::string param(name);
+    if (p.path == "messages") param += std::string(rest.substr(0, rest.find_first_of(" :")));
+    out.SetPayload(kParamPayload, absl::Cord(param));
+    return out;
+  }
+  return status;
 }
 
 ApiError ApiErrorFrom(const absl::Status& status) {

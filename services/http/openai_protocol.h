@@ -51,6 +51,12 @@ struct ApiError {
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(Endpoint endpoint, std::string_view body,
                                                  const std::string& model_name);
 
+// An INVALID_ARGUMENT from the router's validation names the gRPC field
+// ("sampling.top_p must be in ..."): this names the OpenAI parameter instead
+// ("top_p must be in ...", param "top_p"). Other statuses are returned as
+// they are.
+absl::Status WithOpenAiParam(Endpoint endpoint, const absl::Status& status);
+
 // absl::Status (from parsing, validation, admission or the backend) -> the
 // HTTP status and OpenAI error fields.
 ApiError ApiErrorFrom(const absl::Status& status);

@@ -419,7 +419,7 @@ void Connection::Generate(Endpoint endpoint) {
   absl::StatusOr<std::unique_ptr<GenerationServiceImpl::AdmittedCall>> admitted =
       gen.Admit(parsed->request);
   if (!admitted.ok()) {
-    ReplyError(admitted.status());
+    ReplyError(WithOpenAiParam(endpoint, admitted.status()));
     return;
   }
   auto call = std::make_unique<CallState>();
