@@ -157,6 +157,60 @@ void BM_PagedAttention(benchmark::State& state) {
   Counters(state, 2 * ctx * width * 4, 2 * ctx * int64_t(q.size()));
 }
 
+// A decode step of `seqs` sequences (SmolLM2's heads), one query each at
+// context ctx, each in its own blocks (sequence s owns blocks [s * b,
+// (s + 1) * b)): the attention of a batched decode step.
+struct DecodeBatch {
+  static constexpr int64_t kBlock = 16;
+  DecodeBatch(int64_t seqs, int64_t ctx)
+      : per_seq((ctx + kBlock - 1) / kBlock),
+        table(seqs * per_seq),
+        pos(seqs, int32_t(ctx - 1)),
+        lens(seqs, int32_t(ctx)),
+        qs(seqs + 1) {
+    for (int64_t i = 0; i < seqs * per_seq; ++i) table[i] = int32_t(i);
+    for (int64_t s = 0; s <= seqs; ++s) qs[s] = int32_t(s);
+    args.layout = {seqs * per_seq, kBlock, kKvHeads, kDim};
+    args.num_heads = kHeads;
+    args.scale = 0.125f;
+    args.num_seqs = seqs;
+    args.query_start = qs.data();
+    args.positions = pos.data();
+    args.context_lens = lens.data();
+    args.block_tables = table.data();
+    args.max_blocks_per_seq = per_seq;
+  }
+  DecodeBatch(const DecodeBatch&) = delete;
+  DecodeBatch& operator=(const DecodeBatch&) = delete;
+  static constexpr int64_t kKvHeads = 3, kHeads = 9, kDim = 64;
+  int64_t per_seq;
+  std::vector<int32_t> table, pos, lens, qs;
+  PagedAttentionArgs args;
+};
+
+void BM_PagedAttentionDecodeBatch(benchmark::State& state) {
+  const int64_t seqs = state.range(0), ctx = state.range(1);
+  const KvDtype dtype = KvDtype(state.range(2));
+  const DecodeBatch b(seqs, ctx);
+  const int64_t width = DecodeBatch::kKvHeads * DecodeBatch::kDim;
+  const int64_t slots = b.args.layout.num_blocks * DecodeBatch::kBlock;
+  const std::vector<float> k = Random(slots * width, 4), v = Random(k.size(), 5);
+  std::vector<char> kc(k.size() * KvElementBytes(dtype)), vc(kc.size());
+  std::vector<KvScale> ks(slots * DecodeBatch::kKvHeads), vs(ks.size());
+  const KvCacheView cache{dtype, kc.data(), vc.data(), ks.data(), vs.data()};
+  std::vector<int64_t> all(slots);
+  for (int64_t i = 0; i < slots; ++i) all[i] = i;
+  WriteKv(b.args.layout, k.data(), v.data(), all.data(), slots, cache);
+  const std::vector<float> q = Random(seqs * DecodeBatch::kHeads * DecodeBatch::kDim, 6);
+  std::vector<float> out(q.size());
+  for (auto _ : state) {
+    PagedAttention(b.args, q.data(), cache, out.data(), Pool());
+    benchmark::DoNotOptimize(out.data());
+  }
+  Counters(state, seqs * 2 * ctx * width * KvElementBytes(dtype),
+           2 * seqs * ctx * DecodeBatch::kHeads * DecodeBatch::kDim);
+}
+
 // OneSequence's n tokens at ctx over a KV cache of `dtype` (KvDtype; 1 =
 // f16, the CPU engine's default), head dim `hd`: n = ctx is a pp<n>
 // prefill's attention, n = 5 at ctx 300 a speculative verification, n = 1 a
@@ -234,6 +288,14 @@ BENCHMARK(BM_QuantizeActs)
     ->Args({1536, 512, 1})
     ->Args({1536, 512, 2});
 BENCHMARK(BM_PagedAttention)->ArgNames({"ctx"})->Arg(128)->Arg(1024)->UseRealTime();
+// A batched decode step: 32 sequences at short and longer contexts, f16 /
+// int8 KV (the batch-32 rows of tandem_bench decode from position 0 to 32).
+BENCHMARK(BM_PagedAttentionDecodeBatch)
+    ->ArgNames({"seqs", "ctx", "dtype"})
+    ->Args({32, 24, int64_t(KvDtype::kF16)})
+    ->Args({32, 200, int64_t(KvDtype::kF16)})
+    ->Args({32, 200, int64_t(KvDtype::kInt8)})
+    ->UseRealTime();
 BENCHMARK(BM_PagedAttentionChunk)
     ->ArgNames({"n", "ctx", "dtype", "hd"})
     ->Args({5, 300, int64_t(KvDtype::kF16), 64})
