@@ -72,6 +72,10 @@ TEST(QuantizeCliTest, BadInputIsOneLineAndExit2) {
       {"quantize", "--type", "q4_0", "--out", out, "--method", "awq", "--calibration", calib,
        "--gptq-act-order"},
       {"quantize", "--report", "--calibration", calib, "--gptq-act-order"},
+      // An --out that cannot be written is refused before quantizing (one
+      // line: no progress bar first).
+      {"quantize", "--type", "q4_0", "--out", "/nonexistent-dir/x.gguf"},
+      {"quantize", "--type", "q4_0", "--out", ::testing::TempDir()},
   };
   for (const auto& args : cases) {
     ProcessResult r = Tandem(args);
