@@ -27,6 +27,7 @@
 #include "common/status.h"
 #include "services/cli/args.h"
 #include "services/cli/commands.h"
+#include "services/cli/output_file.h"
 #include "services/cli/security_flags.h"
 
 namespace tandem::cli {
@@ -350,6 +351,13 @@ int RunBench(int argc, char** argv) {
   const int64_t workers =
       f.concurrency > 0 ? f.concurrency : (rate_mode ? std::min<int64_t>(256, f.num_requests) : 4);
   if (!f.plot.empty() && f.out.empty()) f.out = f.plot + ".json";
+  for (const auto& [flag, path] :
+       {std::pair<const char*, const std::string&>{"--plot", f.plot}, {"--out", f.out}}) {
+    if (path.empty()) continue;
+    if (absl::Status s = CheckOutputFile(flag, path); !s.ok()) {
+      return Fail(kExitUsage, std::string(s.message()));
+    }
+  }
 
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(f);
   if (!backend.ok()) return Fail(kExitUsage, std::string(backend.status().message()));

@@ -8,9 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -30,6 +28,7 @@
 #include "services/cli/command_status.h"
 #include "services/cli/commands.h"
 #include "services/cli/model_loader.h"
+#include "services/cli/output_file.h"
 
 namespace tandem::cli {
 namespace {
@@ -178,24 +177,6 @@ absl::StatusOr<LoadedModel> LoadInput(const std::string& path, bool tokenizer) {
   return LoadedModel{path, std::move(file), nullptr, nullptr};
 }
 
-// Fails early, before minutes of quantizing, when `out` cannot be written:
-// a directory, or a place where its temporary file `out`.tmp cannot be
-// created (no such directory, no permission).
-absl::Status CheckOutWritable(const std::string& out) {
-  struct stat st;
-  if (stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    return UsageStatus(absl::StrFormat("--out: '%s' is a directory", out));
-  }
-  const std::string tmp = out + ".tmp";
-  FILE* file = std::fopen(tmp.c_str(), "wb");
-  if (file == nullptr) {
-    return UsageStatus(absl::StrFormat("--out: cannot create '%s': %s", tmp, std::strerror(errno)));
-  }
-  std::fclose(file);
-  unlink(tmp.c_str());
-  return absl::OkStatus();
-}
-
 // `out`.tmp, renamed to `out` once whole: a failure never leaves a partial file.
 absl::Status WriteAtomically(const gguf::GgufWriter& writer, const std::string& out) {
   const std::string tmp = out + ".tmp";
@@ -264,7 +245,7 @@ int RunQuantize(int argc, char** argv) {
   if (quantize && f.out == *path)
     return ExitFor("quantize", UsageStatus("--out must differ from the input model"));
   if (quantize) {
-    if (absl::Status st = CheckOutWritable(f.out); !st.ok()) return ExitFor("quantize", st);
+    if (absl::Status st = CheckOutputFile("--out", f.out); !st.ok()) return ExitFor("quantize", st);
   }
   // rtn needs no tokenizer: a model without one (a test's tiny model)
   // quantizes too.

@@ -157,6 +157,20 @@ TEST(BenchCliTest, BadFlagsAndDeadServerFailCleanly) {
   r = RunProcess({TandemBinary(), "bench", "--server", "127.0.0.1:" + std::to_string(FreePort()),
                   "--num-requests", "1", "--timeout-s", "1"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
+  // An --out or --plot that cannot be written is a usage error before any
+  // server is called (the dead server above would otherwise answer first).
+  for (const auto& flags :
+       std::vector<std::vector<std::string>>{{"--out", "/nonexistent-dir/b.json"},
+                                             {"--out", ::testing::TempDir()},
+                                             {"--plot", "/nonexistent-dir/b.png"}}) {
+    std::vector<std::string> args = {
+        TandemBinary(),   "bench", "--server",    "127.0.0.1:" + std::to_string(FreePort()),
+        "--num-requests", "1",     "--timeout-s", "1"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    r = RunProcess(args);
+    EXPECT_EQ(r.exit_code, 2) << flags[1] << ": " << r.err;
+    EXPECT_NE(r.err.find("tandem bench: " + flags[0] + ": "), std::string::npos) << r.err;
+  }
 }
 
 }  // namespace
