@@ -177,6 +177,12 @@ absl::StatusOr<LoadedModel> LoadInput(const std::string& path, bool tokenizer) {
   return LoadedModel{path, std::move(file), nullptr, nullptr};
 }
 
+// --out: not the input model, and writable (checked before the model loads).
+absl::Status CheckOut(const std::string& out, const std::string& model_path) {
+  if (out == model_path) return UsageStatus("--out must differ from the input model");
+  return CheckOutputFile("--out", out);
+}
+
 // `out`.tmp, renamed to `out` once whole: a failure never leaves a partial file.
 absl::Status WriteAtomically(const gguf::GgufWriter& writer, const std::string& out) {
   const std::string tmp = out + ".tmp";
@@ -242,10 +248,8 @@ int RunQuantize(int argc, char** argv) {
   }
   auto path = ResolveModelPath(f.model);
   if (!path.ok()) return ExitFor("quantize", UsageStatus(std::string(path.status().message())));
-  if (quantize && f.out == *path)
-    return ExitFor("quantize", UsageStatus("--out must differ from the input model"));
   if (quantize) {
-    if (absl::Status st = CheckOutputFile("--out", f.out); !st.ok()) return ExitFor("quantize", st);
+    if (absl::Status st = CheckOut(f.out, *path); !st.ok()) return ExitFor("quantize", st);
   }
   // rtn needs no tokenizer: a model without one (a test's tiny model)
   // quantizes too.
