@@ -157,6 +157,27 @@ void BM_PagedAttention(benchmark::State& state) {
   Counters(state, 2 * ctx * width * 4, 2 * ctx * int64_t(q.size()));
 }
 
+// A KV cache of `dtype` over every slot of `layout`, written from random
+// K / V (seeds 4 and 5) by WriteKv, as the engine stores it.
+struct FilledCache {
+  FilledCache(const PagedKvLayout& layout, KvDtype dtype) : dtype(dtype) {
+    const int64_t slots = layout.num_blocks * layout.block_size;
+    const int64_t width = layout.num_kv_heads * layout.head_dim;
+    const std::vector<float> kf = Random(slots * width, 4), vf = Random(kf.size(), 5);
+    k.resize(kf.size() * KvElementBytes(dtype));
+    v.resize(k.size());
+    ks.resize(slots * layout.num_kv_heads);
+    vs.resize(ks.size());
+    std::vector<int64_t> all(slots);
+    for (int64_t i = 0; i < slots; ++i) all[i] = i;
+    WriteKv(layout, kf.data(), vf.data(), all.data(), slots, View());
+  }
+  KvCacheView View() { return {dtype, k.data(), v.data(), ks.data(), vs.data()}; }
+  KvDtype dtype;
+  std::vector<char> k, v;
+  std::vector<KvScale> ks, vs;
+};
+
 // A decode step of `seqs` sequences (SmolLM2's heads), one query each at
 // context ctx, each in its own blocks (sequence s owns blocks [s * b,
 // (s + 1) * b)): the attention of a batched decode step.
@@ -193,14 +214,8 @@ void BM_PagedAttentionDecodeBatch(benchmark::State& state) {
   const KvDtype dtype = KvDtype(state.range(2));
   const DecodeBatch b(seqs, ctx);
   const int64_t width = DecodeBatch::kKvHeads * DecodeBatch::kDim;
-  const int64_t slots = b.args.layout.num_blocks * DecodeBatch::kBlock;
-  const std::vector<float> k = Random(slots * width, 4), v = Random(k.size(), 5);
-  std::vector<char> kc(k.size() * KvElementBytes(dtype)), vc(kc.size());
-  std::vector<KvScale> ks(slots * DecodeBatch::kKvHeads), vs(ks.size());
-  const KvCacheView cache{dtype, kc.data(), vc.data(), ks.data(), vs.data()};
-  std::vector<int64_t> all(slots);
-  for (int64_t i = 0; i < slots; ++i) all[i] = i;
-  WriteKv(b.args.layout, k.data(), v.data(), all.data(), slots, cache);
+  FilledCache filled(b.args.layout, dtype);
+  const KvCacheView cache = filled.View();
   const std::vector<float> q = Random(seqs * DecodeBatch::kHeads * DecodeBatch::kDim, 6);
   std::vector<float> out(q.size());
   for (auto _ : state) {
@@ -219,14 +234,9 @@ void BM_PagedAttentionChunk(benchmark::State& state) {
   const int64_t n = state.range(0), ctx = state.range(1);
   const KvDtype dtype = KvDtype(state.range(2));
   const OneSequence s(n, ctx, /*scrambled=*/true, state.range(3));
-  const int64_t width = s.kv_heads * s.dim, slots = s.slots();
-  const std::vector<float> k = Random(slots * width, 4), v = Random(k.size(), 5);
-  std::vector<char> kc(k.size() * KvElementBytes(dtype)), vc(kc.size());
-  std::vector<KvScale> ks(slots * s.kv_heads), vs(ks.size());
-  const KvCacheView cache{dtype, kc.data(), vc.data(), ks.data(), vs.data()};
-  std::vector<int64_t> all(slots);
-  for (int64_t i = 0; i < slots; ++i) all[i] = i;
-  WriteKv(s.args.layout, k.data(), v.data(), all.data(), slots, cache);
+  const int64_t width = s.kv_heads * s.dim;
+  FilledCache filled(s.args.layout, dtype);
+  const KvCacheView cache = filled.View();
   const std::vector<float> q = Random(n * s.heads * s.dim, 6);
   std::vector<float> out(q.size());
   for (auto _ : state) {

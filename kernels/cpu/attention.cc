@@ -402,23 +402,21 @@ void ScoreKeys(const Rows& rows, float score_scale, int64_t len, const float* q,
     // not once per head of the group (the widening is exact, so the
     // products are the same).
     [[maybe_unused]] alignas(64) float kf[16 * kHd];
-    if constexpr (LD != KvDtype::kF32) {
-      if (group > 1) {
-        for (int i = 0; i < 16; ++i) {
+    const bool widened = LD != KvDtype::kF32 && group > 1;
+    if (widened) {
+      for (int i = 0; i < 16; ++i) {
 #pragma GCC unroll 16
-          for (int c = 0; c < C; ++c) _mm512_store_ps(kf + i * kHd + 16 * c, Load16<LD>(kr[i], c));
-          kr[i] = reinterpret_cast<const char*>(kf + i * kHd);
-        }
+        for (int c = 0; c < C; ++c) _mm512_store_ps(kf + i * kHd + 16 * c, Load16<LD>(kr[i], c));
+        kr[i] = reinterpret_cast<const char*>(kf + i * kHd);
       }
     }
     for (int g = 0; g < group; ++g) {
       __m512 part[16];
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) {
-        part[i] =
-            LD == KvDtype::kF32 || group > 1
-                ? KeyPartial<KvDtype::kF32>(qv[g], kr[i], std::make_integer_sequence<int, C - 2>())
-                : KeyPartial<LD>(qv[g], kr[i], std::make_integer_sequence<int, C - 2>());
+        part[i] = widened ? KeyPartial<KvDtype::kF32>(qv[g], kr[i],
+                                                      std::make_integer_sequence<int, C - 2>())
+                          : KeyPartial<LD>(qv[g], kr[i], std::make_integer_sequence<int, C - 2>());
       }
       __m512 sc = _mm512_mul_ps(TransposeSum16(part), scale);
       if constexpr (kScaled) sc = _mm512_mul_ps(sc, _mm512_load_ps(ks));
